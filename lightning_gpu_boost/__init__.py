@@ -1,0 +1,38 @@
+"""lightning-gpu-boost: keep the GPU busy in PyTorch Lightning.
+
+Importing the package is cheap: the public names below load their modules on first access, and optional
+dependencies (DALI, lmdb, NVML, matplotlib) are imported only where they are used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "StreamPrefetch": "lightning_gpu_boost.callbacks.stream_prefetch",
+    "StreamPrefetcher": "lightning_gpu_boost.core.prefetch",
+    "GPUNormalize": "lightning_gpu_boost.core.prefetch",
+    "BoostDataModule": "lightning_gpu_boost.datamodules.base",
+    "ImageFolderDataModule": "lightning_gpu_boost.datamodules.image_folder",
+    "ImageFolderDataset": "lightning_gpu_boost.datamodules.image_folder",
+    "make_jpeg_folder": "lightning_gpu_boost.core.images",
+    "usable_cpus": "lightning_gpu_boost.core.cpus",
+    "default_num_workers": "lightning_gpu_boost.core.cpus",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lightning_gpu_boost' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

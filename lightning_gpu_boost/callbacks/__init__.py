@@ -1,0 +1,5 @@
+"""Lightning callbacks: thin adapters over the framework-free cores."""
+
+from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
+
+__all__ = ["StreamPrefetch"]

@@ -1,0 +1,127 @@
+"""Train the same model with plain Lightning defaults and with lightning-gpu-boost; print the speed-up.
+
+The data is a generated ImageNet-like JPEG tree (cached). On a GPU with torchvision the model is ResNet-50
+(batch 256, 224 px); on a CPU a small CNN (batch 32, 128 px) keeps the demo short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _defaults(gpu: bool, has_torchvision: bool) -> dict[str, Any]:
+    if gpu and has_torchvision:
+        return {"arch": "resnet50", "images": 8000, "batch_size": 256, "image_size": 224, "steps": 30, "warmup": 5}
+    return {"arch": "small_cnn", "images": 640, "batch_size": 32, "image_size": 128, "steps": 12, "warmup": 3}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default=os.environ.get("LGB_DEMO_DATA", ".demo-data"), help="demo data folder")
+    parser.add_argument("--images", type=int, help="number of generated JPEGs")
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--image-size", type=int)
+    parser.add_argument("--steps", type=int, help="timed training steps per run")
+    parser.add_argument("--warmup", type=int, help="untimed steps before timing")
+    parser.add_argument("--arch", choices=["small_cnn", "resnet50"])
+    parser.add_argument("--json", dest="json_dir", help="also write <dir>/demo-<date>-<gpu>.json")
+    parser.set_defaults(func=run)
+
+
+def _fit(model, data, precision: str, steps: int, warmup: int) -> dict[str, Any]:
+    from lightning.pytorch import Trainer
+
+    from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+
+    meter = ThroughputMeter(warmup=warmup)
+    trainer = Trainer(
+        accelerator="auto",
+        devices=1,
+        precision=precision,
+        max_steps=warmup + steps,
+        callbacks=[meter],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    if isinstance(data, torch.utils.data.DataLoader):
+        trainer.fit(model, train_dataloaders=data)
+    else:
+        trainer.fit(model, datamodule=data)
+    return meter.summary()
+
+
+def run(args: argparse.Namespace) -> int:
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost._imports import module_available
+    from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.core.cpus import usable_cpus
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.datamodules import ImageFolderDataModule
+    from lightning_gpu_boost.models import ImageClassifier
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    gpu = torch.cuda.is_available()
+    cfg = _defaults(gpu, module_available("torchvision"))
+    for key in ("arch", "images", "batch_size", "image_size", "steps", "warmup"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    root = Path(args.data) / f"jpeg-{cfg['images']}-{args.classes}"
+    make_jpeg_folder(root, n=cfg["images"], num_classes=args.classes)
+    device = torch.cuda.get_device_name(0) if gpu else "CPU"
+    print(f"demo: {cfg['arch']} on {device}, batch {cfg['batch_size']}, {cfg['image_size']} px, "
+          f"{cfg['steps']} timed steps after {cfg['warmup']} warm-up, data {root}")  # fmt: skip
+
+    torch.manual_seed(0)
+    plain_loader = DataLoader(plain_image_folder(root, cfg["image_size"]), batch_size=cfg["batch_size"], shuffle=True)
+    plain = _fit(
+        ImageClassifier(cfg["arch"], args.classes), plain_loader, "32-true", cfg["steps"], cfg["warmup"]
+    )
+
+    torch.manual_seed(0)
+    boosted_dm = ImageFolderDataModule(
+        str(root), image_size=cfg["image_size"], batch_size=cfg["batch_size"], prefetch=True
+    )
+    precision = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
+    workers = boosted_dm.resolve_num_workers(None, "train")
+    if not gpu:  # the step runs on the CPUs the workers use: keep its threads off theirs
+        torch.set_num_threads(max(1, usable_cpus() - workers))
+    boosted = _fit(
+        ImageClassifier(cfg["arch"], args.classes, channels_last=gpu),
+        boosted_dm,
+        precision,
+        cfg["steps"],
+        cfg["warmup"],
+    )
+    speedup = boosted["samples_per_s"] / plain["samples_per_s"]
+    rows = [("plain Lightning defaults", "32-true", 0, plain), (
+        "lightning-gpu-boost", precision, boosted_dm.resolve_num_workers(None, "train"), boosted)]  # fmt: skip
+
+    def util(r: dict[str, Any]) -> str:
+        return "n/a" if r["gpu_util"] is None else f"{r['gpu_util']:.0f} %"
+
+    print()
+    print("| setup | precision | workers | samples/s | data wait | GPU util |")
+    print("|---|---|---|---|---|---|")
+    for name, prec, workers, r in rows:
+        print(f"| {name} | {prec} | {workers} | {r['samples_per_s']:,.0f} | {100 * r['data_wait_frac']:.0f} % | {util(r)} |")
+    print(f"\nspeed-up: {speedup:.2f}x")
+    if args.json_dir:
+        from lightning_gpu_boost.core.results import bar, write_result
+
+        figures = {"config": cfg, "plain": plain, "boosted": {**boosted, "precision": precision}, "speedup": speedup}
+        path = write_result("demo", figures, {"speedup_vs_plain": bar(speedup, 1.0, "x")}, args.json_dir)
+        print(f"wrote {path}")
+    return 0

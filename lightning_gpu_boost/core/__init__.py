@@ -1,0 +1,1 @@
+"""Framework-free cores: usable without a Lightning ``Trainer`` and tested alone."""

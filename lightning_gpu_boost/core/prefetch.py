@@ -1,0 +1,338 @@
+"""``StreamPrefetcher``: copy the next batches to the GPU on a side CUDA stream while the current one computes.
+
+Stream hygiene (the rules apex, timm and FFCV converged on, each of which a bug report taught):
+
+1. One side stream per prefetcher, created once (a stream per epoch grows reserved memory).
+2. Before each copy the side stream waits for the consumer stream, so a copy never races earlier work that
+   the consumer queued on memory the allocator may hand out again.
+3. Before a batch is handed over the consumer stream waits for the side stream (an event recorded after
+   the copy), so the step never reads a half-copied batch.
+4. Every tensor handed over is ``record_stream``-ed on the consumer stream: the caching allocator does not
+   reuse its memory until the consumer's queued work on it is done (missing this gives silent NaNs).
+5. Source tensors must be pinned, or the "asynchronous" copy is synchronous; unpinned tensors are pinned here
+   with a one-time warning (pin in the DataLoader instead: ``pin_memory=True``).
+
+The prefetcher works on any batch structure (tensors, tuples, lists, dicts, namedtuples, dataclasses and
+objects with a ``.to()`` method); non-tensor leaves pass through unchanged. On a CPU device it only looks ahead
+(no streams), which keeps the same batch order and lets the wrapper's semantics be tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _Transferable(ABC):  # noqa: B024 (a structural check, no abstract methods)
+    """Anything with a ``.to()`` method that is not a tensor (e.g. a Hugging Face ``BatchEncoding``)."""
+
+    @classmethod
+    def __subclasshook__(cls, subclass: Any) -> Any:
+        if cls is _Transferable:
+            to = getattr(subclass, "to", None)
+            return callable(to)
+        return NotImplemented
+
+
+def check_normalize(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Validate ``(mean, std)`` given per channel in [0, 1] units; returns them as tuples of floats."""
+    try:
+        mean, std = normalize
+        mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"normalize must be (mean, std) with one value per channel, e.g. ((0.485, 0.456, 0.406), "
+            f"(0.229, 0.224, 0.225)); got {normalize!r}."
+        ) from None
+    if len(mean) != len(std) or not mean:
+        raise ValueError(f"normalize mean and std need the same, non-zero length; got {len(mean)} and {len(std)}.")
+    if any(s <= 0 for s in std):
+        raise ValueError(f"normalize std must be > 0, got {std!r}.")
+    return mean, std
+
+
+@dataclass
+class GPUNormalize:
+    """Turn uint8 image tensors ``(N, C, H, W)`` into normalized floats on the device they are on.
+
+    ``out = (x / 255 - mean) / std`` computed in float32, then cast to ``dtype``; optionally ``channels_last``.
+    Which tensors: ``key`` selects one (a dict key or a tuple/list position); ``None`` selects every uint8
+    tensor with 4 dimensions.
+    """
+
+    mean: Sequence[float]
+    std: Sequence[float]
+    dtype: DTypeName = "float32"
+    channels_last: bool = False
+    key: str | int | None = None
+
+    def __post_init__(self) -> None:
+        self.mean, self.std = check_normalize((self.mean, self.std))
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
+        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _consts(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._constants:
+            mean = torch.tensor(self.mean, dtype=torch.float32).mul_(255.0)
+            inv_std = 1.0 / torch.tensor(self.std, dtype=torch.float32).mul_(255.0)
+            self._constants[device] = (
+                mean.view(1, -1, 1, 1).to(device),
+                inv_std.view(1, -1, 1, 1).to(device),
+            )
+        return self._constants[device]
+
+    def tensor(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8 or x.dim() != 4:
+            raise ValueError(
+                f"GPU normalize expects uint8 images of shape (N, C, H, W), got {x.dtype} of shape {tuple(x.shape)}."
+            )
+        mean, inv_std = self._consts(x.device)
+        if x.shape[1] != mean.shape[1]:
+            raise ValueError(f"normalize has {mean.shape[1]} channels but the images have {x.shape[1]}.")
+        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        out = x.to(torch.float32).sub_(mean).mul_(inv_std)
+        return out.to(dtype=_DTYPES[self.dtype], memory_format=memory_format)
+
+    def __call__(self, batch: Any) -> Any:
+        if self.key is None:
+            return apply_to_collection(
+                batch, torch.Tensor, lambda t: self.tensor(t) if t.dtype == torch.uint8 and t.dim() == 4 else t
+            )
+        if isinstance(batch, dict):
+            if self.key not in batch:
+                raise KeyError(f"normalize key {self.key!r} is not in the batch (keys: {list(batch)}).")
+            return {**batch, self.key: self.tensor(batch[self.key])}
+        if isinstance(batch, (list, tuple)) and isinstance(self.key, int):
+            items = list(batch)
+            items[self.key] = self.tensor(items[self.key])
+            return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+        raise TypeError(f"Cannot select {self.key!r} from a batch of type {type(batch).__name__}.")
+
+
+_warned_unpinned = False
+
+
+def _pin(t: torch.Tensor) -> torch.Tensor:
+    global _warned_unpinned
+    if t.device.type != "cpu" or t.is_pinned():
+        return t
+    if not _warned_unpinned:
+        _warned_unpinned = True
+        warnings.warn(
+            "StreamPrefetcher received unpinned CPU tensors and pins each batch itself, which costs an extra host "
+            "copy; set pin_memory=True on the DataLoader to avoid it.",
+            stacklevel=3,
+        )
+    return t.pin_memory()
+
+
+class StreamPrefetcher:
+    """Wrap an iterable of batches; iterate it to get the batches on ``device``, copied ``depth`` batches ahead.
+
+    Args:
+        loader: any iterable of batches (a ``DataLoader`` usually).
+        device: target device (default ``cuda:<current>``). On a CPU device batches pass through unchanged and
+            the wrapper only looks ahead.
+        depth: batches copied ahead of the one being consumed, ``>= 1``.
+        normalize: a :class:`GPUNormalize` applied on the device after the copy, or ``None``.
+        pin: pin unpinned CPU tensors before copying (one warning); ``False`` copies them as they are.
+
+    Attribute access and assignment fall through to ``loader`` (``sampler``, ``batch_sampler``, ``dataset``,
+    ``worker_init_fn`` ...), ``len()`` is the loader's, and ``state_dict()``/``load_state_dict()`` exist when the
+    loader has them: ``state_dict()`` returns the loader's state from when the batch last handed out was fetched,
+    not the look-ahead's, so a resumed run neither skips nor repeats a batch.
+
+    Raises:
+        ValueError: ``depth < 1``.
+
+    Example::
+
+        >>> import torch
+        >>> batches = [torch.arange(4) + i for i in range(3)]
+        >>> [b.tolist() for b in StreamPrefetcher(batches, device="cpu")]
+        [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5]]
+    """
+
+    _OWN = ("_loader", "_device", "_depth", "_normalize", "_pin", "_stream", "_state", "_iterating")
+
+    def __init__(
+        self,
+        loader: Iterable,
+        device: torch.device | str | None = None,
+        depth: int = 1,
+        normalize: GPUNormalize | None = None,
+        pin: bool = True,
+    ) -> None:
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be an int >= 1, got {depth!r}.")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        object.__setattr__(self, "_loader", loader)
+        object.__setattr__(self, "_device", device)
+        object.__setattr__(self, "_depth", depth)
+        object.__setattr__(self, "_normalize", normalize)
+        object.__setattr__(self, "_pin", pin)
+        object.__setattr__(self, "_stream", None)
+        object.__setattr__(self, "_state", None)
+        object.__setattr__(self, "_iterating", False)
+
+    # -- pass-through of the wrapped loader ----------------------------------------------------------------
+    @property
+    def loader(self) -> Iterable:
+        """The wrapped iterable."""
+        return self._loader
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "state_dict" and callable(getattr(self._loader, "state_dict", None)):
+            return self._state_dict
+        if name == "load_state_dict" and callable(getattr(self._loader, "load_state_dict", None)):
+            return self._load_state_dict
+        if name in ("state_dict", "load_state_dict") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._loader, name, value)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._loader!r}, device={self._device}, depth={self._depth})"
+
+    def _state_dict(self) -> dict[str, Any]:
+        if self._iterating and self._state is not None:
+            return self._state
+        return self._loader.state_dict()  # type: ignore[attr-defined]
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
+        object.__setattr__(self, "_state", None)
+        self._loader.load_state_dict(state)  # type: ignore[attr-defined]
+
+    # -- copying ----------------------------------------------------------------------------------------------
+    def _copy(self, batch: Any) -> Any:
+        def move(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return (_pin(x) if self._pin else x).to(self._device, non_blocking=True)
+            return x.to(self._device, non_blocking=True)
+
+        return apply_to_collection(batch, (torch.Tensor, _Transferable), move)
+
+    @staticmethod
+    def _record(batch: Any, stream: torch.cuda.Stream) -> None:
+        def record(t: torch.Tensor) -> None:
+            if t.is_cuda:
+                t.record_stream(stream)
+
+        apply_to_collection(batch, torch.Tensor, record)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._device.type != "cuda":
+            yield from self._iter_lookahead()
+        else:
+            yield from self._iter_cuda()
+
+    def _fetch(self, it: Iterator[Any], queue: deque) -> bool:
+        """Fetch one batch into ``queue``; returns ``False`` at the end. Loader errors are queued, not raised."""
+        try:
+            batch = next(it)
+        except StopIteration:
+            return False
+        except Exception as err:  # re-raised in order, after the batches fetched before it
+            queue.append(("error", err, None))
+            return False
+        stateful = callable(getattr(self._loader, "state_dict", None))
+        state = self._loader.state_dict() if stateful else None  # type: ignore[attr-defined]
+        queue.append(("batch", batch, state))
+        return True
+
+    def _hand_out(self, item: tuple[str, Any, Any]) -> Any:
+        kind, value, state = item
+        if kind == "error":
+            raise value
+        object.__setattr__(self, "_state", state)
+        return value
+
+    def _iter_lookahead(self) -> Iterator[Any]:
+        queue: deque = deque()
+        it = iter(self._loader)
+        object.__setattr__(self, "_iterating", True)
+        try:
+            alive = True
+            while alive and len(queue) < self._depth:
+                alive = self._fetch(it, queue)
+            while queue:
+                batch = self._hand_out(queue.popleft())
+                if self._normalize is not None:
+                    batch = self._normalize(batch)
+                if alive:
+                    alive = self._fetch(it, queue)
+                yield batch
+        finally:
+            object.__setattr__(self, "_iterating", False)
+            object.__setattr__(self, "_state", None)
+
+    def _iter_cuda(self) -> Iterator[Any]:
+        device = self._device
+        if self._stream is None:
+            object.__setattr__(self, "_stream", torch.cuda.Stream(device=device))
+        side: torch.cuda.Stream = self._stream
+        queue: deque = deque()  # items: (kind, batch on GPU, loader state, ready event)
+        it = iter(self._loader)
+
+        def fetch_and_copy() -> bool:
+            alive = self._fetch(it, queue)
+            if alive:
+                kind, batch, state = queue.pop()
+                consumer = torch.cuda.current_stream(device)
+                side.wait_stream(consumer)
+                with torch.cuda.stream(side):
+                    batch = self._copy(batch)
+                    if self._normalize is not None:
+                        batch = self._normalize(batch)
+                    ready = torch.cuda.Event()
+                    ready.record(side)
+                queue.append((kind, batch, state, ready))
+            return alive
+
+        object.__setattr__(self, "_iterating", True)
+        try:
+            alive = True
+            while alive and len(queue) < self._depth:
+                alive = fetch_and_copy()
+            while queue:
+                item = queue.popleft()
+                if item[0] == "error":
+                    raise item[1]
+                kind, batch, state, ready = item
+                consumer = torch.cuda.current_stream(device)
+                consumer.wait_event(ready)
+                self._record(batch, consumer)
+                object.__setattr__(self, "_state", state)
+                if alive:
+                    alive = fetch_and_copy()
+                yield batch
+        finally:
+            object.__setattr__(self, "_iterating", False)
+            object.__setattr__(self, "_state", None)

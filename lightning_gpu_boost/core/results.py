@@ -1,0 +1,93 @@
+"""Benchmark results: the environment record and the JSON + Markdown files under ``benchmarks/results/``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_gpu_boost.core.cpus import usable_cpus
+
+
+def gpu_tag() -> str:
+    """Short name of the GPU for file names (``h100``, ``h200``, ``cpu`` ...)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name(0).lower()
+    for tag in ("h200", "h100", "a100", "l40s", "l4", "a10g", "v100", "t4"):
+        if tag in name:
+            return tag
+    return name.replace("nvidia", "").strip().split()[0]
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("GIT_COMMIT")
+
+
+def environment() -> dict[str, Any]:
+    """GPU, CPU count, library versions and git commit of this run."""
+    import lightning
+
+    env: dict[str, Any] = {
+        "date": _dt.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "gpu_count": torch.cuda.device_count(),
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpus(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "lightning": lightning.__version__,
+        "git_commit": _git_commit(),
+    }
+    for name, module in (("dali", "nvidia.dali"), ("torchvision", "torchvision"), ("pillow", "PIL")):
+        try:
+            env[name] = __import__(module, fromlist=["__version__"]).__version__
+        except ImportError:
+            env[name] = None
+    return env
+
+
+def bar(value: float, target: float, unit: str, higher_is_better: bool = True) -> dict[str, Any]:
+    """One bar of an issue: ``{value, target, unit, pass}``."""
+    ok = value >= target if higher_is_better else value <= target
+    return {"value": round(float(value), 4), "target": target, "unit": unit, "pass": bool(ok)}
+
+
+def write_result(
+    script: str, figures: dict[str, Any], bars: dict[str, dict[str, Any]], out_dir: str | os.PathLike | None = None
+) -> Path:
+    """Write ``<out_dir>/<script>-<date>-<gpu>.json`` and a ``.md`` table beside it; returns the JSON path."""
+    env = environment()
+    out = Path(out_dir or "benchmarks/results")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{script}-{env['date']}-{gpu_tag()}.json"
+    path.write_text(json.dumps({"script": script, "environment": env, "figures": figures, "bars": bars}, indent=2))
+    lines = [f"# {script} ({env['date']}, {env['gpu'] or 'CPU'}, {env['cpu_count']} CPUs)", ""]
+    lines += ["| bar | value | target | unit | pass |", "|---|---|---|---|---|"]
+    lines += [f"| {k} | {b['value']} | {b['target']} | {b['unit']} | {b['pass']} |" for k, b in bars.items()]
+    lines += ["", "| figure | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in _flatten(figures).items()]
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = round(value, 3) if isinstance(value, float) else value
+    return flat

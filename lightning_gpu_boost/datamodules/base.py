@@ -1,0 +1,188 @@
+"""``BoostDataModule``: a LightningDataModule base that builds fast DataLoaders from the datasets you give it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_gpu_boost.core.cpus import default_num_workers
+
+Stage = Literal["train", "val", "test", "predict"]
+
+
+class BoostDataModule(pl.LightningDataModule):
+    """A LightningDataModule that turns your datasets into DataLoaders with GPU-friendly defaults.
+
+    Subclasses implement :meth:`train_dataset` (and optionally :meth:`val_dataset`, :meth:`test_dataset`,
+    :meth:`predict_dataset`); this class builds every DataLoader with:
+
+    - ``pin_memory`` when the Trainer trains on CUDA (page-locked batches copy asynchronously),
+    - ``persistent_workers`` and ``prefetch_factor`` when workers are used,
+    - a worker count from the CPUs this process may use (affinity mask and cgroup quota, shared among the
+      processes on the node, one kept for the main process), or ``num_workers="auto"`` to measure it,
+    - ``drop_last`` and ``collate_fn`` options, shuffling for training only.
+
+    DataLoaders are real ``torch.utils.data.DataLoader`` objects built inside ``*_dataloader()``, so Lightning
+    injects its ``DistributedSampler`` under DDP and keeps every argument set here.
+
+    Args:
+        batch_size: samples per batch, ``>= 1``.
+        num_workers: worker processes per DataLoader: an int ``>= 0``, ``None`` for the usable-CPU default, or
+            ``"auto"`` to measure the best count (falls back to the usable-CPU default until measured).
+        pin_memory: ``None`` pins exactly when the Trainer's root device is CUDA.
+        persistent_workers: keep workers alive between epochs (only used when ``num_workers > 0``).
+        prefetch_factor: batches loaded ahead by each worker (only used when ``num_workers > 0``), ``>= 1``.
+        drop_last: drop the last incomplete training batch.
+        shuffle: shuffle the training set.
+        collate_fn: custom collate function (default: PyTorch's ``default_collate``).
+        prefetch: copy batches to the GPU on a side CUDA stream while the previous step computes
+            (see :class:`~lightning_gpu_boost.callbacks.StreamPrefetch`); a no-op without CUDA.
+        normalize: ``(mean, std)`` per channel in ``[0, 1]`` units, applied on the GPU to uint8 image tensors when
+            ``prefetch=True``.
+
+    Raises:
+        ValueError: an argument is out of range (the message names the value and what is valid).
+
+    Example::
+
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> class Random(BoostDataModule):
+        ...     def train_dataset(self):
+        ...         return TensorDataset(torch.randn(64, 32), torch.randint(0, 2, (64,)))
+        >>> dm = Random(batch_size=16, num_workers=0)
+        >>> len(dm.train_dataloader())
+        4
+    """
+
+    def __init__(
+        self,
+        batch_size: int = 32,
+        num_workers: int | Literal["auto"] | None = None,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
+        prefetch_factor: int = 4,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        prefetch: bool = False,
+        normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}.")
+        if num_workers is not None and num_workers != "auto" and (
+            not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0
+        ):
+            raise ValueError(f"num_workers must be an int >= 0, None or 'auto', got {num_workers!r}.")
+        if pin_memory not in (None, True, False):
+            raise ValueError(f"pin_memory must be True, False or None (automatic), got {pin_memory!r}.")
+        if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) or prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}.")
+        if collate_fn is not None and not callable(collate_fn):
+            raise ValueError(f"collate_fn must be callable or None, got {collate_fn!r}.")
+        if normalize is not None:
+            from lightning_gpu_boost.core.prefetch import check_normalize
+
+            normalize = check_normalize(normalize)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self.drop_last = drop_last
+        self.shuffle = shuffle
+        self.collate_fn = collate_fn
+        self.prefetch = prefetch
+        self.normalize = normalize
+        self._prefetch_hook: Any = None
+
+    # -- what subclasses fill in ------------------------------------------------------------------------------
+    def train_dataset(self) -> Dataset:
+        """The training dataset. Subclasses must implement it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement train_dataset().")
+
+    def val_dataset(self) -> Dataset | None:
+        """The validation dataset, or ``None`` for no validation."""
+        return None
+
+    def test_dataset(self) -> Dataset | None:
+        """The test dataset, or ``None``."""
+        return None
+
+    def predict_dataset(self) -> Dataset | None:
+        """The prediction dataset, or ``None``."""
+        return None
+
+    # -- the seams later features plug into ------------------------------------------------------------------
+    def resolve_num_workers(self, dataset: Dataset, stage: Stage) -> int:
+        """The worker count for ``stage``: the explicit value, else the usable-CPU default."""
+        if isinstance(self.num_workers, int):
+            return self.num_workers
+        return default_num_workers()
+
+    def resolve_pin_memory(self) -> bool:
+        """``pin_memory`` if set, else whether the Trainer's root device is CUDA."""
+        if self.pin_memory is not None:
+            return self.pin_memory
+        trainer = self.trainer
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
+
+    def dataloader_kwargs(self, dataset: Dataset, stage: Stage) -> dict[str, Any]:
+        """Keyword arguments of the DataLoader for ``stage``; override to change any of them."""
+        workers = self.resolve_num_workers(dataset, stage)
+        train = stage == "train"
+        kwargs: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle and train,
+            "num_workers": workers,
+            "pin_memory": self.resolve_pin_memory(),
+            "drop_last": self.drop_last and train,
+            "collate_fn": self.collate_fn,
+        }
+        if workers > 0:
+            kwargs["persistent_workers"] = self.persistent_workers
+            kwargs["prefetch_factor"] = self.prefetch_factor
+        return kwargs
+
+    def make_dataloader(self, dataset: Dataset, stage: Stage) -> DataLoader:
+        """Build the DataLoader for ``stage`` from ``dataset``."""
+        return DataLoader(dataset, **self.dataloader_kwargs(dataset, stage))
+
+    # -- LightningDataModule hooks ----------------------------------------------------------------------------
+    def _loader(self, stage: Stage) -> DataLoader | list:
+        dataset = getattr(self, f"{stage}_dataset")()
+        if dataset is None:
+            if stage == "train":
+                raise ValueError(f"{type(self).__name__}.train_dataset() returned None; it must return a Dataset.")
+            return []
+        return self.make_dataloader(dataset, stage)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader | list:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader | list:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader | list:
+        return self._loader("predict")
+
+    def setup(self, stage: str) -> None:
+        if self.prefetch and self.trainer is not None and self._prefetch_hook is None:
+            from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
+
+            self._prefetch_hook = StreamPrefetch(normalize=self.normalize)
+            self._prefetch_hook.setup(self.trainer, self.trainer.lightning_module, stage)
+            rank_zero_info(f"{type(self).__name__}: prefetch=True, batches are copied to the GPU on a side stream.")
+
+    def teardown(self, stage: str) -> None:
+        if self._prefetch_hook is not None and self.trainer is not None:
+            self._prefetch_hook.teardown(self.trainer, self.trainer.lightning_module, stage)
+            self._prefetch_hook = None
