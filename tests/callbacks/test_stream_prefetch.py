@@ -1,0 +1,188 @@
+from __future__ import annotations
+
+import logging
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
+
+from lightning_gpu_boost.callbacks import StreamPrefetch
+from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+from tests.helpers import IndexDataset, RecordingModel, StatefulLoader, run_ddp
+
+
+def _loaders(n=24, bs=4, shuffle=True):
+    return DataLoader(IndexDataset(n), batch_size=bs, shuffle=shuffle), DataLoader(IndexDataset(n), batch_size=bs)
+
+
+def _run_all_stages(trainer_kwargs, callbacks, **extra):
+    pl.seed_everything(7)
+    model = RecordingModel()
+    trainer = pl.Trainer(callbacks=callbacks, max_epochs=2, **trainer_kwargs, **extra)
+    train, val = _loaders()
+    trainer.fit(model, train, val)
+    trainer.validate(model, val, verbose=False)
+    trainer.test(model, val, verbose=False)
+    trainer.predict(model, val)
+    return model.seen
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"limit_train_batches": 3, "limit_val_batches": 2}, {"accumulate_grad_batches": 2}],
+    ids=["full", "limits", "accumulate"],
+)
+def test_same_batches_same_order_in_every_stage(trainer_kwargs, extra):
+    plain = _run_all_stages(trainer_kwargs, [], **extra)
+    wrapped = _run_all_stages(trainer_kwargs, [StreamPrefetch(cpu_lookahead=True, depth=2)], **extra)
+    assert wrapped == plain
+    assert all(plain[stage] for stage in ("train", "val", "test", "predict"))
+
+
+def test_dataloader_iter_steps(trainer_kwargs):
+    class IterModel(RecordingModel):
+        def training_step(self, dataloader_iter):
+            batch, _, _ = next(dataloader_iter)
+            return self._record("train", batch)
+
+    def run(callbacks):
+        pl.seed_everything(3)
+        model = IterModel()
+        pl.Trainer(callbacks=callbacks, max_epochs=1, limit_val_batches=0, **trainer_kwargs).fit(model, _loaders()[0])
+        return model.seen["train"]
+
+    assert run([StreamPrefetch(cpu_lookahead=True)]) == run([])
+
+
+def test_installs_on_the_strategy_and_removes_in_teardown(trainer_kwargs):
+    wrapped_types = []
+
+    class Spy(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            wrapped_types.append(type(trainer.train_dataloader).__name__)
+            wrapped_types.append(type(trainer.fit_loop._combined_loader.flattened[0]).__name__)
+
+    cb = StreamPrefetch(cpu_lookahead=True)
+    trainer = pl.Trainer(callbacks=[cb, Spy()], max_epochs=1, **trainer_kwargs)
+    trainer.fit(RecordingModel(), *_loaders())
+    assert wrapped_types[1] == StreamPrefetcher.__name__
+    assert "process_dataloader" not in vars(trainer.strategy) and not cb.active
+
+
+def test_noop_without_cuda(trainer_kwargs, caplog):
+    cb = StreamPrefetch()
+    with caplog.at_level(logging.INFO):
+        pl.Trainer(callbacks=[cb], max_epochs=1, **trainer_kwargs).fit(RecordingModel(), _loaders()[0])
+    assert not cb.active
+    assert "no CUDA device in use" in caplog.text
+
+
+def test_user_transfer_hook_keeps_its_semantics(trainer_kwargs):
+    class HookModel(RecordingModel):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            assert batch[0].device.type == "cpu"
+            return batch
+
+    cb = StreamPrefetch(cpu_lookahead=True)
+    with pytest.warns(UserWarning, match="on_before_batch_transfer is overridden"):
+        pl.Trainer(callbacks=[cb], max_epochs=1, **trainer_kwargs).fit(HookModel(), _loaders()[0])
+    assert not cb.active
+
+
+def test_loader_error_propagates(trainer_kwargs):
+    class Broken(IndexDataset):
+        def __getitem__(self, i):
+            if i == 9:
+                raise RuntimeError("corrupt sample 9")
+            return super().__getitem__(i)
+
+    trainer = pl.Trainer(callbacks=[StreamPrefetch(cpu_lookahead=True)], max_epochs=1, **trainer_kwargs)
+    with pytest.raises(RuntimeError, match="corrupt sample 9"):
+        trainer.fit(RecordingModel(), DataLoader(Broken(16), batch_size=4))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="depth must be an int >= 1, got 0"):
+        StreamPrefetch(depth=0)
+    with pytest.raises(ValueError, match="dtype must be"):
+        StreamPrefetch(dtype="float64")
+    with pytest.raises(ValueError, match="normalize must be"):
+        StreamPrefetch(normalize=(1, 2, 3))
+
+
+def _resume_batches(tmp_path, trainer_kwargs, callbacks_factory):
+    """Train to a checkpoint at step 3 of a 6-batch epoch, resume to the end; return the resumed batches."""
+    kwargs = {**trainer_kwargs, "enable_checkpointing": True, "default_root_dir": str(tmp_path)}
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, save_last=False)
+    loader = StatefulLoader(IndexDataset(24), batch_size=4)
+    first = RecordingModel()
+    pl.Trainer(callbacks=[ckpt, *callbacks_factory()], max_steps=3, **kwargs).fit(first, loader)
+    path = sorted(tmp_path.glob("*step=3.ckpt"))[0]
+    resumed = RecordingModel()
+    loader = StatefulLoader(IndexDataset(24), batch_size=4)
+    pl.Trainer(callbacks=callbacks_factory(), max_epochs=1, **kwargs).fit(resumed, loader, ckpt_path=path)
+    return first.seen["train"], resumed.seen["train"]
+
+
+def test_mid_epoch_resume_neither_loses_nor_repeats(tmp_path, trainer_kwargs):
+    plain_first, plain_rest = _resume_batches(tmp_path / "plain", trainer_kwargs, lambda: [])
+    first, rest = _resume_batches(tmp_path / "wrapped", trainer_kwargs, lambda: [StreamPrefetch(cpu_lookahead=True, depth=2)])
+    assert first == plain_first == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert rest == plain_rest == [[12, 13, 14, 15], [16, 17, 18, 19], [20, 21, 22, 23]]
+
+
+def test_ddp_shards_are_disjoint_complete_and_reshuffled(tmp_path):
+    results = run_ddp(
+        """
+        import lightning.pytorch as pl
+        from torch.utils.data import DataLoader
+        from lightning_gpu_boost.callbacks import StreamPrefetch
+        pl.seed_everything(1)
+        model = RecordingModel()
+        trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp", max_epochs=2, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[StreamPrefetch(cpu_lookahead=True)])
+        trainer.fit(model, DataLoader(IndexDataset(32), batch_size=4, shuffle=True))
+        epochs = [sum(model.seen["train"][:4], []), sum(model.seen["train"][4:], [])]
+        (OUT / f"rank{trainer.global_rank}.json").write_text(json.dumps(epochs))
+        """,
+        tmp_path,
+    )
+    for epoch in (0, 1):
+        shards = [set(r[epoch]) for r in results]
+        assert shards[0].isdisjoint(shards[1])
+        assert shards[0] | shards[1] == set(range(32))
+    assert results[0][0] != results[0][1]  # the sampler's epoch was set: a new order each epoch
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_gpu_trainer_receives_prefetched_normalized_batches(tmp_path):
+    class Check(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 2)
+            self.dtypes = set()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            assert x.is_cuda and y.is_cuda
+            self.dtypes.add(x.dtype)
+            return self.layer(x.mean((2, 3))).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(
+        torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8), torch.randint(0, 2, (64,))
+    )
+    cb = StreamPrefetch(normalize=((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), dtype="bfloat16", channels_last=True)
+    model = Check()
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, callbacks=[cb], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(model, DataLoader(data, batch_size=8, pin_memory=True))
+    assert model.dtypes == {torch.bfloat16}

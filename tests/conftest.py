@@ -1,0 +1,42 @@
+"""Shared test harness: the ``gpu`` marker, a small synthetic JPEG tree, and BoringModel-style modules."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("PL_DISABLE_FORK", "0")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def jpeg_tree(tmp_path_factory):
+    """24 small JPEGs in 3 class folders (deterministic)."""
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+
+    root = tmp_path_factory.mktemp("jpegs")
+    return make_jpeg_folder(root, n=24, num_classes=3, size_range=(80, 120, 64, 96), workers=2, progress=False)
+
+
+@pytest.fixture
+def trainer_kwargs(tmp_path):
+    """Quiet CPU Trainer arguments."""
+    return {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": str(tmp_path),
+    }

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from lightning_gpu_boost.datamodules import BoostDataModule
+from tests.helpers import IndexDataset, RecordingModel
+
+
+class Indexed(BoostDataModule):
+    def train_dataset(self):
+        return IndexDataset(20)
+
+    def val_dataset(self):
+        return IndexDataset(8)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"batch_size": 0}, "batch_size must be an int >= 1, got 0"),
+        ({"batch_size": 2.5}, "batch_size must be an int >= 1, got 2.5"),
+        ({"num_workers": -1}, "num_workers must be an int >= 0, None or 'auto', got -1"),
+        ({"num_workers": "many"}, "got 'many'"),
+        ({"prefetch_factor": 0}, "prefetch_factor must be an int >= 1, got 0"),
+        ({"pin_memory": "yes"}, "pin_memory must be True, False or None"),
+        ({"collate_fn": 3}, "collate_fn must be callable"),
+        ({"normalize": (1, 2, 3)}, "normalize must be"),
+    ],
+)
+def test_arguments_are_validated(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Indexed(**kwargs)
+
+
+def test_loader_defaults():
+    dm = Indexed(batch_size=4, num_workers=2, drop_last=True)
+    train, val = dm.train_dataloader(), dm.val_dataloader()
+    assert train.num_workers == 2 and train.persistent_workers and train.prefetch_factor == 4
+    assert train.drop_last and not val.drop_last
+    assert type(train.sampler).__name__ == "RandomSampler" and type(val.sampler).__name__ == "SequentialSampler"
+    assert not train.pin_memory  # no Trainer on CUDA
+    assert dm.test_dataloader() == [] and dm.predict_dataloader() == []
+    zero = Indexed(num_workers=0).train_dataloader()
+    assert zero.num_workers == 0 and not zero.persistent_workers
+
+
+def test_default_worker_count_comes_from_usable_cpus(monkeypatch):
+    from lightning_gpu_boost.datamodules import base
+
+    monkeypatch.setattr(base, "default_num_workers", lambda: 5)
+    assert Indexed().train_dataloader().num_workers == 5
+    assert Indexed(num_workers="auto").train_dataloader().num_workers == 5
+
+
+def test_missing_train_dataset_is_a_clear_error():
+    with pytest.raises(NotImplementedError, match="must implement train_dataset"):
+        BoostDataModule().train_dataloader()
+
+
+def test_trains_in_a_trainer_with_validation(trainer_kwargs):
+    model = RecordingModel()
+    trainer = pl.Trainer(max_epochs=1, **trainer_kwargs)
+    trainer.fit(model, datamodule=Indexed(batch_size=4, num_workers=0, shuffle=False, prefetch=True))
+    assert model.seen["train"][0] == [0, 1, 2, 3] and len(model.seen["train"]) == 5
+    assert len(model.seen["val"]) == 4  # sanity check (2) + epoch end (2)
+
+
+def test_collate_fn_is_used():
+    def collate(samples):
+        return torch.stack([s[0] for s in samples])
+
+    class Tensors(BoostDataModule):
+        def train_dataset(self):
+            return TensorDataset(torch.arange(6.0))
+
+    batch = next(iter(Tensors(batch_size=3, num_workers=0, shuffle=False, collate_fn=collate).train_dataloader()))
+    assert batch.tolist() == [0.0, 1.0, 2.0]

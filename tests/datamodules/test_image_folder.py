@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import shutil
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_gpu_boost.datamodules import ImageFolderDataModule, ImageFolderDataset
+from lightning_gpu_boost.models import ImageClassifier
+
+
+def test_batches_are_uint8_with_correct_labels(jpeg_tree):
+    dm = ImageFolderDataModule(str(jpeg_tree), image_size=32, batch_size=8, num_workers=0, shuffle=False)
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.dtype == torch.uint8 and tuple(images.shape) == (8, 3, 32, 32)
+    assert labels.dtype == torch.int64 and labels.tolist() == [0] * 8
+    assert dm.num_classes == 3
+
+
+def test_fit_with_val_split_in_a_trainer(jpeg_tree, trainer_kwargs):
+    dm = ImageFolderDataModule(str(jpeg_tree), image_size=32, batch_size=4, num_workers=1, val_split=0.25)
+    assert len(dm.train_dataset()) == 18 and len(dm.val_dataset()) == 6
+    trainer = pl.Trainer(max_epochs=1, **trainer_kwargs)
+    trainer.fit(ImageClassifier("small_cnn", num_classes=3), datamodule=dm)
+    assert trainer.global_step == 5 and "val_loss" in trainer.callback_metrics
+
+
+def test_val_root_must_match_classes(jpeg_tree, tmp_path):
+    val = tmp_path / "val"
+    shutil.copytree(jpeg_tree, val)
+    shutil.rmtree(val / "class_002")
+    dm = ImageFolderDataModule(str(jpeg_tree), val_root=str(val), num_workers=0)
+    with pytest.raises(ValueError, match="Class folders differ"):
+        dm.train_dataset()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"val_split": 1.0}, "val_split must be in"),
+        ({"image_size": 0}, "image_size must be an int >= 1"),
+        ({"on_error": "ignore"}, "on_error must be 'raise' or 'skip', got 'ignore'"),
+        ({"val_split": 0.1, "val_root": "x"}, "either val_root or val_split"),
+    ],
+)
+def test_bad_arguments(jpeg_tree, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ImageFolderDataModule(str(jpeg_tree), **kwargs)
+
+
+def test_unreadable_image_raises_or_is_skipped(jpeg_tree, tmp_path):
+    root = tmp_path / "tree"
+    shutil.copytree(jpeg_tree, root)
+    bad = sorted((root / "class_001").glob("*.jpg"))[0]
+    bad.write_bytes(b"not a jpeg")
+    strict = ImageFolderDataset(root, image_size=16)
+    index = [p for p, _ in strict.samples].index(str(bad))
+    with pytest.raises(RuntimeError, match="Cannot decode image .*class_001"):
+        strict[index]
+    lenient = ImageFolderDataset(root, image_size=16, on_error="skip")
+    with pytest.warns(RuntimeWarning, match="Skipped unreadable image"):
+        image, label = lenient[index]
+    assert lenient.skipped == 1
+    assert label == lenient.samples[index + 1][1]  # the next sample, with its own label
+
+
+def test_empty_tree_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="has no class folders"):
+        ImageFolderDataModule(str(tmp_path), num_workers=0).train_dataset()

@@ -1,0 +1,110 @@
+"""Test helpers: recording modules, indexed datasets and a two-process DDP runner over gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class IndexDataset(Dataset):
+    """Sample ``i`` is ``(tensor([i, i, i, i], float32), i)``: batches tell which samples they hold."""
+
+    def __init__(self, n: int = 32) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((4,), float(i)), i
+
+
+def ids(batch) -> list[int]:
+    return [int(v) for v in batch[1].tolist()]
+
+
+class RecordingModel(pl.LightningModule):
+    """A linear model that records the sample ids of every batch it sees, per stage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.seen: dict[str, list[list[int]]] = {"train": [], "val": [], "test": [], "predict": []}
+        self.devices_seen: set[str] = set()
+
+    def _record(self, stage: str, batch) -> torch.Tensor:
+        self.seen[stage].append(ids(batch))
+        self.devices_seen.add(batch[0].device.type)
+        return self.layer(batch[0]).sum()
+
+    def training_step(self, batch, batch_idx):
+        return self._record("train", batch)
+
+    def validation_step(self, batch, batch_idx):
+        self._record("val", batch)
+
+    def test_step(self, batch, batch_idx):
+        self._record("test", batch)
+
+    def predict_step(self, batch, batch_idx):
+        return self._record("predict", batch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class StatefulLoader(DataLoader):
+    """A DataLoader that can resume mid-epoch: its state is the number of batches handed out this epoch."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.consumed = 0
+        self._skip = 0
+
+    def __iter__(self):
+        skip, self._skip = self._skip, 0
+        self.consumed = skip
+        for i, batch in enumerate(super().__iter__()):
+            if i < skip:
+                continue
+            self.consumed += 1
+            yield batch
+
+    def state_dict(self):
+        return {"consumed": self.consumed}
+
+    def load_state_dict(self, state):
+        self._skip = state["consumed"]
+
+
+def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240) -> list[dict]:
+    """Run ``script`` as a real multi-process Lightning DDP job on CPU (gloo) and return each rank's JSON.
+
+    The script can use ``OUT`` (a folder), ``NPROCS`` and the names of ``tests.helpers``; each rank should write
+    ``OUT / f"rank{trainer.global_rank}.json"``.
+    """
+    path = tmp_path / "ddp_script.py"
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    header = (
+        "import json, sys\nfrom pathlib import Path\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from tests.helpers import *\n"
+        f"OUT = Path({str(out)!r})\nNPROCS = {nprocs}\n"
+    )
+    path.write_text(header + "if __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(script), "    "))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_PORT": str(29500 + os.getpid() % 2000)}
+    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"DDP script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import doctest
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+
+def test_import_is_light():
+    code = (
+        "import lightning_gpu_boost, sys; "
+        "heavy = {'nvidia.dali', 'lmdb', 'pynvml', 'matplotlib', 'lightning'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_public_names_resolve():
+    import lightning_gpu_boost
+
+    for name in lightning_gpu_boost.__all__:
+        assert getattr(lightning_gpu_boost, name) is not None
+
+
+def test_missing_optional_dependency_names_the_extra(monkeypatch):
+    from lightning_gpu_boost import _imports
+
+    def missing(name):
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(_imports.importlib, "import_module", missing)
+    with pytest.raises(ImportError, match=r"pip install 'lightning-gpu-boost\[nvml\]'"):
+        _imports.require("pynvml")
+    with pytest.raises(ImportError, match=r"dali-cuda13"):
+        _imports.require("nvidia.dali")
+
+
+def test_module_entry_point():
+    out = subprocess.run(
+        [sys.executable, "-m", "lightning_gpu_boost", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "demo" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "lightning_gpu_boost.core.prefetch",
+        "lightning_gpu_boost.core.nvml",
+        "lightning_gpu_boost.datamodules.base",
+        "lightning_gpu_boost.datamodules.image_folder",
+        "lightning_gpu_boost.callbacks.stream_prefetch",
+    ],
+)
+def test_docstring_examples_run(module):
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
