@@ -67,9 +67,11 @@ def center_crop_box(width: int, height: int, size: int, resize: int) -> Box:
     return (left, top, left + side, top + side)
 
 
-def _open_for_box(path: str | os.PathLike, box: Box, size: int) -> tuple[Image.Image, Box]:
-    """Open ``path`` with the coarsest JPEG draft scale that keeps ``box`` at least ``size`` pixels wide and tall."""
-    img = Image.open(path)
+def _draft_for_box(img: Image.Image, box: Box, size: int) -> Box:
+    """Ask JPEG decoding for the coarsest DCT scale that keeps ``box`` at least ``size`` pixels wide and tall.
+
+    Must run before the image is loaded; returns ``box`` in the coordinates of the reduced image.
+    """
     width, height = img.size
     box_w, box_h = box[2] - box[0], box[3] - box[1]
     if img.format == "JPEG" and box_w > 0 and box_h > 0:
@@ -77,7 +79,13 @@ def _open_for_box(path: str | os.PathLike, box: Box, size: int) -> tuple[Image.I
         if want[0] < width and want[1] < height:
             img.draft("RGB", want)
     sx, sy = img.size[0] / width, img.size[1] / height
-    return img, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+    return (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+
+
+def _crop_resize(img: Image.Image, box: Box, size: int) -> Image.Image:
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    return img.resize((size, size), Image.BILINEAR, box=box)
 
 
 def _to_chw_uint8(img: Image.Image) -> torch.Tensor:
@@ -95,12 +103,9 @@ def decode_random_resized_crop(
 ) -> torch.Tensor:
     """Decode ``path`` into a random-resized, randomly flipped ``uint8`` CHW crop of ``size`` x ``size``."""
     rnd = rng or random
-    with Image.open(path) as probe:
-        width, height = probe.size
-    box = random_resized_crop_box(width, height, scale, ratio, rnd)
-    img, box = _open_for_box(path, box, size)
-    with img:
-        out = img.convert("RGB").resize((size, size), Image.BILINEAR, box=box)
+    with Image.open(path) as img:
+        box = random_resized_crop_box(*img.size, scale, ratio, rnd)
+        out = _crop_resize(img, _draft_for_box(img, box, size), size)
     if rnd.random() < flip_p:
         out = out.transpose(Image.FLIP_LEFT_RIGHT)
     return _to_chw_uint8(out)
@@ -109,12 +114,9 @@ def decode_random_resized_crop(
 def decode_center_crop(path: str | os.PathLike, size: int, resize: int | None = None) -> torch.Tensor:
     """Decode ``path``, resize its shorter side to ``resize`` (default ``size / 0.875``) and center-crop ``size``."""
     resize = resize or int(round(size / 0.875))
-    with Image.open(path) as probe:
-        width, height = probe.size
-    box = center_crop_box(width, height, size, resize)
-    img, box = _open_for_box(path, box, size)
-    with img:
-        return _to_chw_uint8(img.convert("RGB").resize((size, size), Image.BILINEAR, box=box))
+    with Image.open(path) as img:
+        box = center_crop_box(*img.size, size, resize)
+        return _to_chw_uint8(_crop_resize(img, _draft_for_box(img, box, size), size))
 
 
 def scan_image_folder(root: str | os.PathLike) -> tuple[list[tuple[str, int]], list[str], int]:

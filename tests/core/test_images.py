@@ -43,14 +43,14 @@ def test_draft_decodes_at_reduced_scale_and_stays_close(tmp_path, monkeypatch):
     big = tmp_path / "big.jpg"
     images._synthetic_jpeg(str(big), 3, (800, 800, 600, 600), 90)
     sizes = []
-    original = images._open_for_box
+    original = images._draft_for_box
 
-    def spy(path, box, size):
-        img, scaled = original(path, box, size)
+    def spy(img, box, size):
+        scaled = original(img, box, size)
         sizes.append(img.size)
-        return img, scaled
+        return scaled
 
-    monkeypatch.setattr(images, "_open_for_box", spy)
+    monkeypatch.setattr(images, "_draft_for_box", spy)
     fast = decode_center_crop(big, 64).float()
     assert sizes[-1][0] <= 200  # 1/4 or 1/8 DCT scale instead of 800 px
     with Image.open(big) as img:
