@@ -42,24 +42,39 @@ def loader_images_per_s(loader: DataLoader, warmup: int, batches: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", default=".demo-data")
     parser.add_argument("--images", type=int, default=8000)
-    parser.add_argument("--workers", type=int, nargs="+", default=None, help="worker counts (default: usable CPUs)")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=None, help="worker counts (default: usable CPUs)"
+    )
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batches", type=int, default=40, help="timed batches per loader")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed batches (default: 2 per worker + 2)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed batches (default: 2 per worker + 2)"
+    )
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
 
     root = make_jpeg_folder(f"{args.data}/jpeg-{args.images}-100", n=args.images, num_classes=100)
     worker_counts = args.workers or [usable_cpus()]
-    figures: dict = {"images": args.images, "batch_size": args.batch_size, "image_size": args.image_size, "runs": {}}
+    figures: dict = {
+        "images": args.images,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "runs": {},
+    }
     bars = {}
     for workers in worker_counts:
         warmup = args.warmup if args.warmup is not None else 2 * workers + 2
-        common = {"batch_size": args.batch_size, "num_workers": workers, "pin_memory": torch.cuda.is_available()}
+        common = {
+            "batch_size": args.batch_size,
+            "num_workers": workers,
+            "pin_memory": torch.cuda.is_available(),
+        }
         if workers:
             common.update(persistent_workers=True, prefetch_factor=4)
         plain = DataLoader(plain_image_folder(root, args.image_size), shuffle=True, **common)

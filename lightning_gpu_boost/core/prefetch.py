@@ -83,12 +83,13 @@ class GPUNormalize:
         self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _consts(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scale, shift)`` with ``out = x * scale + shift`` = ``(x / 255 - mean) / std``, cached per device."""
         if device not in self._constants:
-            mean = torch.tensor(self.mean, dtype=torch.float32).mul_(255.0)
-            inv_std = 1.0 / torch.tensor(self.std, dtype=torch.float32).mul_(255.0)
+            scale = 1.0 / (255.0 * torch.tensor(self.std, dtype=torch.float64))
+            shift = -torch.tensor(self.mean, dtype=torch.float64) / torch.tensor(self.std, dtype=torch.float64)
             self._constants[device] = (
-                mean.view(1, -1, 1, 1).to(device),
-                inv_std.view(1, -1, 1, 1).to(device),
+                scale.to(torch.float32).view(1, -1, 1, 1).to(device),
+                shift.to(torch.float32).view(1, -1, 1, 1).to(device),
             )
         return self._constants[device]
 
@@ -97,12 +98,13 @@ class GPUNormalize:
             raise ValueError(
                 f"GPU normalize expects uint8 images of shape (N, C, H, W), got {x.dtype} of shape {tuple(x.shape)}."
             )
-        mean, inv_std = self._consts(x.device)
-        if x.shape[1] != mean.shape[1]:
-            raise ValueError(f"normalize has {mean.shape[1]} channels but the images have {x.shape[1]}.")
+        scale, shift = self._consts(x.device)
+        if x.shape[1] != scale.shape[1]:
+            raise ValueError(f"normalize has {scale.shape[1]} channels but the images have {x.shape[1]}.")
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        out = x.to(torch.float32).sub_(mean).mul_(inv_std)
-        return out.to(dtype=_DTYPES[self.dtype], memory_format=memory_format)
+        # two passes over the data: the cast (into the output layout), then one fused multiply-add
+        out = torch.addcmul(shift, x.to(torch.float32, memory_format=memory_format), scale)
+        return out if self.dtype == "float32" else out.to(_DTYPES[self.dtype])
 
     def __call__(self, batch: Any) -> Any:
         if self.key is None:

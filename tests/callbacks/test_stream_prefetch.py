@@ -172,7 +172,7 @@ def test_gpu_trainer_receives_prefetched_normalized_batches(tmp_path):
             x, y = batch
             assert x.is_cuda and y.is_cuda
             self.dtypes.add(x.dtype)
-            return self.layer(x.mean((2, 3))).sum()
+            return self.layer(x.float().mean((2, 3))).sum()
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
