@@ -215,3 +215,11 @@ def test_gpu_unpinned_tensors_are_pinned_with_one_warning():
     with pytest.warns(UserWarning, match="pin_memory=True"):
         out = [b.cpu() for b in StreamPrefetcher(data, device="cuda")]
     assert [int(b[0]) for b in out] == [0, 1, 2]
+
+
+def test_stateful_protocol_is_visible_statically():
+    """Lightning saves loader state only for `isinstance(loader, _Stateful)`, checked statically on Python 3.12+."""
+    from lightning.fabric.utilities.types import _Stateful
+
+    assert isinstance(StreamPrefetcher(StatefulLoader(IndexDataset(4)), device="cpu"), _Stateful)
+    assert not isinstance(StreamPrefetcher(DataLoader(IndexDataset(4)), device="cpu"), _Stateful)
