@@ -19,6 +19,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Keep the num_workers cache of the tests apart from the user's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture(scope="session")
 def jpeg_tree(tmp_path_factory):
     """24 small JPEGs in 3 class folders (deterministic)."""

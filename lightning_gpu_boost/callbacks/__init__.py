@@ -1,5 +1,6 @@
 """Lightning callbacks: thin adapters over the framework-free cores."""
 
+from lightning_gpu_boost.callbacks.auto_num_workers import AutoNumWorkers
 from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
 
-__all__ = ["StreamPrefetch"]
+__all__ = ["AutoNumWorkers", "StreamPrefetch"]

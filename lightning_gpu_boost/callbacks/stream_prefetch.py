@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.prefetch import GPUNormalize, StreamPrefetcher, check_normalize
 
 _USER_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device")
@@ -77,8 +78,6 @@ class StreamPrefetch(Callback):
         self.depth = depth
         self.cpu_lookahead = cpu_lookahead
         self._strategy: Any = None
-        self._had_instance_hook = False
-        self._saved_hook: Any = None
         self.active = False
 
     def _user_transfer_hooks(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[str]:
@@ -103,26 +102,18 @@ class StreamPrefetch(Callback):
             )
             return
         strategy = trainer.strategy
-        self._had_instance_hook = "process_dataloader" in vars(strategy)
-        self._saved_hook = vars(strategy).get("process_dataloader")
-        process = strategy.process_dataloader
 
-        def process_dataloader(dataloader: object) -> object:
-            dataloader = process(dataloader)
+        def wrap(dataloader: object, stage: str | None) -> object:
             if isinstance(dataloader, StreamPrefetcher):
                 return dataloader
             return StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=self.normalize)
 
-        strategy.process_dataloader = process_dataloader  # type: ignore[method-assign]
+        add_dataloader_hook(strategy, f"StreamPrefetch-{id(self)}", wrap, before=False)
         self._strategy = strategy
         self.active = True
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         strategy, self._strategy = self._strategy, None
         self.active = False
-        if strategy is None:
-            return
-        if self._had_instance_hook:
-            strategy.process_dataloader = self._saved_hook
-        else:
-            del strategy.process_dataloader
+        if strategy is not None:
+            remove_dataloader_hook(strategy, f"StreamPrefetch-{id(self)}")

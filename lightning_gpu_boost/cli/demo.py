@@ -92,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
 
     torch.manual_seed(0)
     boosted_dm = ImageFolderDataModule(
-        str(root), image_size=cfg["image_size"], batch_size=cfg["batch_size"], prefetch=True
-    )
+        str(root), image_size=cfg["image_size"], batch_size=cfg["batch_size"], prefetch=True,
+        num_workers="auto", auto_budget_s=20,
+    )  # fmt: skip
     precision = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
-    workers = boosted_dm.resolve_num_workers(None, "train")
+    workers = boosted_dm.resolve_num_workers(boosted_dm.train_dataset(), "train")  # measured once, reused by fit
     if not gpu:  # the step runs on the CPUs the workers use: keep its threads off theirs
         torch.set_num_threads(max(1, usable_cpus() - workers))
     boosted = _fit(

@@ -32,7 +32,8 @@ class BoostDataModule(pl.LightningDataModule):
     Args:
         batch_size: samples per batch, ``>= 1``.
         num_workers: worker processes per DataLoader: an int ``>= 0``, ``None`` for the usable-CPU default, or
-            ``"auto"`` to measure the best count (falls back to the usable-CPU default until measured).
+            ``"auto"`` to measure the best count per stage (see
+            :func:`~lightning_gpu_boost.core.workers.tune_num_workers`; cached on disk, same on every DDP rank).
         pin_memory: ``None`` pins exactly when the Trainer's root device is CUDA.
         persistent_workers: keep workers alive between epochs (only used when ``num_workers > 0``).
         prefetch_factor: batches loaded ahead by each worker (only used when ``num_workers > 0``), ``>= 1``.
@@ -43,6 +44,7 @@ class BoostDataModule(pl.LightningDataModule):
             (see :class:`~lightning_gpu_boost.callbacks.StreamPrefetch`); a no-op without CUDA.
         normalize: ``(mean, std)`` per channel in ``[0, 1]`` units, applied on the GPU to uint8 image tensors when
             ``prefetch=True``.
+        auto_budget_s: time budget of one ``num_workers="auto"`` probe in seconds.
 
     Raises:
         ValueError: an argument is out of range (the message names the value and what is valid).
@@ -71,6 +73,7 @@ class BoostDataModule(pl.LightningDataModule):
         collate_fn: Callable[[list[Any]], Any] | None = None,
         prefetch: bool = False,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+        auto_budget_s: float = 30.0,
     ) -> None:
         super().__init__()
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -81,6 +84,8 @@ class BoostDataModule(pl.LightningDataModule):
             raise ValueError(f"num_workers must be an int >= 0, None or 'auto', got {num_workers!r}.")
         if pin_memory not in (None, True, False):
             raise ValueError(f"pin_memory must be True, False or None (automatic), got {pin_memory!r}.")
+        if not auto_budget_s > 0:
+            raise ValueError(f"auto_budget_s must be > 0 seconds, got {auto_budget_s!r}.")
         if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) or prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}.")
         if collate_fn is not None and not callable(collate_fn):
@@ -100,6 +105,8 @@ class BoostDataModule(pl.LightningDataModule):
         self.prefetch = prefetch
         self.normalize = normalize
         self._prefetch_hook: Any = None
+        self._auto_workers: dict[str, int] = {}
+        self.auto_budget_s = auto_budget_s
 
     # -- what subclasses fill in ------------------------------------------------------------------------------
     def train_dataset(self) -> Dataset:
@@ -120,9 +127,22 @@ class BoostDataModule(pl.LightningDataModule):
 
     # -- the seams later features plug into ------------------------------------------------------------------
     def resolve_num_workers(self, dataset: Dataset, stage: Stage) -> int:
-        """The worker count for ``stage``: the explicit value, else the usable-CPU default."""
+        """The worker count for ``stage``: the explicit value; ``"auto"``: measured (once per stage, cached on
+        disk, agreed by all DDP ranks); ``None``: the usable-CPU default."""
         if isinstance(self.num_workers, int):
             return self.num_workers
+        if self.num_workers == "auto" and dataset is not None:
+            if stage not in self._auto_workers:
+                from lightning_gpu_boost.callbacks.auto_num_workers import agreed_probe
+
+                probe_loader = DataLoader(
+                    dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=self.collate_fn
+                )
+                probe = agreed_probe(self.trainer, probe_loader, budget_s=self.auto_budget_s)
+                self._auto_workers[stage] = probe.num_workers
+                rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} (measured).\n"
+                               f"{probe.format_table()}")  # fmt: skip
+            return self._auto_workers[stage]
         return default_num_workers()
 
     def resolve_pin_memory(self) -> bool:

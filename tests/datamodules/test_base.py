@@ -52,7 +52,14 @@ def test_default_worker_count_comes_from_usable_cpus(monkeypatch):
 
     monkeypatch.setattr(base, "default_num_workers", lambda: 5)
     assert Indexed().train_dataloader().num_workers == 5
-    assert Indexed(num_workers="auto").train_dataloader().num_workers == 5
+
+
+def test_auto_num_workers_measures_each_stage():
+    dm = Indexed(num_workers="auto", batch_size=4, auto_budget_s=5)
+    assert dm.train_dataloader().num_workers == 0  # in-memory samples: workers only add overhead
+    assert set(dm._auto_workers) == {"train"}
+    with pytest.raises(ValueError, match="auto_budget_s must be > 0"):
+        Indexed(auto_budget_s=0)
 
 
 def test_missing_train_dataset_is_a_clear_error():

@@ -1,0 +1,162 @@
+"""``AutoNumWorkers``: the Lightning adapter of :func:`~lightning_gpu_boost.core.workers.tune_num_workers`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.core.workers import (
+    WorkerProbe,
+    default_cache_path,
+    iter_loaders,
+    loader_fingerprint,
+    max_workers_for_node,
+    read_cache,
+    set_num_workers,
+    tune_num_workers,
+    write_cache,
+)
+
+
+def agreed_probe(
+    trainer: pl.Trainer | None,
+    loader: DataLoader,
+    budget_s: float = 30.0,
+    use_cache: bool = True,
+    cache_path: str | os.PathLike | None = None,
+    max_workers: int | None = None,
+    tolerance: float = 0.05,
+) -> WorkerProbe:
+    """Tune ``loader`` once for the whole job: from the cache when rank 0 has a hit, else every rank probes its
+    own shard at the same time (as they will load in training) and rank 0's result is broadcast to all."""
+    procs = trainer.num_devices if trainer is not None and trainer.world_size > 1 else 1
+    key = loader_fingerprint(loader, procs)
+    path = cache_path or default_cache_path()
+    probe = read_cache(path, key) if use_cache else None
+    strategy = trainer.strategy if trainer is not None and trainer.world_size > 1 else None
+    need_probe = probe is None if strategy is None else strategy.broadcast(probe is None, src=0)
+    if need_probe:
+        limit = max_workers if max_workers is not None else max_workers_for_node(procs)
+        probe = tune_num_workers(loader, budget_s=budget_s, max_workers=limit, tolerance=tolerance)
+        rank_zero = trainer is None or trainer.global_rank == 0
+        if use_cache and rank_zero:
+            write_cache(path, key, probe)
+    if strategy is not None:
+        probe = WorkerProbe.from_dict(strategy.broadcast(probe.as_dict() if probe else None, src=0))
+    return probe  # type: ignore[return-value]
+
+
+class AutoNumWorkers(Callback):
+    """Pick ``num_workers`` of the training (and optionally validation) DataLoaders by measuring them.
+
+    When Lightning sets up the training loader (after DDP re-created it with its ``DistributedSampler``, before
+    any worker starts), the loader is iterated alone (no model) at several worker counts within a
+    time budget (see :func:`~lightning_gpu_boost.core.workers.tune_num_workers`) and the smallest count within
+    ``tolerance`` of the best is applied to the loader Lightning will iterate (after DDP re-created it with its
+    ``DistributedSampler``), with ``prefetch_factor`` and ``persistent_workers`` kept consistent. Under DDP every
+    rank applies the same count. Results are cached on disk, keyed by the dataset and its settings, collate,
+    batch size, the CPU set and processes per node, so the next run skips the probe.
+
+    Logged metrics:
+        ``gpu_boost/num_workers_train`` and, with ``tune_val``, ``gpu_boost/num_workers_val``: the chosen
+        counts, through the Trainer's logger at step 0; plus an info line with the measured table
+        (batches/s per worker count).
+
+    Args:
+        budget_s: time budget of one probe in seconds, ``> 0``.
+        tune_val: also tune the validation loaders.
+        use_cache: read and write the on-disk cache.
+        cache_path: cache file (default ``~/.cache/lightning_gpu_boost/num_workers.json``).
+        keep_user_value: leave loaders alone whose ``num_workers`` is already > 0 (the user pinned it).
+        max_workers: upper bound of the search (default: usable CPUs / processes per node - 1).
+        tolerance: relative throughput difference that counts as "as good", in ``[0, 1)``.
+        prefetch_factor: set when a loader goes from 0 workers to some, ``>= 1``.
+        persistent_workers: keep workers between epochs when there are any.
+
+    Raises:
+        ValueError: a non-positive budget or prefetch factor, a tolerance outside ``[0, 1)``, negative max_workers.
+
+    Example::
+
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[AutoNumWorkers(budget_s=20)], logger=False, enable_progress_bar=False)
+    """
+
+    def __init__(
+        self,
+        budget_s: float = 30.0,
+        tune_val: bool = False,
+        use_cache: bool = True,
+        cache_path: str | None = None,
+        keep_user_value: bool = False,
+        max_workers: int | None = None,
+        tolerance: float = 0.05,
+        prefetch_factor: int = 4,
+        persistent_workers: bool = True,
+    ) -> None:
+        if not budget_s > 0:
+            raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}.")
+        if max_workers is not None and max_workers < 0:
+            raise ValueError(f"max_workers must be >= 0 or None, got {max_workers!r}.")
+        if prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be >= 1, got {prefetch_factor!r}.")
+        self.budget_s = budget_s
+        self.tune_val = tune_val
+        self.use_cache = use_cache
+        self.cache_path = cache_path
+        self.keep_user_value = keep_user_value
+        self.max_workers = max_workers
+        self.tolerance = tolerance
+        self.prefetch_factor = prefetch_factor
+        self.persistent_workers = persistent_workers
+        #: stage -> chosen worker count (restored from checkpoints)
+        self.chosen: dict[str, int] = {}
+        self.probes: dict[str, WorkerProbe] = {}
+
+    def _tune(self, trainer: pl.Trainer, loader: DataLoader, stage: str) -> None:
+        if self.keep_user_value and loader.num_workers > 0:
+            return
+        if stage not in self.chosen:
+            probe = agreed_probe(
+                trainer, loader, self.budget_s, self.use_cache, self.cache_path, self.max_workers, self.tolerance
+            )
+            self.probes[stage] = probe
+            self.chosen[stage] = probe.num_workers
+            source = "cache" if probe.cached else f"a {probe.elapsed_s:.1f} s probe"
+            rank_zero_info(
+                f"AutoNumWorkers: {stage} num_workers={probe.num_workers} (from {source}, searched up to "
+                f"{probe.max_workers}).\n{probe.format_table()}"
+            )
+            if trainer.logger is not None and trainer.global_rank == 0:
+                trainer.logger.log_metrics({f"gpu_boost/num_workers_{stage}": probe.num_workers}, step=0)
+        set_num_workers(loader, self.chosen[stage], self.prefetch_factor, self.persistent_workers)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        stages = {"train", "val"} if self.tune_val else {"train"}
+
+        def hook(dataloader: object, loader_stage: str | None) -> object:
+            # runs after Lightning injected its DistributedSampler, before any iterator exists
+            if loader_stage in stages:
+                for loader in iter_loaders(dataloader):
+                    self._tune(trainer, loader, loader_stage)
+            return dataloader
+
+        add_dataloader_hook(trainer.strategy, f"AutoNumWorkers-{id(self)}", hook, before=True)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        remove_dataloader_hook(trainer.strategy, f"AutoNumWorkers-{id(self)}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"chosen": dict(self.chosen), "probes": {k: p.as_dict() for k, p in self.probes.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.chosen = dict(state_dict.get("chosen", {}))
+        self.probes = {k: WorkerProbe.from_dict(v) for k, v in state_dict.get("probes", {}).items()}

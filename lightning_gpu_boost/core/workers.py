@@ -1,0 +1,309 @@
+"""Pick a DataLoader's ``num_workers`` by measuring it: the loader alone, no model, within a time budget."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
+
+log = logging.getLogger(__name__)
+
+
+
+def default_cache_path() -> Path:
+    """``$XDG_CACHE_HOME/lightning_gpu_boost/num_workers.json`` (``~/.cache/...`` by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lightning_gpu_boost" / "num_workers.json"
+
+
+@dataclass
+class WorkerProbe:
+    """What :func:`tune_num_workers` measured and chose."""
+
+    num_workers: int
+    #: worker count -> batches per second (loader alone, steady state)
+    table: dict[int, float] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    max_workers: int = 0
+    cached: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "table": {str(k): v for k, v in self.table.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkerProbe:
+        data = dict(data)
+        data["table"] = {int(k): float(v) for k, v in data.get("table", {}).items()}
+        return cls(**data)
+
+    def format_table(self) -> str:
+        best = max(self.table.values(), default=0.0) or 1.0
+        rows = [f"{w:>7} | {r:10.2f} | {100 * r / best:5.1f} %" for w, r in sorted(self.table.items())]
+        return "workers | batches/s  | of best\n" + "\n".join(rows)
+
+
+def max_workers_for_node(procs_per_node: int | None = None, reserve: int = 1) -> int:
+    """Upper bound of the search: usable CPUs shared among the node's processes, minus ``reserve`` for each
+    process's main thread (and e.g. DALI's CPU threads)."""
+    return max(0, usable_cpus() // max(1, procs_per_node or processes_per_node()) - reserve)
+
+
+def clone_loader(loader: DataLoader, num_workers: int, prefetch_factor: int = 2) -> DataLoader:
+    """A DataLoader like ``loader`` with another worker count (no persistent workers: a probe is short-lived)."""
+    kwargs: dict[str, Any] = {
+        "num_workers": num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context if num_workers else None,
+        "prefetch_factor": prefetch_factor if num_workers else None,
+    }
+    if isinstance(loader.dataset, IterableDataset):
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    else:
+        kwargs["batch_sampler"] = loader.batch_sampler
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def _cycle(loader: DataLoader) -> Iterator[Any]:
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            return
+
+
+def _measure(loader: DataLoader, workers: int, cap_s: float, min_window_s: float) -> float:
+    """Steady-state batches/s: skip the first wave (one batch per worker: startup), then time whole waves.
+
+    A loader shorter than the measurement is cycled (its restart cost counts, as it would in training)."""
+    wave = max(1, workers)
+    batches = _cycle(loader)
+    start = time.perf_counter()
+    count, t0, end = 0, None, None
+    try:
+        for _ in range(wave):
+            next(batches)
+        t0 = time.perf_counter()
+        while True:
+            next(batches)
+            count += 1
+            end = time.perf_counter()
+            if (count >= max(2, wave) and end - t0 >= min_window_s) or end - start >= cap_s:
+                break
+    except StopIteration:  # an empty loader
+        pass
+    finally:
+        batches.close()  # shuts the probe's workers down
+    return count / (end - t0) if count and t0 is not None and end is not None else 0.0
+
+
+def _doubling(max_workers: int) -> list[int]:
+    counts, w = [0], 1
+    while w < max_workers:
+        counts.append(w)
+        w *= 2
+    if max_workers > 0:
+        counts.append(max_workers)
+    return counts
+
+
+#: 0 workers must be this many times faster than the best worker count to be chosen (see ``_choose``)
+ZERO_WORKERS_MARGIN = 1.5
+
+
+def _choose(table: dict[int, float], tolerance: float) -> int:
+    """The smallest worker count within ``tolerance`` of the best; 0 only if it is clearly the fastest.
+
+    Loading in the main process (0 workers) stalls the training step for its whole duration, while workers
+    overlap with it, so similar loader-alone throughput favours workers; 0 wins only where worker overhead makes
+    it faster by ``ZERO_WORKERS_MARGIN`` (cheap, in-memory data, where IPC costs more than loading).
+    """
+    with_workers = {w: r for w, r in table.items() if w > 0}
+    if not with_workers or table.get(0, 0.0) > max(with_workers.values()) * ZERO_WORKERS_MARGIN:
+        return 0
+    best = max(with_workers.values())
+    return min(w for w, r in with_workers.items() if r >= best * (1 - tolerance))
+
+
+def tune_num_workers(
+    dataloader: DataLoader,
+    budget_s: float = 30.0,
+    candidates: Sequence[int] | None = None,
+    tolerance: float = 0.05,
+    max_workers: int | None = None,
+    prefetch_factor: int = 2,
+    min_window_s: float = 0.5,
+) -> WorkerProbe:
+    """Measure ``dataloader`` alone at several worker counts and return the smallest count within
+    ``tolerance`` of the best throughput (0 only where it is clearly fastest), with the measured table.
+
+    The search doubles (0, 1, 2, 4, ..., ``max_workers``) and stops once a step gains less than ``tolerance``,
+    then measures the midpoint between the best count and its measured neighbour above. Each measurement skips
+    the first wave of batches (worker startup) and times whole waves after it. The whole probe stays within
+    ``budget_s`` (the search ends early, with what it measured, when time runs out).
+
+    Args:
+        dataloader: the loader to tune (its dataset, sampler, collate and pinning are kept).
+        budget_s: time budget of the whole probe in seconds, ``> 0``.
+        candidates: explicit worker counts to measure instead of the doubling search (non-empty, each ``>= 0``).
+        tolerance: the relative throughput difference that counts as "as good", in ``[0, 1)``.
+        max_workers: upper bound of the search (default: :func:`max_workers_for_node`).
+        prefetch_factor: batches per worker in flight while probing.
+        min_window_s: shortest timed window per count.
+
+    Raises:
+        ValueError: a non-positive budget, empty or negative candidates, or a tolerance outside ``[0, 1)``.
+
+    Example::
+
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> cheap = DataLoader(TensorDataset(torch.randn(4096, 8)), batch_size=64)
+        >>> tune_num_workers(cheap, budget_s=5, max_workers=2).num_workers  # workers only add overhead
+        0
+    """
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
+    if candidates is not None:
+        candidates = list(candidates)
+        if not candidates or any(not isinstance(c, int) or c < 0 for c in candidates):
+            raise ValueError(f"candidates must be a non-empty list of ints >= 0, got {candidates!r}.")
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}.")
+    if max_workers is not None and max_workers < 0:
+        raise ValueError(f"max_workers must be >= 0, got {max_workers!r}.")
+    limit = max_workers_for_node() if max_workers is None else max_workers
+    start = time.perf_counter()
+    table: dict[int, float] = {}
+    planned = sorted(set(candidates)) if candidates is not None else _doubling(limit)
+    cap = max(min_window_s * 2, budget_s / (len(planned) + 1))
+
+    def measure(w: int) -> bool:
+        left = budget_s - (time.perf_counter() - start)
+        if left <= min_window_s and table:
+            return False
+        table[w] = _measure(clone_loader(dataloader, w, prefetch_factor), w, min(cap, left), min_window_s)
+        log.debug("num_workers=%d: %.2f batches/s", w, table[w])
+        return True
+
+    for w in planned:
+        best_before = max((r for c, r in table.items() if c > 0), default=0.0)
+        if not measure(w):
+            break
+        if candidates is None and w > 1 and table[w] < best_before * (1 + tolerance):
+            break  # doubling no longer pays
+    with_workers = {w: r for w, r in table.items() if w > 0}
+    if candidates is None and len(with_workers) > 1:
+        best = max(with_workers, key=with_workers.get)
+        above = [w for w in with_workers if w > best]
+        if above and (mid := (best + min(above)) // 2) not in table and mid > best:
+            measure(mid)
+            with_workers[mid] = table[mid]
+    choice = _choose(table, tolerance)
+    return WorkerProbe(choice, dict(sorted(table.items())), time.perf_counter() - start, limit)
+
+
+# ------------------------------------------------------------------------------------------------ the cache
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    if isinstance(value, (list, tuple)):
+        if len(value) > 64:
+            return [len(value), _describe(value[0]), _describe(value[-1])]
+        return [_describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in list(value.items())[:64]}
+    if callable(value):
+        return getattr(value, "__qualname__", type(value).__qualname__)
+    return type(value).__qualname__
+
+
+def loader_fingerprint(loader: DataLoader, procs_per_node: int) -> str:
+    """Key of a probe result: dataset class and settings, transform, collate, batch size, CPU set, processes."""
+    dataset = loader.dataset
+    parts = {
+        "dataset": f"{type(dataset).__module__}.{type(dataset).__qualname__}",
+        "dataset_vars": _describe({k: v for k, v in vars(dataset).items() if not k.startswith("_")}),
+        "len": len(dataset) if hasattr(dataset, "__len__") else None,
+        "collate": _describe(loader.collate_fn),
+        "batch_size": loader.batch_size,
+        "pin_memory": loader.pin_memory,
+        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "usable_cpus": usable_cpus(),
+        "procs_per_node": procs_per_node,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def read_cache(path: str | os.PathLike, key: str) -> WorkerProbe | None:
+    try:
+        entry = json.loads(Path(path).read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+    if entry is None:
+        return None
+    probe = WorkerProbe.from_dict(entry)
+    probe.cached = True
+    return probe
+
+
+def write_cache(path: str | os.PathLike, key: str, probe: WorkerProbe) -> None:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[key] = {**probe.as_dict(), "cached": False}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except (OSError, ValueError) as err:
+        log.warning("Could not write the num_workers cache %s: %s", path, err)
+
+
+def iter_loaders(obj: Any) -> Iterable[DataLoader]:
+    """DataLoaders inside ``obj`` (a loader, a list/tuple/dict of loaders, a CombinedLoader's iterables)."""
+    if isinstance(obj, DataLoader):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from iter_loaders(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from iter_loaders(value)
+    elif hasattr(obj, "loader"):  # a StreamPrefetcher
+        yield from iter_loaders(obj.loader)
+
+
+def set_num_workers(
+    loader: DataLoader, num_workers: int, prefetch_factor: int = 2, persistent_workers: bool = True
+) -> None:
+    """Change a DataLoader's worker count in place, keeping ``prefetch_factor`` and ``persistent_workers``
+    consistent with it (``prefetch_factor`` must be set when going from 0 workers to some).
+
+    Takes effect at the loader's next ``iter()``; an existing persistent iterator is dropped so that it does.
+    ``persistent_workers`` is read-only on an initialized DataLoader; this is the one place that sets it anyway
+    (``tests/core/test_workers.py`` fails loudly if PyTorch changes that).
+    """
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers!r}.")
+    loader.num_workers = num_workers
+    if num_workers > 0 and loader.prefetch_factor is None:
+        loader.prefetch_factor = prefetch_factor
+    object.__setattr__(loader, "persistent_workers", persistent_workers and num_workers > 0)
+    if getattr(loader, "_iterator", None) is not None:
+        loader._iterator = None  # workers of the old count shut down when it is collected

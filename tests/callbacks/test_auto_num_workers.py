@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+from torch.utils.data import DataLoader
+
+import lightning_gpu_boost.callbacks.auto_num_workers as anw
+from lightning_gpu_boost.callbacks import AutoNumWorkers
+from tests.core.test_workers import CPUHeavy
+from tests.helpers import IndexDataset, RecordingModel, run_ddp
+
+
+class Heavy(CPUHeavy):
+    def __getitem__(self, i):
+        super().__getitem__(i)
+        return IndexDataset(len(self))[i]
+
+
+class WorkersSeen(pl.Callback):
+    def on_train_start(self, trainer, pl_module):
+        self.train = trainer.train_dataloader.num_workers
+        self.persistent = trainer.train_dataloader.persistent_workers
+
+
+def _fit(trainer_kwargs, callback, loader, **extra):
+    spy = WorkersSeen()
+    model = RecordingModel()
+    pl.Trainer(callbacks=[callback, spy], max_epochs=1, limit_train_batches=4, **trainer_kwargs, **extra).fit(
+        model, loader
+    )
+    return spy, model
+
+
+def test_applies_a_measured_count_before_workers_start(trainer_kwargs, tmp_path):
+    cb = AutoNumWorkers(budget_s=10, max_workers=2, cache_path=str(tmp_path / "cache.json"))
+    spy, model = _fit(trainer_kwargs, cb, DataLoader(Heavy(), batch_size=8))
+    assert spy.train == cb.chosen["train"] > 0 and spy.persistent
+    assert sorted(sum(model.seen["train"], [])) == list(range(32))  # same batches, now from workers
+    assert cb.state_dict()["chosen"] == {"train": spy.train}
+
+
+def test_cache_hit_skips_the_probe(trainer_kwargs, tmp_path, monkeypatch):
+    cache = str(tmp_path / "cache.json")
+    _fit(
+        trainer_kwargs,
+        AutoNumWorkers(budget_s=10, max_workers=2, cache_path=cache),
+        DataLoader(Heavy(), batch_size=8),
+    )
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("probed although the cache had the answer")
+
+    monkeypatch.setattr(anw, "tune_num_workers", no_probe)
+    cb = AutoNumWorkers(cache_path=cache, max_workers=2)
+    spy, _ = _fit(trainer_kwargs, cb, DataLoader(Heavy(), batch_size=8))
+    assert cb.probes["train"].cached and spy.train == cb.chosen["train"]
+
+
+def test_state_restores_without_probing(trainer_kwargs, monkeypatch):
+    monkeypatch.setattr(anw, "tune_num_workers", lambda *a, **k: pytest.fail("probed"))
+    cb = AutoNumWorkers(use_cache=False)
+    cb.load_state_dict({"chosen": {"train": 1}, "probes": {}})
+    spy, _ = _fit(trainer_kwargs, cb, DataLoader(IndexDataset(32), batch_size=8))
+    assert spy.train == 1
+
+
+def test_keeps_an_explicit_user_value(trainer_kwargs, monkeypatch):
+    monkeypatch.setattr(anw, "tune_num_workers", lambda *a, **k: pytest.fail("probed"))
+    spy, _ = _fit(
+        trainer_kwargs,
+        AutoNumWorkers(keep_user_value=True),
+        DataLoader(IndexDataset(32), batch_size=8, num_workers=1),
+    )
+    assert spy.train == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"budget_s": -1.0}, "budget_s must be > 0 seconds, got -1.0"),
+        ({"tolerance": 1.0}, "tolerance must be in"),
+        ({"max_workers": -1}, "max_workers must be >= 0"),
+        ({"prefetch_factor": 0}, "prefetch_factor must be >= 1"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AutoNumWorkers(**kwargs)
+
+
+def test_ddp_ranks_agree_and_still_shard(tmp_path):
+    results = run_ddp(
+        f"""
+        import lightning.pytorch as pl
+        from torch.utils.data import DataLoader
+        from lightning_gpu_boost.callbacks import AutoNumWorkers
+        from tests.callbacks.test_auto_num_workers import Heavy, WorkersSeen
+        spy = WorkersSeen()
+        model = RecordingModel()
+        trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp", max_epochs=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[AutoNumWorkers(budget_s=8, max_workers=2,
+                                                       cache_path={str(tmp_path / "cache.json")!r}), spy])
+        trainer.fit(model, DataLoader(Heavy(), batch_size=16, shuffle=True))
+        (OUT / f"rank{{trainer.global_rank}}.json").write_text(json.dumps(
+            {{"workers": spy.train, "ids": sum(model.seen["train"], [])}}))
+        """,
+        tmp_path,
+    )
+    assert results[0]["workers"] == results[1]["workers"]
+    assert set(results[0]["ids"]).isdisjoint(results[1]["ids"])
+    assert set(results[0]["ids"]) | set(results[1]["ids"]) == set(range(512))

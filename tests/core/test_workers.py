@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from lightning_gpu_boost.core import workers
+from lightning_gpu_boost.core.workers import (
+    WorkerProbe,
+    loader_fingerprint,
+    read_cache,
+    set_num_workers,
+    tune_num_workers,
+    write_cache,
+)
+
+
+class CPUHeavy(Dataset):
+    """Each sample burns ~4 ms of CPU, like decoding a JPEG."""
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.perf_counter() + 0.004
+        while time.perf_counter() < end:
+            pass
+        return torch.zeros(8)
+
+
+def test_cpu_heavy_dataset_gets_workers():
+    probe = tune_num_workers(DataLoader(CPUHeavy(), batch_size=8), budget_s=10, max_workers=2)
+    assert probe.num_workers > 0, probe.format_table()
+    assert set(probe.table) >= {0, 1}
+
+
+def test_in_memory_dataset_gets_zero():
+    probe = tune_num_workers(DataLoader(TensorDataset(torch.randn(4096, 8)), batch_size=64), budget_s=10, max_workers=2)
+    assert probe.num_workers == 0, probe.format_table()
+
+
+def test_budget_is_respected():
+    start = time.perf_counter()
+    probe = tune_num_workers(DataLoader(CPUHeavy(), batch_size=32), budget_s=2.0, max_workers=8)
+    assert time.perf_counter() - start < 2.0 + 2.5  # the last measurement may start just before the end
+    assert probe.elapsed_s < 4.5 and probe.table
+
+
+def test_explicit_candidates_and_choice_rule():
+    probe = tune_num_workers(DataLoader(CPUHeavy(), batch_size=8), budget_s=10, candidates=[1, 2])
+    assert set(probe.table) == {1, 2}
+    assert workers._choose({0: 10.0, 1: 9.8, 2: 19.0, 4: 19.5}, 0.05) == 2  # smallest within 5 % of the best
+    assert workers._choose({0: 100.0, 1: 10.0, 2: 12.0}, 0.05) == 0  # 0 only when clearly fastest
+    assert workers._choose({0: 10.5, 1: 10.0}, 0.05) == 1  # similar: workers overlap with the step
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"budget_s": -1}, "budget_s must be > 0 seconds, got -1"),
+        ({"candidates": []}, "candidates must be a non-empty list"),
+        ({"candidates": [2, -1]}, "candidates must be a non-empty list of ints >= 0"),
+        ({"tolerance": 1.5}, "tolerance must be in"),
+        ({"max_workers": -2}, "max_workers must be >= 0"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tune_num_workers(DataLoader(TensorDataset(torch.zeros(4))), **kwargs)
+
+
+def test_cache_roundtrip_and_fingerprint(tmp_path):
+    loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4)
+    key = loader_fingerprint(loader, 1)
+    assert key == loader_fingerprint(DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4), 1)
+    assert key != loader_fingerprint(DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2), 1)
+    assert key != loader_fingerprint(loader, 2)
+    assert read_cache(tmp_path / "c.json", key) is None
+    write_cache(tmp_path / "c.json", key, WorkerProbe(3, {0: 1.0, 3: 5.0}, 1.2, 7))
+    hit = read_cache(tmp_path / "c.json", key)
+    assert hit.cached and hit.num_workers == 3 and hit.table == {0: 1.0, 3: 5.0}
+
+
+def test_set_num_workers_keeps_the_loader_consistent():
+    """`persistent_workers` is read-only on a DataLoader; this fails loudly if PyTorch changes how it is set."""
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2)
+    set_num_workers(loader, 2, prefetch_factor=3)
+    assert loader.num_workers == 2 and loader.prefetch_factor == 3 and loader.persistent_workers
+    assert sorted(int(x) for (b,) in loader for x in b) == list(range(8))
+    set_num_workers(loader, 0)
+    assert loader.num_workers == 0 and not loader.persistent_workers and loader._iterator is None
+    assert len(list(loader)) == 4
