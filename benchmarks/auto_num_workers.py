@@ -1,7 +1,7 @@
 """AutoNumWorkers vs an exhaustive sweep and vs a hand-tuned 16-worker loader, side by side in one run.
 
     python benchmarks/auto_num_workers.py                  # H100 machine defaults (8,000 demo JPEGs, ResNet-50)
-    python benchmarks/auto_num_workers.py --images 600 --batch-size 32 --sweep 0 1 2 --steps 4 --out /tmp
+    python benchmarks/auto_num_workers.py --images 600 --batch-size 32 --sweep 0 1 2 --sweep-seconds 1 --steps 4 --out /tmp
 
 Bars (issue 5):
 - on the demo JPEGs with ImageFolderDataModule, the tuner's choice reaches >= 95 % of the exhaustive sweep's best
@@ -17,13 +17,12 @@ import time
 
 import lightning.pytorch as pl
 import torch
-from image_folder import loader_images_per_s
 
 from lightning_gpu_boost.callbacks import AutoNumWorkers, StreamPrefetch
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD, make_jpeg_folder
 from lightning_gpu_boost.core.results import bar, write_result
-from lightning_gpu_boost.core.workers import tune_num_workers
+from lightning_gpu_boost.core.workers import clone_loader, measure_batches_per_s, tune_num_workers
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
 from lightning_gpu_boost.models import ImageClassifier
 
@@ -35,7 +34,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--sweep", type=int, nargs="+", default=[0, 1, 2, 4, 8, 12, 16])
-    parser.add_argument("--sweep-batches", type=int, default=12, help="timed batches per swept count")
+    parser.add_argument("--sweep-seconds", type=float, default=4.0, help="shortest timed window per swept count")
     parser.add_argument("--hand-tuned", type=int, default=16)
     parser.add_argument("--budget", type=float, default=30.0)
     parser.add_argument("--steps", type=int, default=40)
@@ -56,7 +55,10 @@ def main() -> None:
     probe_s = time.perf_counter() - start
     sweep = {}
     for workers in sorted(set(args.sweep) | {probe.num_workers}):
-        sweep[workers] = loader_images_per_s(datamodule(workers).train_dataloader(), max(1, workers) + 1, args.sweep_batches)
+        loader = clone_loader(datamodule(0).train_dataloader(), workers, prefetch_factor=2)
+        # the tuner's measurement (whole waves after the startup wave), with a longer window
+        rate = measure_batches_per_s(loader, workers, cap_s=args.sweep_seconds * 3, min_window_s=args.sweep_seconds)
+        sweep[workers] = rate * args.batch_size
         print(f"sweep: {workers:>2} workers {sweep[workers]:8,.0f} img/s")
     best = max(sweep, key=sweep.get)
     print(f"tuner: {probe.num_workers} workers in {probe_s:.1f} s\n{probe.format_table()}")
