@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     )
     speedup = boosted["samples_per_s"] / plain["samples_per_s"]
     rows = [("plain Lightning defaults", "32-true", 0, plain), (
-        "lightning-gpu-boost", precision, boosted_dm.resolve_num_workers(None, "train"), boosted)]  # fmt: skip
+        "lightning-gpu-boost", precision, workers, boosted)]  # fmt: skip
 
     def util(r: dict[str, Any]) -> str:
         return "n/a" if r["gpu_util"] is None else f"{r['gpu_util']:.0f} %"
@@ -122,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json_dir:
         from lightning_gpu_boost.core.results import bar, write_result
 
-        figures = {"config": cfg, "plain": plain, "boosted": {**boosted, "precision": precision}, "speedup": speedup}
+        probe = boosted_dm.auto_probes["train"]
+        boosted.update(precision=precision, num_workers=workers, num_workers_probe=probe.as_dict())
+        figures = {"config": cfg, "plain": plain, "boosted": boosted, "speedup": speedup}
         path = write_result("demo", figures, {"speedup_vs_plain": bar(speedup, 1.0, "x")}, args.json_dir)
         print(f"wrote {path}")
     return 0

@@ -105,7 +105,8 @@ class BoostDataModule(pl.LightningDataModule):
         self.prefetch = prefetch
         self.normalize = normalize
         self._prefetch_hook: Any = None
-        self._auto_workers: dict[str, int] = {}
+        #: stage -> what ``num_workers="auto"`` measured
+        self.auto_probes: dict[str, Any] = {}
         self.auto_budget_s = auto_budget_s
 
     # -- what subclasses fill in ------------------------------------------------------------------------------
@@ -131,18 +132,18 @@ class BoostDataModule(pl.LightningDataModule):
         disk, agreed by all DDP ranks); ``None``: the usable-CPU default."""
         if isinstance(self.num_workers, int):
             return self.num_workers
-        if self.num_workers == "auto" and dataset is not None:
-            if stage not in self._auto_workers:
+        if self.num_workers == "auto" and (dataset is not None or stage in self.auto_probes):
+            if stage not in self.auto_probes:
                 from lightning_gpu_boost.callbacks.auto_num_workers import agreed_probe
 
                 probe_loader = DataLoader(
                     dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=self.collate_fn
                 )
                 probe = agreed_probe(self.trainer, probe_loader, budget_s=self.auto_budget_s)
-                self._auto_workers[stage] = probe.num_workers
+                self.auto_probes[stage] = probe
                 rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} (measured).\n"
                                f"{probe.format_table()}")  # fmt: skip
-            return self._auto_workers[stage]
+            return self.auto_probes[stage].num_workers
         return default_num_workers()
 
     def resolve_pin_memory(self) -> bool:

@@ -57,7 +57,7 @@ def test_default_worker_count_comes_from_usable_cpus(monkeypatch):
 def test_auto_num_workers_measures_each_stage():
     dm = Indexed(num_workers="auto", batch_size=4, auto_budget_s=5)
     assert dm.train_dataloader().num_workers == 0  # in-memory samples: workers only add overhead
-    assert set(dm._auto_workers) == {"train"}
+    assert set(dm.auto_probes) == {"train"} and 0 in dm.auto_probes["train"].table
     with pytest.raises(ValueError, match="auto_budget_s must be > 0"):
         Indexed(auto_budget_s=0)
 
