@@ -28,13 +28,17 @@ from lightning_gpu_boost.models import ImageClassifier
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", default=".demo-data")
     parser.add_argument("--images", type=int, default=8000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--sweep", type=int, nargs="+", default=[0, 1, 2, 4, 8, 12, 16])
-    parser.add_argument("--sweep-seconds", type=float, default=4.0, help="shortest timed window per swept count")
+    parser.add_argument(
+        "--sweep-seconds", type=float, default=4.0, help="shortest timed window per swept count"
+    )
     parser.add_argument("--hand-tuned", type=int, default=16)
     parser.add_argument("--budget", type=float, default=30.0)
     parser.add_argument("--steps", type=int, default=40)
@@ -57,7 +61,9 @@ def main() -> None:
     for workers in sorted(set(args.sweep) | {probe.num_workers}):
         loader = clone_loader(datamodule(0).train_dataloader(), workers, prefetch_factor=2)
         # the tuner's measurement (whole waves after the startup wave), with a longer window
-        rate = measure_batches_per_s(loader, workers, cap_s=args.sweep_seconds * 3, min_window_s=args.sweep_seconds)
+        rate = measure_batches_per_s(
+            loader, workers, cap_s=args.sweep_seconds * 3, min_window_s=args.sweep_seconds
+        )
         sweep[workers] = rate * args.batch_size
         print(f"sweep: {workers:>2} workers {sweep[workers]:8,.0f} img/s")
     best = max(sweep, key=sweep.get)

@@ -81,7 +81,12 @@ def main() -> None:
     )
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--width", type=int, default=16, help="channels of the light two-conv model (compute ~ the anchor's 10 ms)")
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=16,
+        help="channels of the light two-conv model (compute ~ the anchor's 10 ms)",
+    )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--resnet-steps", type=int, default=40)

@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "StreamPrefetch": "lightning_gpu_boost.callbacks.stream_prefetch",
     "AutoNumWorkers": "lightning_gpu_boost.callbacks.auto_num_workers",
+    "GPUUtilWatchdog": "lightning_gpu_boost.callbacks.gpu_util_watchdog",
     "tune_num_workers": "lightning_gpu_boost.core.workers",
     "StreamPrefetcher": "lightning_gpu_boost.core.prefetch",
     "GPUNormalize": "lightning_gpu_boost.core.prefetch",

@@ -16,6 +16,7 @@ _EXTRAS: dict[str, tuple[str, str]] = {
     "msgpack": ("lmdb", "LMDB sample encoding"),
     "nvidia.dali": ("dali", "GPU decoding with NVIDIA DALI (use the extra `dali-cuda13` with a CUDA 13 torch)"),
     "matplotlib": ("plot", "plots"),
+    "matplotlib.figure": ("plot", "plots"),
     "torchvision": ("", "torchvision models and transforms"),
 }
 

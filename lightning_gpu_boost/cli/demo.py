@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def _fit(model, data, precision: str, steps: int, warmup: int) -> dict[str, Any]:
+def _fit(model, data, precision: str, steps: int, warmup: int, callbacks: tuple = ()) -> dict[str, Any]:
     from lightning.pytorch import Trainer
 
     from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
@@ -46,7 +46,7 @@ def _fit(model, data, precision: str, steps: int, warmup: int) -> dict[str, Any]
         devices=1,
         precision=precision,
         max_steps=warmup + steps,
-        callbacks=[meter],
+        callbacks=[meter, *callbacks],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lightning_gpu_boost._imports import module_available
     from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.callbacks import GPUUtilWatchdog
     from lightning_gpu_boost.core.cpus import usable_cpus
     from lightning_gpu_boost.core.images import make_jpeg_folder
     from lightning_gpu_boost.datamodules import ImageFolderDataModule
@@ -99,12 +100,14 @@ def run(args: argparse.Namespace) -> int:
     workers = boosted_dm.resolve_num_workers(boosted_dm.train_dataset(), "train")  # measured once, reused by fit
     if not gpu:  # the step runs on the CPUs the workers use: keep its threads off theirs
         torch.set_num_threads(max(1, usable_cpus() - workers))
+    watchdog = GPUUtilWatchdog(window=10, warmup_steps=cfg["warmup"], on_starvation="ignore", summary=False)
     boosted = _fit(
         ImageClassifier(cfg["arch"], args.classes, channels_last=gpu),
         boosted_dm,
         precision,
         cfg["steps"],
         cfg["warmup"],
+        (watchdog,),
     )
     speedup = boosted["samples_per_s"] / plain["samples_per_s"]
     rows = [("plain Lightning defaults", "32-true", 0, plain), (
@@ -119,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     for name, prec, workers, r in rows:
         print(f"| {name} | {prec} | {workers} | {r['samples_per_s']:,.0f} | {100 * r['data_wait_frac']:.0f} % | {util(r)} |")
     print(f"\nspeed-up: {speedup:.2f}x")
+    if watchdog.warnings:
+        print(f"\nGPUUtilWatchdog on the boosted run says:\n{watchdog.warnings[-1]['message']}")
     if args.json_dir:
         from lightning_gpu_boost.core.results import bar, write_result
 

@@ -1,0 +1,96 @@
+"""Step timing without synchronizing: CUDA events at the step's edges, read one step late; host clocks too.
+
+For each step N the timer records an event when the step starts and one when it ends on the compute stream.
+``start(N) - end(N-1)`` is the GPU's idle gap before step N: time the stream had nothing to run because the host
+was still fetching (or copying) the batch. Events are read only once ``query()`` says they completed, so the
+timer never blocks the host. Gaps that contain validation, checkpointing or an epoch boundary are dropped via
+:meth:`StepTimer.skip_next_gap`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass
+class StepTiming:
+    """One training step: host-side wait before it, host-side duration, and (on CUDA) the GPU's view."""
+
+    step: int
+    host_wait_ms: float
+    host_step_ms: float
+    gpu_gap_ms: float | None = None
+    gpu_step_ms: float | None = None
+
+    @property
+    def wait_ms(self) -> float:
+        """Data wait: the GPU's idle gap where measured, else the host's wait."""
+        return self.gpu_gap_ms if self.gpu_gap_ms is not None else self.host_wait_ms
+
+    @property
+    def busy_ms(self) -> float:
+        return self.gpu_step_ms if self.gpu_step_ms is not None else self.host_step_ms
+
+
+class StepTimer:
+    """Records step edges; completed :class:`StepTiming` s come out of :meth:`pop_ready`, in order.
+
+    Args:
+        cuda: record CUDA events (the current stream of the current device) besides host clocks.
+    """
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self._pending: deque[tuple[StepTiming, object, object, object]] = deque()
+        self._last_end_host: float | None = None
+        self._last_end_event: object = None
+        self._start_host = 0.0
+        self._start_event: object = None
+        self._prev_end_event: object = None
+        self._skip_gap = True
+        self._wait_ms = 0.0
+
+    def skip_next_gap(self) -> None:
+        """Don't count the gap before the next step (validation, checkpoint, epoch boundary ran in it)."""
+        self._skip_gap = True
+
+    def step_start(self) -> None:
+        now = time.perf_counter()
+        skip = self._skip_gap or self._last_end_host is None
+        self._wait_ms = float("nan") if skip else 1000 * (now - self._last_end_host)
+        self._start_host = now
+        self._prev_end_event = None if skip else self._last_end_event
+        if self.cuda:
+            import torch
+
+            self._start_event = torch.cuda.Event(enable_timing=True)
+            self._start_event.record()
+        self._skip_gap = False
+
+    def step_end(self, step: int) -> None:
+        now = time.perf_counter()
+        timing = StepTiming(step, self._wait_ms, 1000 * (now - self._start_host))
+        end_event = None
+        if self.cuda:
+            import torch
+
+            end_event = torch.cuda.Event(enable_timing=True)
+            end_event.record()
+        self._pending.append((timing, self._prev_end_event, self._start_event, end_event))
+        self._last_end_host, self._last_end_event = now, end_event
+
+    def pop_ready(self) -> list[StepTiming]:
+        """Timings whose events completed (all of them without CUDA); never blocks."""
+        ready = []
+        while self._pending:
+            timing, prev_end, start, end = self._pending[0]
+            if end is not None:
+                if not end.query():
+                    break
+                timing.gpu_step_ms = start.elapsed_time(end)
+                timing.gpu_gap_ms = prev_end.elapsed_time(start) if prev_end is not None else float("nan")
+            ready.append(timing)
+            self._pending.popleft()
+        return ready

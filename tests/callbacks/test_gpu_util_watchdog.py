@@ -1,0 +1,197 @@
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_gpu_boost.callbacks import GPUUtilWatchdog
+from lightning_gpu_boost.callbacks.gpu_util_watchdog import GPUStarvationError
+from tests.helpers import IndexDataset, RecordingModel
+
+
+class Sleepy(IndexDataset):
+    def __getitem__(self, i):
+        time.sleep(0.004)
+        return super().__getitem__(i)
+
+
+def _fit(trainer_kwargs, watchdog, loader, model=None, **extra):
+    model = model or RecordingModel()
+    trainer = pl.Trainer(callbacks=[watchdog], max_epochs=1, limit_val_batches=0, **trainer_kwargs, **extra)
+    trainer.fit(model, loader)
+    return trainer
+
+
+def _nvml_threads():
+    return [t for t in threading.enumerate() if t.name == "gpu-boost-nvml"]
+
+
+def test_sleepy_dataset_warns_with_a_diagnosis(trainer_kwargs):
+    dog = GPUUtilWatchdog(window=5, warmup_steps=2)
+    with pytest.warns(UserWarning, match="is starving for data") as record:
+        _fit(trainer_kwargs, dog, DataLoader(Sleepy(80), batch_size=4))
+    message = next(str(w.message) for w in record if "starving" in str(w.message))
+    assert "num_workers=0" in message and "AutoNumWorkers" in message and "batch_size=4" in message
+    assert dog.verdict == "starved" and dog.warnings[0]["step"] <= 2 + 5 + 1
+    assert dog.summaries[0]["data_wait_frac"] > 0.5
+
+
+def test_in_memory_dataset_does_not_warn(trainer_kwargs, recwarn):
+    class Busy(RecordingModel):
+        def training_step(self, batch, batch_idx):
+            x = torch.randn(192, 192)
+            for _ in range(20):
+                x = x @ x / 192
+            return super().training_step(batch, batch_idx) + 0 * x.sum()
+
+    dog = GPUUtilWatchdog(window=5, warmup_steps=2)
+    _fit(
+        trainer_kwargs,
+        dog,
+        DataLoader(TensorDataset(torch.randn(80, 4), torch.arange(80)), batch_size=4),
+        Busy(),
+    )
+    assert not [w for w in recwarn.list if "starving" in str(w.message)]
+    assert dog.verdict == "ok" and not dog.warnings
+
+
+def test_warmup_and_threshold_are_respected(trainer_kwargs):
+    # 16 steps: the first window completes only after 10 warm-up + 5 steps
+    dog = GPUUtilWatchdog(window=5, warmup_steps=10, on_starvation="ignore")
+    _fit(trainer_kwargs, dog, DataLoader(Sleepy(64), batch_size=4))
+    assert dog.warnings and all(w["step"] >= 15 for w in dog.warnings)
+    strict = GPUUtilWatchdog(window=5, warmup_steps=2, wait_threshold=0.99, on_starvation="ignore")
+    _fit(trainer_kwargs, strict, DataLoader(Sleepy(64), batch_size=4))
+    assert not strict.warnings
+
+
+def test_raise_mode_and_no_thread_left(trainer_kwargs):
+    dog = GPUUtilWatchdog(window=4, warmup_steps=1, on_starvation="raise")
+    with pytest.raises(GPUStarvationError, match="num_workers=0"):
+        _fit(trainer_kwargs, dog, DataLoader(Sleepy(64), batch_size=4))
+    assert not _nvml_threads()
+
+
+def test_no_thread_left_when_training_step_raises(trainer_kwargs):
+    class Broken(RecordingModel):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 3:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit(trainer_kwargs, GPUUtilWatchdog(), DataLoader(IndexDataset(32), batch_size=4), Broken())
+    assert not _nvml_threads()
+
+
+def test_timing_only_without_cuda_with_one_info_line(trainer_kwargs, caplog):
+    with caplog.at_level(logging.INFO):
+        _fit(
+            trainer_kwargs,
+            GPUUtilWatchdog(window=3, warmup_steps=1),
+            DataLoader(IndexDataset(32), batch_size=4),
+        )
+    assert caplog.text.count("host timings only") == 1
+    assert "GPUUtilWatchdog summary" in caplog.text
+
+
+def test_nvml_absent_is_timing_only(monkeypatch):
+    import builtins
+
+    from lightning_gpu_boost.core.nvml import NVMLSampler
+
+    real = builtins.__import__
+
+    def no_pynvml(name, *args, **kwargs):
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+    sampler = NVMLSampler().start()
+    assert not sampler.available and "lightning-gpu-boost[nvml]" in sampler.reason and not sampler.running
+
+
+def test_metrics_are_logged(trainer_kwargs, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    kwargs = {**trainer_kwargs, "logger": CSVLogger(tmp_path), "log_every_n_steps": 2}
+    _fit(kwargs, GPUUtilWatchdog(window=3, warmup_steps=1), DataLoader(Sleepy(48), batch_size=4))
+    header = next(tmp_path.rglob("metrics.csv")).read_text().splitlines()[0]
+    assert "gpu_boost/data_wait_frac" in header and "gpu_boost/step_ms" in header
+
+
+def test_plot(trainer_kwargs, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "timeline.png"
+    _fit(
+        trainer_kwargs,
+        GPUUtilWatchdog(window=3, warmup_steps=1, plot_path=str(path)),
+        DataLoader(Sleepy(48), batch_size=4),
+    )
+    assert path.stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"window": 1}, "window must be an int >= 2, got 1"),
+        ({"warmup_steps": -1}, "warmup_steps must be an int >= 0"),
+        ({"wait_threshold": 1.5}, r"wait_threshold must be in \(0, 1\), got 1.5"),
+        ({"util_threshold": 0}, "util_threshold must be in"),
+        ({"on_starvation": "panic"}, "on_starvation must be 'warn', 'raise' or 'ignore', got 'panic'"),
+        ({"warn_every_n_steps": 0}, "warn_every_n_steps must be an int >= 1"),
+        ({"sample_interval_s": 0}, "sample_interval_s must be > 0"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GPUUtilWatchdog(**kwargs)
+
+
+@pytest.mark.gpu
+def test_gpu_util_high_when_compute_bound_and_low_when_starved():
+    from lightning_gpu_boost.core.nvml import NVMLSampler
+
+    with NVMLSampler(interval=0.05) as sampler:
+        x = torch.randn(8192, 8192, device="cuda")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.0:
+            x = (x @ x).clamp_(-1, 1)
+        torch.cuda.synchronize()
+        busy = sampler.mean_util(since=t0 + 0.5)
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < 2.0:
+            torch.ones(1, device="cuda").sum().item()
+            time.sleep(0.05)
+        starved = sampler.mean_util(since=t1 + 0.5)
+    assert sampler.available and busy is not None and starved is not None
+    assert 0 <= starved <= 100 and 0 <= busy <= 100
+    assert busy > 80 and starved < 30, (busy, starved)
+
+
+def test_ddp_summary_shows_every_rank(tmp_path):
+    from tests.helpers import run_ddp
+
+    results = run_ddp(
+        """
+        import lightning.pytorch as pl
+        from torch.utils.data import DataLoader
+        from lightning_gpu_boost.callbacks import GPUUtilWatchdog
+        from tests.callbacks.test_gpu_util_watchdog import Sleepy
+        dog = GPUUtilWatchdog(window=3, warmup_steps=1, on_starvation="ignore")
+        trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp", max_epochs=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[dog])
+        trainer.fit(RecordingModel(), DataLoader(Sleepy(64), batch_size=4))
+        (OUT / f"rank{trainer.global_rank}.json").write_text(json.dumps({"summaries": dog.summaries}))
+        """,
+        tmp_path,
+    )
+    assert len(results[0]["summaries"]) == 2 and results[0] == results[1]
+    assert all(s["steps"] == 8 for s in results[0]["summaries"])
