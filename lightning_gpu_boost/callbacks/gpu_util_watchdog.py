@@ -168,7 +168,8 @@ class GPUUtilWatchdog(Callback):
         self._timer.step_end(trainer.global_step)
         for timing in self._timer.pop_ready():
             self._observe(trainer, timing)
-        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0 and len(self._recent) >= 2:
+        log_now = trainer.loggers and trainer.global_step % max(1, trainer.log_every_n_steps) == 0
+        if log_now and len(self._recent) >= 2:
             metrics = self._window_metrics()
             pl_module.log_dict(
                 {f"gpu_boost/{k}": v for k, v in metrics.items() if v is not None and not math.isnan(v)},
