@@ -1,7 +1,7 @@
 """lightning-gpu-boost: keep the GPU busy in PyTorch Lightning.
 
-Importing the package is cheap: the public names below load their modules on first access, and optional
-dependencies (DALI, lmdb, NVML, matplotlib) are imported only where they are used.
+Importing the package registers the ``ddp_boost`` strategies with Lightning; the public names below load their
+modules on first access, and optional dependencies (DALI, lmdb, NVML, matplotlib) are imported only where used.
 """
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ _EXPORTS = {
     "StreamPrefetch": "lightning_gpu_boost.callbacks.stream_prefetch",
     "AutoNumWorkers": "lightning_gpu_boost.callbacks.auto_num_workers",
     "GPUUtilWatchdog": "lightning_gpu_boost.callbacks.gpu_util_watchdog",
+    "GPUBoost": "lightning_gpu_boost.callbacks.gpu_boost",
+    "DDPBoostStrategy": "lightning_gpu_boost.strategies.presets",
+    "recommended_precision": "lightning_gpu_boost.strategies.presets",
+    "configure_backends": "lightning_gpu_boost.strategies.presets",
     "tune_num_workers": "lightning_gpu_boost.core.workers",
     "StreamPrefetcher": "lightning_gpu_boost.core.prefetch",
     "GPUNormalize": "lightning_gpu_boost.core.prefetch",
@@ -27,6 +31,10 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *_EXPORTS]
+
+from lightning_gpu_boost._registration import install as _install  # noqa: E402
+
+_install()  # registers "ddp_boost" with Lightning once Lightning's strategies are imported
 
 
 def __getattr__(name: str) -> Any:

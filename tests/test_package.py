@@ -11,10 +11,22 @@ import pytest
 def test_import_is_light():
     code = (
         "import lightning_gpu_boost, sys; "
-        "heavy = {'nvidia.dali', 'lmdb', 'pynvml', 'matplotlib', 'lightning'} & set(sys.modules); "
+        "heavy = {'nvidia.dali', 'lmdb', 'pynvml', 'matplotlib'} & set(sys.modules); "
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("order", ["package first", "lightning first"])
+def test_ddp_boost_resolves_once_the_package_is_imported(order):
+    imports = ["import lightning_gpu_boost", "from lightning.pytorch import Trainer"]
+    if order == "lightning first":
+        imports.reverse()
+    code = "; ".join(
+        [*imports, "t = Trainer(strategy='ddp_boost', accelerator='cpu', devices=1, logger=False)",
+         "assert type(t.strategy).__name__ == 'DDPBoostStrategy', t.strategy"]
+    )  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
 def test_public_names_resolve():
@@ -54,6 +66,8 @@ def test_module_entry_point():
         "lightning_gpu_boost.callbacks.stream_prefetch",
         "lightning_gpu_boost.callbacks.auto_num_workers",
         "lightning_gpu_boost.callbacks.gpu_util_watchdog",
+        "lightning_gpu_boost.callbacks.gpu_boost",
+        "lightning_gpu_boost.strategies.presets",
         "lightning_gpu_boost.core.workers",
     ],
 )

@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.prefetch import GPUNormalize, StreamPrefetcher, check_normalize
@@ -44,6 +45,9 @@ class StreamPrefetch(Callback):
 
     Raises:
         ValueError: bad ``normalize``, ``dtype`` or ``depth``.
+
+    On CUDA, DataLoaders with ``pin_memory=False`` are switched to ``pin_memory=True`` (one info line): an
+    asynchronous copy needs page-locked memory, and the DataLoader pins in its own thread.
 
     Caveats:
         If your LightningModule or DataModule overrides ``on_before_batch_transfer`` or
@@ -106,6 +110,10 @@ class StreamPrefetch(Callback):
         def wrap(dataloader: object, stage: str | None) -> object:
             if isinstance(dataloader, StreamPrefetcher):
                 return dataloader
+            if device.type == "cuda" and isinstance(dataloader, DataLoader) and not dataloader.pin_memory:
+                # pinning in the DataLoader's own thread is cheaper than pinning each batch in the training loop
+                dataloader.pin_memory = True
+                rank_zero_info(f"StreamPrefetch: set pin_memory=True on the {stage or ''} loader.")
             return StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=self.normalize)
 
         add_dataloader_hook(strategy, f"StreamPrefetch-{id(self)}", wrap, before=False)

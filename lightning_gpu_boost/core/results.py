@@ -58,9 +58,12 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def bar(value: float, target: float, unit: str, higher_is_better: bool = True) -> dict[str, Any]:
-    """One bar of an issue: ``{value, target, unit, pass}``."""
-    ok = value >= target if higher_is_better else value <= target
+def bar(value: float, target: float, unit: str, higher_is_better: bool = True, strict: bool = False) -> dict[str, Any]:
+    """One bar of an issue: ``{value, target, unit, pass}`` (``strict``: the target itself does not pass)."""
+    if strict:
+        ok = value > target if higher_is_better else value < target
+    else:
+        ok = value >= target if higher_is_better else value <= target
     return {"value": round(float(value), 4), "target": target, "unit": unit, "pass": bool(ok)}
 
 

@@ -1,0 +1,78 @@
+"""The documented one-line change on the plain-Lightning JPEG case, side by side in one run on the GPU machine.
+
+    python benchmarks/gpu_boost.py
+
+Plain: torchvision ImageFolder (RandomResizedCrop, flip, ToTensor, Normalize), DataLoader defaults
+(num_workers=0), Trainer defaults (fp32). Boosted: the same script plus
+``callbacks=[GPUBoost()], precision=recommended_precision()``. Bar (issue 8): boosted >= 10x plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_gpu_boost.baselines import plain_image_folder
+from lightning_gpu_boost.callbacks import GPUBoost
+from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+from lightning_gpu_boost.core.images import make_jpeg_folder
+from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.models import ImageClassifier
+from lightning_gpu_boost.strategies import recommended_precision
+
+
+def run(root, args, boosted: bool) -> dict:
+    torch.manual_seed(0)
+    loader = DataLoader(
+        plain_image_folder(root, 224), batch_size=args.batch_size, shuffle=True
+    )  # the user's loader
+    meter = ThroughputMeter(warmup=args.warmup)
+    extra = (
+        {"callbacks": [meter, GPUBoost()], "precision": recommended_precision()}
+        if boosted
+        else {"callbacks": [meter]}
+    )
+    trainer = pl.Trainer(
+        max_steps=args.warmup + (args.steps if boosted else args.plain_steps), logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **extra,
+    )  # fmt: skip
+    trainer.fit(ImageClassifier("resnet50", num_classes=100), loader)
+    result = {**meter.summary(), "precision": str(trainer.precision), "num_workers": loader.num_workers}
+    if boosted:
+        boost = next(c for c in trainer.callbacks if isinstance(c, GPUBoost))
+        result["num_workers"] = boost.parts["auto_workers"].chosen.get("train")
+        result["watchdog"] = boost.parts["watchdog"].summaries
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", default=".demo-data")
+    parser.add_argument("--images", type=int, default=8000)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--plain-steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu_boost.py needs a CUDA GPU.")
+    root = make_jpeg_folder(f"{args.data}/jpeg-{args.images}-100", n=args.images, num_classes=100)
+    plain = run(root, args, boosted=False)
+    boosted = run(root, args, boosted=True)
+    speedup = boosted["samples_per_s"] / plain["samples_per_s"]
+    print(f"plain {plain['samples_per_s']:,.0f} img/s, GPUBoost {boosted['samples_per_s']:,.0f} img/s "
+          f"({boosted['num_workers']} workers, {boosted['precision']}): {speedup:.2f}x")  # fmt: skip
+    figures = {"config": vars(args), "plain": plain, "boosted": boosted, "speedup": speedup}
+    print(
+        f"wrote {write_result('gpu_boost', figures, {'one_line_change_speedup': bar(speedup, 10.0, 'x')}, args.out)}"
+    )
+
+
+if __name__ == "__main__":
+    main()

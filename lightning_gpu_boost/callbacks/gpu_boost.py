@@ -1,0 +1,122 @@
+"""``GPUBoost``: one callback that turns on every data-path feature and the backend settings."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lightning_gpu_boost.callbacks.auto_num_workers import AutoNumWorkers
+from lightning_gpu_boost.callbacks.gpu_util_watchdog import GPUUtilWatchdog
+from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
+from lightning_gpu_boost.strategies.presets import configure_backends, recommended_precision
+
+_HOOKS = (
+    "setup", "teardown", "on_fit_start", "on_train_start", "on_train_end", "on_train_epoch_start",
+    "on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_save_checkpoint", "on_exception",
+)  # fmt: skip
+
+
+class GPUBoost(Callback):
+    """Turn on StreamPrefetch, AutoNumWorkers, GPUUtilWatchdog, TF32 and cuDNN autotuning with one callback.
+
+    ``Trainer(callbacks=[GPUBoost()], precision=recommended_precision(), strategy="ddp_boost")`` is the whole
+    change to a training script. Each part can be switched off; each keeps its own documented behaviour (see
+    :class:`StreamPrefetch`, :class:`AutoNumWorkers`, :class:`GPUUtilWatchdog`).
+
+    Logged metrics:
+        Those of its parts: ``gpu_boost/num_workers_train`` (AutoNumWorkers) and ``gpu_boost/data_wait_frac``,
+        ``gpu_boost/gpu_util``, ... (GPUUtilWatchdog); one info line listing what it turned on.
+
+    Args:
+        prefetch: side-stream copy of the next batch (CUDA only).
+        auto_workers: measure and set the train loader's ``num_workers``.
+        watchdog: watch for data starvation.
+        tf32: ``torch.set_float32_matmul_precision("high")`` (TF32 matmuls and convolutions on Ampere+).
+        cudnn_benchmark: cuDNN autotuning for fixed input sizes.
+        channels_last: convert the model to ``channels_last`` (faster convolutions with mixed precision).
+        normalize: ``(mean, std)`` for uint8 images, applied on the GPU by the prefetcher.
+        normalize_dtype: dtype of normalized images.
+        workers_budget_s: time budget of the worker probe.
+        on_starvation: the watchdog's ``"warn"``, ``"raise"`` or ``"ignore"``.
+
+    Raises:
+        ValueError: bad arguments of its parts (the parts' messages).
+
+    Example::
+
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[GPUBoost(watchdog=False)], precision=recommended_precision(), logger=False)
+    """
+
+    def __init__(
+        self,
+        prefetch: bool = True,
+        auto_workers: bool = True,
+        watchdog: bool = True,
+        tf32: bool = True,
+        cudnn_benchmark: bool = True,
+        channels_last: bool = False,
+        normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+        normalize_dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        workers_budget_s: float = 30.0,
+        on_starvation: Literal["warn", "raise", "ignore"] = "warn",
+    ) -> None:
+        self.parts: dict[str, Callback] = {}
+        if auto_workers:
+            self.parts["auto_workers"] = AutoNumWorkers(budget_s=workers_budget_s)
+        if prefetch:
+            self.parts["prefetch"] = StreamPrefetch(
+                normalize=normalize, dtype=normalize_dtype, channels_last=channels_last and normalize is not None
+            )
+        if watchdog:
+            self.parts["watchdog"] = GPUUtilWatchdog(on_starvation=on_starvation)
+        self.tf32 = tf32
+        self.cudnn_benchmark = cudnn_benchmark
+        self.channels_last = channels_last
+
+    @property
+    def state_key(self) -> str:
+        return "GPUBoost"
+
+    def _forward(self, hook: str, *args: Any, **kwargs: Any) -> None:
+        for part in self.parts.values():
+            getattr(part, hook)(*args, **kwargs)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        cuda = trainer.strategy.root_device.type == "cuda"
+        applied = configure_backends(self.tf32 and cuda, self.cudnn_benchmark and cuda)
+        if self.channels_last and cuda and any(isinstance(m, torch.nn.Conv2d) for m in pl_module.modules()):
+            pl_module.to(memory_format=torch.channels_last)
+            applied["channels_last"] = True
+        best = recommended_precision(trainer.strategy.root_device)
+        if cuda and str(trainer.precision) == "32-true" and best != "32-true":
+            rank_zero_warn(f"GPUBoost: training in 32-true on a GPU that supports {best}; pass precision='{best}' "
+                           "(lightning_gpu_boost.recommended_precision()) for faster steps.")  # fmt: skip
+        rank_zero_info(f"GPUBoost: {', '.join(self.parts) or 'no parts'}; backends {applied or 'unchanged'}.")
+        self._forward("setup", trainer, pl_module, stage)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: part.state_dict() for name, part in self.parts.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name, part in self.parts.items():
+            if name in state_dict:
+                part.load_state_dict(state_dict[name])
+
+
+def _forwarder(hook: str) -> Any:
+    def method(self: GPUBoost, *args: Any, **kwargs: Any) -> None:
+        self._forward(hook, *args, **kwargs)
+
+    method.__name__ = hook
+    method.__doc__ = f"Forwards ``{hook}`` to the enabled parts."
+    return method
+
+
+for _hook in _HOOKS:
+    if _hook not in GPUBoost.__dict__:
+        setattr(GPUBoost, _hook, _forwarder(_hook))

@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+from torch.utils.data import DataLoader
+
+import lightning_gpu_boost  # noqa: F401  (registers ddp_boost)
+from lightning_gpu_boost.callbacks import GPUBoost
+from lightning_gpu_boost.strategies import DDPBoostStrategy, recommended_precision
+from tests.helpers import IndexDataset, RecordingModel, run_ddp
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "examples" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", ["ddp_boost", "ddp_boost_static", "ddp_boost_bf16"])
+def test_registered_names_resolve(name):
+    trainer = pl.Trainer(strategy=name, accelerator="cpu", devices=1, logger=False)
+    assert isinstance(trainer.strategy, DDPBoostStrategy)
+    kwargs = trainer.strategy._ddp_kwargs
+    assert kwargs["gradient_as_bucket_view"] is True and kwargs["broadcast_buffers"] is False
+    assert kwargs["static_graph"] is (name == "ddp_boost_static")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="gradient_compression must be 'none', 'bf16' or 'fp16', got 'int8'"):
+        DDPBoostStrategy(gradient_compression="int8")
+    with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
+        DDPBoostStrategy(bucket_cap_mb=0)
+
+
+def test_recommended_precision_on_cpu():
+    assert recommended_precision("cpu") == "32-true"
+
+
+def test_ddp_boost_trains_and_checkpoints_over_gloo(tmp_path):
+    results = run_ddp(
+        f"""
+        import torch
+        import lightning.pytorch as pl
+        import lightning_gpu_boost
+        from torch.utils.data import DataLoader
+        trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp_boost", max_epochs=2, logger=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir={str(tmp_path)!r})
+        model = RecordingModel()
+        trainer.fit(model, DataLoader(IndexDataset(32), batch_size=4, shuffle=True))
+        ckpt = trainer.checkpoint_callback.best_model_path or trainer.checkpoint_callback.last_model_path
+        if not ckpt:
+            ckpt = str(next(Path({str(tmp_path)!r}).rglob("*.ckpt")))
+        weights = torch.load(ckpt, weights_only=False)["state_dict"]["layer.weight"]
+        (OUT / f"rank{{trainer.global_rank}}.json").write_text(json.dumps({{
+            "strategy": type(trainer.strategy).__name__, "steps": trainer.global_step,
+            "weights": model.layer.weight.tolist(), "ckpt_weights": weights.tolist(),
+            "ids": sorted(sum(model.seen["train"][:4], []))}}))
+        """,
+        tmp_path,
+    )
+    assert {r["strategy"] for r in results} == {"DDPBoostStrategy"}
+    assert results[0]["steps"] == results[1]["steps"] == 8
+    assert results[0]["weights"] == results[1]["weights"] == results[0]["ckpt_weights"]  # synchronized, saved
+    assert set(results[0]["ids"]).isdisjoint(results[1]["ids"])
+
+
+def _fit_with(trainer_kwargs, boost, loader):
+    trainer = pl.Trainer(callbacks=[boost], max_epochs=1, limit_val_batches=0, **trainer_kwargs)
+    trainer.fit(RecordingModel(), loader)
+    return trainer
+
+
+@pytest.mark.parametrize(
+    "switches,parts",
+    [
+        ({}, {"auto_workers", "prefetch", "watchdog"}),
+        ({"prefetch": False}, {"auto_workers", "watchdog"}),
+        ({"auto_workers": False, "watchdog": False}, {"prefetch"}),
+        ({"auto_workers": False, "watchdog": False, "prefetch": False}, set()),
+    ],
+)
+def test_gpu_boost_switches_each_part(trainer_kwargs, tmp_path, switches, parts):
+    boost = GPUBoost(workers_budget_s=5, **switches)
+    assert set(boost.parts) == parts
+    if "auto_workers" in parts:
+        boost.parts["auto_workers"].cache_path = str(tmp_path / "cache.json")
+    trainer = _fit_with(trainer_kwargs, boost, DataLoader(IndexDataset(32), batch_size=4))
+    assert trainer.global_step == 8
+    state = boost.state_dict()
+    assert set(state) == parts
+    if "auto_workers" in parts:
+        assert state["auto_workers"]["chosen"] == {"train": 0}  # in-memory samples
+        GPUBoost().load_state_dict(state)
+    if "watchdog" in parts:
+        assert boost.parts["watchdog"].summaries
+
+
+def test_gpu_boost_sets_backends_only_on_cuda(trainer_kwargs):
+    before = torch.get_float32_matmul_precision()
+    _fit_with(trainer_kwargs, GPUBoost(auto_workers=False), DataLoader(IndexDataset(8), batch_size=4))
+    assert torch.get_float32_matmul_precision() == before
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_every_yaml_config_builds_and_fits(config, tmp_path):
+    cli = LightningCLI(
+        BoringModel,
+        BoringDataModule,
+        args=[
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+            "--trainer.precision=32-true",
+            "--trainer.max_steps=3",
+            "--trainer.logger=false",
+            "--trainer.enable_checkpointing=false",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ],  # fmt: skip
+        save_config_kwargs={"overwrite": True},
+    )
+    assert cli.trainer.global_step == 3
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_bf16_is_recommended_on_hopper():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("not a Hopper GPU")
+    assert recommended_precision() == "bf16-mixed"
+
+
+@pytest.mark.gpu
+def test_compression_hook_registers_on_nccl(tmp_path):
+    trainer = pl.Trainer(strategy="ddp_boost_bf16", accelerator="gpu", devices=1, max_steps=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(BoringModel())
+    assert trainer.strategy.process_group_backend == "nccl"
+    assert "bf16_compress_hook" in str(trainer.strategy.model._get_ddp_logging_data().get("comm_hook"))
