@@ -78,6 +78,8 @@ class AutoNumWorkers(Callback):
         tolerance: relative throughput difference that counts as "as good", in ``[0, 1)``.
         prefetch_factor: set when a loader goes from 0 workers to some, ``>= 1``.
         persistent_workers: keep workers between epochs when there are any.
+        worker_niceness: raise the workers' nice value by this much (0 = leave it), so that busy workers never
+            slow the training process's kernel launches.
 
     Raises:
         ValueError: a non-positive budget or prefetch factor, a tolerance outside ``[0, 1)``, negative max_workers.
@@ -99,6 +101,7 @@ class AutoNumWorkers(Callback):
         tolerance: float = 0.05,
         prefetch_factor: int = 4,
         persistent_workers: bool = True,
+        worker_niceness: int = 10,
     ) -> None:
         if not budget_s > 0:
             raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
@@ -117,6 +120,9 @@ class AutoNumWorkers(Callback):
         self.tolerance = tolerance
         self.prefetch_factor = prefetch_factor
         self.persistent_workers = persistent_workers
+        if not 0 <= worker_niceness <= 19:
+            raise ValueError(f"worker_niceness must be in [0, 19], got {worker_niceness!r}.")
+        self.worker_niceness = worker_niceness
         #: stage -> chosen worker count (restored from checkpoints)
         self.chosen: dict[str, int] = {}
         self.probes: dict[str, WorkerProbe] = {}
@@ -137,7 +143,10 @@ class AutoNumWorkers(Callback):
             )
             if trainer.logger is not None and trainer.global_rank == 0:
                 trainer.logger.log_metrics({f"gpu_boost/num_workers_{stage}": probe.num_workers}, step=0)
-        set_num_workers(loader, self.chosen[stage], self.prefetch_factor, self.persistent_workers)
+        set_num_workers(
+            loader, self.chosen[stage], self.prefetch_factor, self.persistent_workers, self.worker_niceness,
+            trainer.global_rank,
+        )
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         stages = {"train", "val"} if self.tune_val else {"train"}

@@ -101,6 +101,8 @@ def measure_batches_per_s(loader: DataLoader, workers: int, cap_s: float, min_wi
     try:
         for _ in range(wave):
             next(batches)
+            if time.perf_counter() - start >= cap_s:  # even startup stays within the budget
+                return 0.0
         t0 = time.perf_counter()
         while True:
             next(batches)
@@ -297,10 +299,16 @@ def iter_loaders(obj: Any) -> Iterable[DataLoader]:
 
 
 def set_num_workers(
-    loader: DataLoader, num_workers: int, prefetch_factor: int = 2, persistent_workers: bool = True
+    loader: DataLoader,
+    num_workers: int,
+    prefetch_factor: int = 2,
+    persistent_workers: bool = True,
+    worker_niceness: int = 0,
+    rank: int = 0,
 ) -> None:
     """Change a DataLoader's worker count in place, keeping ``prefetch_factor`` and ``persistent_workers``
-    consistent with it (``prefetch_factor`` must be set when going from 0 workers to some).
+    consistent with it (``prefetch_factor`` must be set when going from 0 workers to some); with
+    ``worker_niceness > 0`` the workers run at lower CPU priority (:class:`LowPriorityWorkerInit`).
 
     Takes effect at the loader's next ``iter()``; an existing persistent iterator is dropped so that it does.
     ``persistent_workers`` is read-only on an initialized DataLoader; this is the one place that sets it anyway
@@ -312,5 +320,32 @@ def set_num_workers(
     if num_workers > 0 and loader.prefetch_factor is None:
         loader.prefetch_factor = prefetch_factor
     object.__setattr__(loader, "persistent_workers", persistent_workers and num_workers > 0)
+    if worker_niceness > 0 and num_workers > 0 and not isinstance(loader.worker_init_fn, LowPriorityWorkerInit):
+        loader.worker_init_fn = LowPriorityWorkerInit(loader.worker_init_fn, worker_niceness, rank)
     if getattr(loader, "_iterator", None) is not None:
         loader._iterator = None  # workers of the old count shut down when it is collected
+
+
+class LowPriorityWorkerInit:
+    """A DataLoader ``worker_init_fn`` that lowers the worker's CPU priority, then runs the original one.
+
+    When the loader cannot outrun the GPU, busy workers on every CPU slow the training process's kernel launches
+    (seen on the H100 machine: 16 workers of float transforms left ResNet-50 steps 3x slower). Niced workers
+    still use every idle cycle, but the training process gets the CPU whenever it needs it. Where Lightning
+    would have installed its seeding ``worker_init_fn`` (``seed_everything(workers=True)``), it runs here too.
+    """
+
+    def __init__(self, fn: Any = None, niceness: int = 10, rank: int = 0) -> None:
+        self.fn, self.niceness, self.rank = fn, niceness, rank
+
+    def __call__(self, worker_id: int) -> None:
+        try:
+            os.nice(self.niceness)
+        except OSError:
+            pass
+        if self.fn is not None:
+            self.fn(worker_id)
+        elif int(os.environ.get("PL_SEED_WORKERS", 0)):
+            from lightning.fabric.utilities.seed import pl_worker_init_function
+
+            pl_worker_init_function(worker_id, rank=self.rank)

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost.core.cpus import default_num_workers
+from lightning_gpu_boost.core.workers import LowPriorityWorkerInit
 
 Stage = Literal["train", "val", "test", "predict"]
 
@@ -45,6 +46,8 @@ class BoostDataModule(pl.LightningDataModule):
         normalize: ``(mean, std)`` per channel in ``[0, 1]`` units, applied on the GPU to uint8 image tensors when
             ``prefetch=True``.
         auto_budget_s: time budget of one ``num_workers="auto"`` probe in seconds.
+        worker_niceness: run workers this much nicer than the training process (0 = same priority), so that
+            busy workers never slow its kernel launches; Lightning's worker seeding still applies.
 
     Raises:
         ValueError: an argument is out of range (the message names the value and what is valid).
@@ -74,6 +77,7 @@ class BoostDataModule(pl.LightningDataModule):
         prefetch: bool = False,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
         auto_budget_s: float = 30.0,
+        worker_niceness: int = 10,
     ) -> None:
         super().__init__()
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -84,6 +88,8 @@ class BoostDataModule(pl.LightningDataModule):
             raise ValueError(f"num_workers must be an int >= 0, None or 'auto', got {num_workers!r}.")
         if pin_memory not in (None, True, False):
             raise ValueError(f"pin_memory must be True, False or None (automatic), got {pin_memory!r}.")
+        if not isinstance(worker_niceness, int) or not 0 <= worker_niceness <= 19:
+            raise ValueError(f"worker_niceness must be an int in [0, 19], got {worker_niceness!r}.")
         if not auto_budget_s > 0:
             raise ValueError(f"auto_budget_s must be > 0 seconds, got {auto_budget_s!r}.")
         if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) or prefetch_factor < 1:
@@ -108,6 +114,7 @@ class BoostDataModule(pl.LightningDataModule):
         #: stage -> what ``num_workers="auto"`` measured
         self.auto_probes: dict[str, Any] = {}
         self.auto_budget_s = auto_budget_s
+        self.worker_niceness = worker_niceness
 
     # -- what subclasses fill in ------------------------------------------------------------------------------
     def train_dataset(self) -> Dataset:
@@ -168,6 +175,9 @@ class BoostDataModule(pl.LightningDataModule):
         if workers > 0:
             kwargs["persistent_workers"] = self.persistent_workers
             kwargs["prefetch_factor"] = self.prefetch_factor
+            if self.worker_niceness:
+                rank = self.trainer.global_rank if self.trainer is not None else 0
+                kwargs["worker_init_fn"] = LowPriorityWorkerInit(None, self.worker_niceness, rank)
         return kwargs
 
     def make_dataloader(self, dataset: Dataset, stage: Stage) -> DataLoader:

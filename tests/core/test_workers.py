@@ -92,3 +92,16 @@ def test_set_num_workers_keeps_the_loader_consistent():
     set_num_workers(loader, 0)
     assert loader.num_workers == 0 and not loader.persistent_workers and loader._iterator is None
     assert len(list(loader)) == 4
+
+
+def test_low_priority_workers(tmp_path):
+    import os
+
+    class Nice(TensorDataset):
+        def __getitem__(self, i):
+            return torch.tensor(float(os.nice(0)))
+
+    loader = DataLoader(Nice(torch.zeros(4)), batch_size=2)
+    set_num_workers(loader, 1, worker_niceness=5)
+    assert isinstance(loader.worker_init_fn, workers.LowPriorityWorkerInit)
+    assert {float(x) for b in loader for x in b} == {os.nice(0) + 5.0}

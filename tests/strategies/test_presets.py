@@ -138,8 +138,15 @@ def test_bf16_is_recommended_on_hopper():
 
 @pytest.mark.gpu
 def test_compression_hook_registers_on_nccl(tmp_path):
+    seen = {}
+
+    class Spy(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen["backend"] = trainer.strategy.process_group_backend
+            seen["hook"] = str(trainer.strategy.model._get_ddp_logging_data().get("comm_hook"))
+
     trainer = pl.Trainer(strategy="ddp_boost_bf16", accelerator="gpu", devices=1, max_steps=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+                         callbacks=[Spy()], enable_checkpointing=False, enable_progress_bar=False,
+                         default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(BoringModel())
-    assert trainer.strategy.process_group_backend == "nccl"
-    assert "bf16_compress_hook" in str(trainer.strategy.model._get_ddp_logging_data().get("comm_hook"))
+    assert seen["backend"] == "nccl" and "bf16_compress_hook" in seen["hook"], seen
