@@ -78,8 +78,8 @@ class AutoNumWorkers(Callback):
         tolerance: relative throughput difference that counts as "as good", in ``[0, 1)``.
         prefetch_factor: set when a loader goes from 0 workers to some, ``>= 1``.
         persistent_workers: keep workers between epochs when there are any.
-        worker_niceness: raise the workers' nice value by this much (0 = leave it), so that busy workers never
-            slow the training process's kernel launches.
+        worker_niceness: raise the workers' nice value by this much (0 = leave it), for when the training
+            process needs CPU time that busy workers would take.
 
     Raises:
         ValueError: a non-positive budget or prefetch factor, a tolerance outside ``[0, 1)``, negative max_workers.
@@ -101,7 +101,7 @@ class AutoNumWorkers(Callback):
         tolerance: float = 0.05,
         prefetch_factor: int = 4,
         persistent_workers: bool = True,
-        worker_niceness: int = 10,
+        worker_niceness: int = 0,
     ) -> None:
         if not budget_s > 0:
             raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")

@@ -7,22 +7,25 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 
 log = logging.getLogger(__name__)
 
 
-
 def default_cache_path() -> Path:
     """``$XDG_CACHE_HOME/lightning_gpu_boost/num_workers.json`` (``~/.cache/...`` by default)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lightning_gpu_boost" / "num_workers.json"
+    return (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / "lightning_gpu_boost"
+        / "num_workers.json"
+    )
 
 
 @dataclass
@@ -62,8 +65,11 @@ def max_workers_for_node(procs_per_node: int | None = None, reserve: int = 0) ->
     return max(0, usable_cpus() // max(1, procs_per_node or processes_per_node()) - reserve)
 
 
-def clone_loader(loader: DataLoader, num_workers: int, prefetch_factor: int = 2) -> DataLoader:
-    """A DataLoader like ``loader`` with another worker count (no persistent workers: a probe is short-lived)."""
+def clone_loader(
+    loader: DataLoader, num_workers: int, prefetch_factor: int = 2, batch_size: int | None = None
+) -> DataLoader:
+    """A DataLoader like ``loader`` with another worker count (no persistent workers: a probe is short-lived),
+    optionally with smaller batches of the same samples (``batch_size``; plain batch samplers only)."""
     kwargs: dict[str, Any] = {
         "num_workers": num_workers,
         "collate_fn": loader.collate_fn,
@@ -74,46 +80,67 @@ def clone_loader(loader: DataLoader, num_workers: int, prefetch_factor: int = 2)
         "prefetch_factor": prefetch_factor if num_workers else None,
     }
     if isinstance(loader.dataset, IterableDataset):
-        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+        kwargs.update(batch_size=batch_size or loader.batch_size, drop_last=loader.drop_last)
+    elif batch_size and type(loader.batch_sampler) is BatchSampler:
+        kwargs["batch_sampler"] = BatchSampler(loader.sampler, batch_size, drop_last=False)
     else:
         kwargs["batch_sampler"] = loader.batch_sampler
     return DataLoader(loader.dataset, **kwargs)
 
 
-def _cycle(loader: DataLoader) -> Iterator[Any]:
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            return
+def probe_batch_size(loader: DataLoader, limit: int = 32) -> int | None:
+    """Smaller batches for probing (each worker then finishes a batch sooner, so short windows measure steady
+    state); ``None`` where the loader's batching cannot be changed."""
+    size = loader.batch_size
+    if size is None or (
+        type(loader.batch_sampler) is not BatchSampler and not isinstance(loader.dataset, IterableDataset)
+    ):
+        return None
+    return min(size, limit)
+
+
+def _shutdown(iterator: Any) -> None:
+    """Stop a DataLoader iterator's workers now and wait for them, so the next measurement runs alone.
+    (``_shutdown_workers`` is private to PyTorch; ``tests/core/test_workers.py`` checks it still works.)"""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
 
 
 def measure_batches_per_s(loader: DataLoader, workers: int, cap_s: float, min_window_s: float) -> float:
-    """Steady-state batches/s: skip the first wave (one batch per worker: startup), then time whole waves.
-
-    A loader shorter than the measurement is cycled (its restart cost counts, as it would in training)."""
+    """Steady-state batches/s: skip the first wave (one batch per worker: startup), then time at least two
+    whole waves. A loader shorter than the measurement is restarted (its restart cost counts, as it would in
+    training). The workers are shut down and joined before returning."""
     wave = max(1, workers)
-    batches = _cycle(loader)
     start = time.perf_counter()
     count, t0, end = 0, None, None
+    it = iter(loader)
+
+    def next_batch() -> None:
+        nonlocal it
+        try:
+            next(it)
+        except StopIteration:
+            _shutdown(it)
+            it = iter(loader)
+            next(it)  # an empty loader raises StopIteration here
+
     try:
         for _ in range(wave):
-            next(batches)
+            next_batch()
             if time.perf_counter() - start >= cap_s:  # even startup stays within the budget
                 return 0.0
         t0 = time.perf_counter()
         while True:
-            next(batches)
+            next_batch()
             count += 1
             end = time.perf_counter()
-            if (count >= max(2, wave) and end - t0 >= min_window_s) or end - start >= cap_s:
+            if (count >= 2 * wave and end - t0 >= min_window_s) or end - start >= cap_s:
                 break
     except StopIteration:  # an empty loader
         pass
     finally:
-        batches.close()  # shuts the probe's workers down
+        _shutdown(it)
     return count / (end - t0) if count and t0 is not None and end is not None else 0.0
 
 
@@ -158,8 +185,10 @@ def tune_num_workers(
     ``tolerance`` of the best throughput (0 only where it is clearly fastest), with the measured table.
 
     The search doubles (0, 1, 2, 4, ..., ``max_workers``) and stops once a step gains less than ``tolerance``,
-    then measures the midpoints between the best count and its measured neighbours. Each measurement skips
-    the first wave of batches (worker startup) and times whole waves after it. The whole probe stays within
+    then measures the midpoints between the best count and its measured neighbours. Each measurement uses
+    batches of at most 32 samples (same samples, same transforms: throughput per sample is what matters, and
+    small batches reach steady state sooner), skips the first wave of batches (worker startup), times at least
+    two whole waves after it, and joins its workers before the next count starts. The whole probe stays within
     ``budget_s`` (the search ends early, with what it measured, when time runs out).
 
     Args:
@@ -193,6 +222,7 @@ def tune_num_workers(
     if max_workers is not None and max_workers < 0:
         raise ValueError(f"max_workers must be >= 0, got {max_workers!r}.")
     limit = max_workers_for_node() if max_workers is None else max_workers
+    small = probe_batch_size(dataloader)
     start = time.perf_counter()
     table: dict[int, float] = {}
     planned = sorted(set(candidates)) if candidates is not None else _doubling(limit)
@@ -202,7 +232,9 @@ def tune_num_workers(
         left = budget_s - (time.perf_counter() - start)
         if left <= min_window_s and table:
             return False
-        table[w] = measure_batches_per_s(clone_loader(dataloader, w, prefetch_factor), w, min(cap, left), min_window_s)
+        probe = clone_loader(dataloader, w, prefetch_factor, small)
+        rate = measure_batches_per_s(probe, w, min(cap, left), min_window_s)
+        table[w] = rate * (small or 1) / (dataloader.batch_size or 1) if small else rate
         log.debug("num_workers=%d: %.2f batches/s", w, table[w])
         return True
 
@@ -320,7 +352,11 @@ def set_num_workers(
     if num_workers > 0 and loader.prefetch_factor is None:
         loader.prefetch_factor = prefetch_factor
     object.__setattr__(loader, "persistent_workers", persistent_workers and num_workers > 0)
-    if worker_niceness > 0 and num_workers > 0 and not isinstance(loader.worker_init_fn, LowPriorityWorkerInit):
+    if (
+        worker_niceness > 0
+        and num_workers > 0
+        and not isinstance(loader.worker_init_fn, LowPriorityWorkerInit)
+    ):
         loader.worker_init_fn = LowPriorityWorkerInit(loader.worker_init_fn, worker_niceness, rank)
     if getattr(loader, "_iterator", None) is not None:
         loader._iterator = None  # workers of the old count shut down when it is collected
@@ -329,10 +365,10 @@ def set_num_workers(
 class LowPriorityWorkerInit:
     """A DataLoader ``worker_init_fn`` that lowers the worker's CPU priority, then runs the original one.
 
-    When the loader cannot outrun the GPU, busy workers on every CPU slow the training process's kernel launches
-    (seen on the H100 machine: 16 workers of float transforms left ResNet-50 steps 3x slower). Niced workers
-    still use every idle cycle, but the training process gets the CPU whenever it needs it. Where Lightning
-    would have installed its seeding ``worker_init_fn`` (``seed_everything(workers=True)``), it runs here too.
+    Niced workers still use every idle cycle, but a training process that needs CPU time gets it first. Off by
+    default: on the H100 machine (ResNet-50 from JPEGs, 16 workers) nice 10 cost 9 % of throughput. Where
+    Lightning would have installed its seeding ``worker_init_fn`` (``seed_everything(workers=True)``), it runs
+    here too.
     """
 
     def __init__(self, fn: Any = None, niceness: int = 10, rank: int = 0) -> None:

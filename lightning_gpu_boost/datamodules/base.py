@@ -46,8 +46,9 @@ class BoostDataModule(pl.LightningDataModule):
         normalize: ``(mean, std)`` per channel in ``[0, 1]`` units, applied on the GPU to uint8 image tensors when
             ``prefetch=True``.
         auto_budget_s: time budget of one ``num_workers="auto"`` probe in seconds.
-        worker_niceness: run workers this much nicer than the training process (0 = same priority), so that
-            busy workers never slow its kernel launches; Lightning's worker seeding still applies.
+        worker_niceness: run workers this much nicer than the training process (0 = same priority), for when
+            the training process needs CPU time that busy workers would take; Lightning's worker seeding still
+            applies.
 
     Raises:
         ValueError: an argument is out of range (the message names the value and what is valid).
@@ -77,7 +78,7 @@ class BoostDataModule(pl.LightningDataModule):
         prefetch: bool = False,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
         auto_budget_s: float = 30.0,
-        worker_niceness: int = 10,
+        worker_niceness: int = 0,
     ) -> None:
         super().__init__()
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:

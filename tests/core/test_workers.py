@@ -105,3 +105,15 @@ def test_low_priority_workers(tmp_path):
     set_num_workers(loader, 1, worker_niceness=5)
     assert isinstance(loader.worker_init_fn, workers.LowPriorityWorkerInit)
     assert {float(x) for b in loader for x in b} == {os.nice(0) + 5.0}
+
+
+def test_probe_uses_small_batches_and_joins_its_workers():
+    """`_shutdown_workers` is private to PyTorch: this fails loudly if it stops joining the workers."""
+    import multiprocessing
+
+    loader = DataLoader(CPUHeavy(), batch_size=128)
+    assert workers.probe_batch_size(loader) == 32
+    clone = workers.clone_loader(loader, 2, batch_size=32)
+    assert clone.batch_sampler.batch_size == 32 and len(clone) == 16
+    workers.measure_batches_per_s(clone, 2, cap_s=5, min_window_s=0.1)
+    assert not multiprocessing.active_children()
