@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
@@ -223,6 +224,26 @@ def tune_num_workers(
         raise ValueError(f"max_workers must be >= 0, got {max_workers!r}.")
     limit = max_workers_for_node() if max_workers is None else max_workers
     small = probe_batch_size(dataloader)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a worker; and leaves no busy intra-op thread team behind in this process
+    try:
+        return _search(
+            dataloader, budget_s, candidates, tolerance, limit, prefetch_factor, min_window_s, small
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _search(
+    dataloader: DataLoader,
+    budget_s: float,
+    candidates: list[int] | None,
+    tolerance: float,
+    limit: int,
+    prefetch_factor: int,
+    min_window_s: float,
+    small: int | None,
+) -> WorkerProbe:
     start = time.perf_counter()
     table: dict[int, float] = {}
     planned = sorted(set(candidates)) if candidates is not None else _doubling(limit)
