@@ -17,6 +17,9 @@ _TARGET = "lightning.pytorch.strategies"
 
 
 def _register() -> None:
+    presets = sys.modules.get("lightning_gpu_boost.strategies.presets")
+    if presets is not None and not hasattr(presets, "register"):
+        return  # our own import of Lightning got us here; lightning_gpu_boost.strategies registers when done
     from lightning_gpu_boost.strategies.presets import register
 
     register()

@@ -29,6 +29,13 @@ def test_ddp_boost_resolves_once_the_package_is_imported(order):
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
+@pytest.mark.parametrize("name", ["recommended_precision", "GPUBoost", "DDPBoostStrategy", "StreamPrefetch"])
+def test_each_public_name_resolves_first_in_a_fresh_process(name):
+    code = f"import lightning_gpu_boost as l; l.{name}; from lightning.pytorch.strategies import StrategyRegistry; "
+    code += "assert 'ddp_boost' in StrategyRegistry"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
 def test_public_names_resolve():
     import lightning_gpu_boost
 
