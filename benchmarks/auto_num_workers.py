@@ -12,15 +12,15 @@ Bars (issue 5):
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import lightning.pytorch as pl
 import torch
+from _common import demo_tree, parser_for
 
 from lightning_gpu_boost.callbacks import AutoNumWorkers, StreamPrefetch
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD, make_jpeg_folder
+from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.core.workers import clone_loader, measure_batches_per_s, tune_num_workers
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
@@ -28,12 +28,7 @@ from lightning_gpu_boost.models import ImageClassifier
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", default=".demo-data")
-    parser.add_argument("--images", type=int, default=8000)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser = parser_for(__doc__)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--sweep", type=int, nargs="+", default=[0, 1, 2, 4, 8, 12, 16])
     parser.add_argument(
@@ -44,9 +39,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--arch", default="resnet50" if torch.cuda.is_available() else "small_cnn")
-    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
-    root = str(make_jpeg_folder(f"{args.data}/jpeg-{args.images}-100", n=args.images, num_classes=100))
+    root = str(demo_tree(args))
     gpu = torch.cuda.is_available()
 
     def datamodule(workers: int) -> ImageFolderDataModule:

@@ -9,16 +9,14 @@ Plain: torchvision ImageFolder (RandomResizedCrop, flip, ToTensor, Normalize), D
 
 from __future__ import annotations
 
-import argparse
-
 import lightning.pytorch as pl
 import torch
+from _common import demo_tree, parser_for
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.baselines import plain_image_folder
 from lightning_gpu_boost.callbacks import GPUBoost
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.models import ImageClassifier
 from lightning_gpu_boost.strategies import recommended_precision
@@ -49,20 +47,14 @@ def run(root, args, boosted: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", default=".demo-data")
-    parser.add_argument("--images", type=int, default=8000)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser = parser_for(__doc__)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--plain-steps", type=int, default=20)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu_boost.py needs a CUDA GPU.")
-    root = make_jpeg_folder(f"{args.data}/jpeg-{args.images}-100", n=args.images, num_classes=100)
+    root = demo_tree(args)
     plain = run(root, args, boosted=False)
     boosted = run(root, args, boosted=True)
     speedup = boosted["samples_per_s"] / plain["samples_per_s"]

@@ -12,17 +12,15 @@ Bars (issue 4):
 
 from __future__ import annotations
 
-import argparse
-
 import lightning.pytorch as pl
 import torch
+from _common import demo_tree, parser_for
 from stream_prefetch import Batches, make_batches
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_gpu_boost.baselines import plain_image_folder
 from lightning_gpu_boost.callbacks import GPUUtilWatchdog, StreamPrefetch
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.models import ImageClassifier
 
@@ -51,16 +49,10 @@ def fit(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", default=".demo-data")
-    parser.add_argument("--images", type=int, default=8000)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser = parser_for(__doc__)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu_util_watchdog.py needs a CUDA GPU.")
@@ -101,7 +93,7 @@ def main() -> None:
     del images, fed
 
     # 3. plain Lightning on JPEGs: torchvision-style float transforms, DataLoader defaults, fp32
-    root = make_jpeg_folder(f"{args.data}/jpeg-{args.images}-100", n=args.images, num_classes=100)
+    root = demo_tree(args)
     plain_dog = GPUUtilWatchdog(warmup_steps=warmup)
     plain = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True)
     plain_run = fit(plain, [plain_dog, StopWhenWarned(plain_dog)], 50, warmup, precision="32-true")

@@ -9,15 +9,14 @@ Bar (issue 2): ImageFolderDataModule >= 1.3x the images/s of torchvision's Image
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
+from _common import demo_tree, parser_for
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.baselines import plain_image_folder
 from lightning_gpu_boost.core.cpus import usable_cpus
-from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
 
@@ -42,24 +41,18 @@ def loader_images_per_s(loader: DataLoader, warmup: int, batches: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", default=".demo-data")
-    parser.add_argument("--images", type=int, default=8000)
+    parser = parser_for(__doc__)
     parser.add_argument(
         "--workers", type=int, nargs="+", default=None, help="worker counts (default: usable CPUs)"
     )
-    parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batches", type=int, default=40, help="timed batches per loader")
     parser.add_argument(
         "--warmup", type=int, default=None, help="untimed batches (default: 2 per worker + 2)"
     )
-    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
 
-    root = make_jpeg_folder(f"{args.data}/jpeg-{args.images}-100", n=args.images, num_classes=100)
+    root = demo_tree(args)
     worker_counts = args.workers or [usable_cpus()]
     figures: dict = {
         "images": args.images,
