@@ -1,4 +1,4 @@
-"""The ``lightning-gpu-boost`` command line: ``demo`` (and later ``doctor``, ``bench``, ``pack``, ``verify``)."""
+"""The ``lightning-gpu-boost`` command line: ``demo``, ``pack``, ``verify``."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lightning-gpu-boost", description="Keep the GPU busy in PyTorch Lightning.")
     commands = parser.add_subparsers(dest="command", required=True)
-    from lightning_gpu_boost.cli import demo
+    from lightning_gpu_boost.cli import demo, lmdb
 
     demo.add_arguments(commands.add_parser("demo", help=demo.__doc__.splitlines()[0]))
+    lmdb.add_pack_arguments(commands.add_parser("pack", help="pack a class-per-folder image tree into one LMDB file"))
+    lmdb.add_verify_arguments(commands.add_parser("verify", help="check a pack's structure and every record's CRC"))
     return parser
 
 

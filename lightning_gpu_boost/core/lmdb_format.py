@@ -1,0 +1,481 @@
+"""The LMDB pack format (version 1): one safe, resumable, verifiable file of samples.
+
+Layout (documented in ``docs/lmdb_format.md``):
+
+- one LMDB file (``subdir=False``) with two named databases, ``records`` and ``meta``;
+- record keys: the sample index as 8-byte big-endian unsigned integers (so keys sort in index order);
+- record values: a 22-byte header ``>BBqQI`` (format version, codec, label or -1, payload length, CRC32 of the
+  payload) followed by the payload: the original encoded bytes (codec ``raw``: files are never re-encoded) or a
+  msgpack-encoded sample (codec ``msgpack``: dicts of arrays, numbers and strings; arrays as dtype/shape/bytes;
+  never pickle);
+- meta keys: ``schema_version``, ``length``, ``classes``, ``class_to_idx``, ``fingerprint`` (of the source),
+  ``progress`` (next index, rewritten with every commit) and ``complete``, written last.
+
+A pack is written to ``<dst>.partial`` and renamed to ``<dst>`` only once complete, so a crashed pack is detectable
+(no ``<dst>``, or no ``complete`` record) and resumable from its last commit.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning_gpu_boost._imports import require
+
+SCHEMA_VERSION = 1
+HEADER = struct.Struct(">BBqQI")
+KEY = struct.Struct(">Q")
+CODECS = {"raw": 0, "msgpack": 1}
+CODEC_NAMES = {v: k for k, v in CODECS.items()}
+RECORDS, META = b"records", b"meta"
+
+
+class IncompletePackError(RuntimeError):
+    """The pack was interrupted before it completed."""
+
+
+class CorruptRecordError(RuntimeError):
+    """A record's CRC32 does not match its payload."""
+
+
+def key(index: int) -> bytes:
+    return KEY.pack(index)
+
+
+def encode_record(payload: bytes | memoryview, label: int = -1, codec: str = "raw") -> bytes:
+    return HEADER.pack(SCHEMA_VERSION, CODECS[codec], label, len(payload), zlib.crc32(payload)) + bytes(
+        payload
+    )
+
+
+@dataclass
+class Record:
+    index: int
+    codec: str
+    label: int
+    payload: memoryview
+
+
+def decode_record(index: int, value: bytes | memoryview, check_crc: bool = False) -> Record:
+    """Parse a record value; ``check_crc`` recomputes the CRC32 (raises :class:`CorruptRecordError`)."""
+    view = memoryview(value)
+    if len(view) < HEADER.size:
+        raise CorruptRecordError(
+            f"Record {index} is truncated ({len(view)} bytes, header needs {HEADER.size})."
+        )
+    version, codec, label, length, crc = HEADER.unpack_from(view)
+    payload = view[HEADER.size :]
+    if version != SCHEMA_VERSION:
+        raise ValueError(
+            f"Record {index} has format version {version}; this reader knows version {SCHEMA_VERSION}."
+        )
+    if len(payload) != length or (check_crc and zlib.crc32(payload) != crc):
+        raise CorruptRecordError(
+            f"Record {index} is corrupt: CRC32 or length mismatch (stored length {length}, found {len(payload)}). "
+            "Repack the source or restore the file."
+        )
+    return Record(index, CODEC_NAMES.get(codec, str(codec)), label, payload)
+
+
+# -------------------------------------------------------------------------------------- general samples
+
+
+def _pack_default(obj: Any) -> Any:
+    import numpy as np
+
+    msgpack = require("msgpack")
+    if hasattr(obj, "numpy") and callable(obj.numpy):  # torch tensors
+        obj = obj.detach().cpu().numpy()
+    if isinstance(obj, np.ndarray):
+        data = msgpack.packb([obj.dtype.str, list(obj.shape), obj.tobytes()])
+        return msgpack.ExtType(1, data)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(
+        f"Cannot store a {type(obj).__name__} in an LMDB pack (dicts of arrays, numbers, strings)."
+    )
+
+
+def _unpack_ext(code: int, data: bytes) -> Any:
+    import numpy as np
+
+    msgpack = require("msgpack")
+    if code != 1:
+        raise ValueError(f"Unknown msgpack extension type {code} in an LMDB pack.")
+    dtype, shape, raw = msgpack.unpackb(data)
+    return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
+
+
+def pack_sample(sample: Any) -> bytes:
+    """msgpack encoding of a sample: dicts/lists of numpy arrays, tensors, numbers and strings (never pickle)."""
+    return require("msgpack").packb(sample, default=_pack_default, use_bin_type=True)
+
+
+def unpack_sample(payload: bytes | memoryview) -> Any:
+    return require("msgpack").unpackb(bytes(payload), ext_hook=_unpack_ext, raw=False, strict_map_key=False)
+
+
+# -------------------------------------------------------------------------------------------------- writer
+
+
+class PackWriter:
+    """Writes records to ``<dst>.partial`` in index order, committing every ``commit_every`` records or
+    ``commit_bytes`` bytes; :meth:`finish` writes the metadata, the completion record, and renames the file.
+
+    ``resume=True`` reopens an existing ``.partial`` and continues after its last committed record (the source
+    fingerprint must match). The map grows (doubles) on ``MapFullError``; every ``putmulti`` is checked to have
+    stored every record.
+    """
+
+    def __init__(
+        self,
+        dst: str | os.PathLike,
+        fingerprint: str,
+        resume: bool = False,
+        commit_every: int = 1000,
+        commit_bytes: int = 64 << 20,
+        map_size: int = 1 << 30,
+    ) -> None:
+        lmdb = require("lmdb")
+        self.dst = Path(dst)
+        self.partial = Path(f"{self.dst}.partial")
+        if self.dst.exists():
+            raise FileExistsError(
+                f"{str(self.dst)!r} already exists; remove it or choose another destination."
+            )
+        if self.partial.exists() and not resume:
+            raise FileExistsError(
+                f"{str(self.partial)!r} is an interrupted pack; pass resume=True (CLI: --resume) to continue it, or "
+                "delete it to start over."
+            )
+        self.dst.parent.mkdir(parents=True, exist_ok=True)
+        self._lmdb = lmdb
+        self.env = lmdb.open(str(self.partial), subdir=False, map_size=map_size, max_dbs=2, lock=True)
+        self.records = self.env.open_db(RECORDS)
+        self.meta = self.env.open_db(META)
+        self.commit_every, self.commit_bytes = commit_every, commit_bytes
+        self.next_index = 0
+        with self.env.begin(db=self.meta) as txn:
+            stored = txn.get(b"fingerprint")
+            progress = txn.get(b"progress")
+        if stored is not None and stored.decode() != fingerprint:
+            raise ValueError(
+                f"{str(self.partial)!r} was packed from a different source (fingerprint {stored.decode()} != "
+                f"{fingerprint}); delete it to start over."
+            )
+        if progress is not None:
+            self.next_index = int(progress)
+        self._fingerprint = fingerprint
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+
+    def add(self, payload: bytes, label: int = -1, codec: str = "raw") -> None:
+        index = self.next_index + len(self._pending)
+        value = encode_record(payload, label, codec)
+        self._pending.append((key(index), value))
+        self._pending_bytes += len(value)
+        if len(self._pending) >= self.commit_every or self._pending_bytes >= self.commit_bytes:
+            self.commit()
+
+    def commit(self) -> None:
+        """Store the pending records and the progress in one transaction (retried with a larger map if full)."""
+        if not self._pending:
+            return
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    consumed, added = txn.cursor(db=self.records).putmulti(self._pending, append=True)
+                    if added != len(self._pending):
+                        raise RuntimeError(
+                            f"LMDB stored {added} of {len(self._pending)} records at index {self.next_index}: "
+                            "keys out of order? The pack is left at its last commit."
+                        )
+                    txn.put(b"fingerprint", self._fingerprint.encode(), db=self.meta)
+                    txn.put(b"progress", str(self.next_index + added).encode(), db=self.meta)
+                break
+            except self._lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        self.next_index += len(self._pending)
+        self._pending, self._pending_bytes = [], 0
+
+    def finish(self, meta: dict[str, Any]) -> Path:
+        """Commit, write ``meta`` (msgpack values), the length and the completion record; rename atomically."""
+        self.commit()
+        msgpack = require("msgpack")
+        with self.env.begin(write=True, db=self.meta) as txn:
+            for name, value in meta.items():
+                txn.put(name.encode(), msgpack.packb(value, use_bin_type=True))
+            txn.put(b"schema_version", str(SCHEMA_VERSION).encode())
+            txn.put(b"length", str(self.next_index).encode())
+            txn.put(b"complete", msgpack.packb({"length": self.next_index}))
+        self.env.sync(True)
+        self.env.close()
+        os.replace(self.partial, self.dst)
+        lock = Path(f"{self.partial}-lock")
+        if lock.exists():
+            lock.unlink()
+        return self.dst
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# -------------------------------------------------------------------------------------------------- reader
+
+
+_ENVS: dict[tuple[int, str], tuple[Any, dict[bytes, Any]]] = {}
+
+
+def _close_inherited() -> None:
+    """After a fork, close the parent's environments in the child (py-lmdb refuses to open a file that is
+    already open in the process, and LMDB handles must not be shared across fork); they reopen on first use."""
+    for env, _ in _ENVS.values():
+        try:
+            env.close()
+        except Exception:
+            pass
+    _ENVS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited)
+
+
+def _shared_env(path: str, readahead: bool) -> tuple[Any, dict[bytes, Any]]:
+    """One read-only environment per file and process (py-lmdb refuses a second open of the same file)."""
+    lmdb = require("lmdb")
+    cache_key = (os.getpid(), os.path.realpath(path))
+    if cache_key not in _ENVS:
+        env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=readahead, max_dbs=2,
+                        max_readers=1024)  # fmt: skip
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        if os.path.getsize(path) < needed:  # reading past the end of a memory map kills the process (SIGBUS)
+            env.close()
+            raise CorruptRecordError(
+                f"{path!r} is truncated: {os.path.getsize(path)} bytes, its pages need {needed}. Copy it again or repack."
+            )
+        _ENVS[cache_key] = (env, {name: env.open_db(name, create=False) for name in (RECORDS, META)})
+    return _ENVS[cache_key]
+
+
+def close_readers(path: str | os.PathLike) -> None:
+    """Close this process's read-only environment of ``path`` (e.g. before deleting or replacing the file)."""
+    entry = _ENVS.pop((os.getpid(), os.path.realpath(path)), None)
+    if entry is not None:
+        entry[0].close()
+
+
+class PackReader:
+    """Read-only access to a complete pack, opened lazily per process (safe under fork and spawn: the handle
+    is dropped when pickled and reopened after a fork), ``readonly=True, lock=False``, readahead on.
+
+    Raises:
+        FileNotFoundError: no such file.
+        IncompletePackError: the pack was interrupted (names the resume command).
+        ValueError: an unknown schema version.
+    """
+
+    def __init__(self, path: str | os.PathLike, check_crc: bool = False, readahead: bool = True) -> None:
+        self.path = str(path)
+        self.check_crc = check_crc
+        self.readahead = readahead
+        self._env: Any = None
+        self._pid = -1
+        with self._begin(META) as txn:
+            complete, version, length = txn.get(b"complete"), txn.get(b"schema_version"), txn.get(b"length")
+        if complete is None:
+            raise IncompletePackError(
+                f"{self.path!r} is an incomplete pack (interrupted); resume it with "
+                "`lightning-gpu-boost pack SRC DST --resume`."
+            )
+        if version is None or int(version) != SCHEMA_VERSION:
+            raise ValueError(
+                f"{self.path!r} has schema version {version!r}; this reader knows {SCHEMA_VERSION}."
+            )
+        self.length = int(length)
+
+    def _open(self) -> Any:
+        if self._env is None or self._pid != os.getpid():
+            if not os.path.exists(self.path):
+                partial = f"{self.path}.partial"
+                hint = f"; {partial!r} is an interrupted pack: resume it with `lightning-gpu-boost pack SRC {self.path} --resume`" if os.path.exists(partial) else ""  # fmt: skip
+                raise FileNotFoundError(f"No LMDB pack at {self.path!r}{hint}.")
+            self._env, self._dbs = _shared_env(self.path, self.readahead)
+            self._pid = os.getpid()
+        return self._env
+
+    def _begin(self, name: bytes) -> Any:
+        env = self._open()
+        return env.begin(db=self._dbs[name], buffers=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None}
+
+    def __len__(self) -> int:
+        return self.length
+
+    def meta(self, name: str) -> Any:
+        with self._begin(META) as txn:
+            value = txn.get(name.encode())
+            return None if value is None else require("msgpack").unpackb(bytes(value), raw=False)
+
+    def read(self, index: int, decode: Callable[[Record], Any] = lambda r: bytes(r.payload)) -> Any:
+        """Decode record ``index`` inside the read transaction (zero-copy payload)."""
+        if not 0 <= index < self.length:
+            raise IndexError(f"Index {index} is out of range for {self.path!r} with {self.length} records.")
+        with self._begin(RECORDS) as txn:
+            value = txn.get(key(index))
+            if value is None:
+                raise CorruptRecordError(f"Record {index} is missing from {self.path!r}.")
+            return decode(decode_record(index, value, self.check_crc))
+
+    def iter_records(self, check_crc: bool = True) -> Iterator[Record]:
+        with self._begin(RECORDS) as txn:
+            for raw_key, value in txn.cursor():
+                yield decode_record(KEY.unpack(bytes(raw_key))[0], value, check_crc)
+
+
+def verify(path: str | os.PathLike) -> dict[str, Any]:
+    """Check a pack: structure (every B-tree page reachable by a full cursor walk, ``lmdb.verify`` where the
+    binding has it), every record's CRC32 and length, and that indices run 0..length-1. Returns a summary;
+    ``summary["ok"]`` is False with ``summary["errors"]`` naming the records otherwise."""
+    reader = PackReader(path)
+    errors: list[str] = []
+    lmdb = require("lmdb")
+    if hasattr(lmdb, "verify"):
+        try:
+            lmdb.verify(str(path))
+        except Exception as err:  # structure damaged
+            errors.append(f"structure: {err}")
+    count, total, expected = 0, 0, 0
+    try:
+        with reader._begin(RECORDS) as txn:
+            for raw_key, value in txn.cursor():
+                index = KEY.unpack(bytes(raw_key))[0]
+                if index != expected:
+                    errors.append(f"record {expected} is missing (next key is {index})")
+                expected = index + 1
+                try:
+                    decode_record(index, value, check_crc=True)
+                except (CorruptRecordError, ValueError) as err:
+                    errors.append(str(err))
+                count += 1
+                total += len(value)
+    except lmdb.Error as err:
+        errors.append(f"structure: {err}")
+    if count != reader.length:
+        errors.append(f"the pack says {reader.length} records but holds {count}")
+    return {"path": str(path), "records": count, "bytes": total, "ok": not errors, "errors": errors[:20]}
+
+
+def write_samples(
+    writer: PackWriter, items: Iterable[tuple[bytes, int, str]], progress: Callable[[int], None] | None = None
+) -> None:
+    """Add ``(payload, label, codec)`` items in order."""
+    for payload, label, codec in items:
+        writer.add(payload, label, codec)
+        if progress is not None:
+            progress(1)
+
+
+# -------------------------------------------------------------------------------------------------- packers
+
+
+def source_fingerprint(root: str | os.PathLike, files: list[str]) -> str:
+    """Fingerprint of a source tree: relative paths, sizes and modification times."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in files:
+        stat = os.stat(path)
+        digest.update(f"{os.path.relpath(path, root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def pack_image_folder(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    resume: bool = False,
+    workers: int | None = None,
+    commit_every: int = 1000,
+    progress: bool = True,
+) -> Path:
+    """Pack a class-per-folder image tree into one LMDB file, storing each file's bytes unchanged.
+
+    Files are read by ``workers`` threads (default: usable CPUs) in windows of ``commit_every``; each window is one
+    commit that also records the progress, so ``resume=True`` continues a crashed pack at its last commit.
+    Non-image files are skipped and counted (``meta("ignored_files")``).
+
+    Raises:
+        FileNotFoundError, ValueError: from the tree scan (missing root, empty tree, empty class folder).
+        FileExistsError: ``dst`` exists, or an interrupted pack exists and ``resume`` is False.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    from lightning_gpu_boost.core.cpus import usable_cpus
+    from lightning_gpu_boost.core.images import scan_image_folder
+
+    samples, classes, ignored = scan_image_folder(src)
+    writer = PackWriter(dst, source_fingerprint(src, [p for p, _ in samples]), resume, commit_every)
+    start = writer.next_index
+    try:
+        with (
+            ThreadPoolExecutor(workers or usable_cpus()) as pool,
+            tqdm(
+                total=len(samples), initial=start, desc=f"pack {src}", unit="img", disable=not progress
+            ) as bar,
+        ):
+            for lo in range(start, len(samples), commit_every):
+                window = samples[lo : lo + commit_every]
+                for data, (_, label) in zip(pool.map(_read, [p for p, _ in window]), window, strict=True):
+                    writer.add(data, label, "raw")
+                writer.commit()
+                bar.update(len(window))
+    except BaseException:
+        writer.close()
+        raise
+    meta = {
+        "kind": "image_folder",
+        "classes": classes,
+        "class_to_idx": {name: i for i, name in enumerate(classes)},
+        "ignored_files": ignored,
+    }
+    return writer.finish(meta)
+
+
+def pack_dataset(
+    dataset: Any,
+    dst: str | os.PathLike,
+    resume: bool = False,
+    commit_every: int = 1000,
+    progress: bool = True,
+) -> Path:
+    """Pack any indexable dataset of samples (dicts/tuples of arrays, tensors, numbers, strings) with msgpack.
+
+    The fingerprint is the dataset's class and length; resuming requires the same dataset in the same order.
+    """
+    from tqdm.auto import tqdm
+
+    n = len(dataset)
+    writer = PackWriter(
+        dst, f"{type(dataset).__module__}.{type(dataset).__qualname__}:{n}", resume, commit_every
+    )
+    try:
+        for i in tqdm(range(writer.next_index, n), total=n, initial=writer.next_index, disable=not progress):
+            writer.add(pack_sample(dataset[i]), -1, "msgpack")
+    except BaseException:
+        writer.close()
+        raise
+    return writer.finish({"kind": "samples"})

@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+pytest.importorskip("lmdb")
+pytest.importorskip("msgpack")
+
+from lightning_gpu_boost.cli import main
+from lightning_gpu_boost.core import lmdb_format as lf
+from lightning_gpu_boost.core.images import make_jpeg_folder, scan_image_folder
+from tests.helpers import ROOT
+
+
+@pytest.fixture
+def tree(tmp_path):
+    return make_jpeg_folder(
+        tmp_path / "src", n=24, num_classes=3, size_range=(64, 80, 48, 64), workers=2, progress=False
+    )
+
+
+def _records(path):
+    reader = lf.PackReader(path)
+    return [reader.read(i, lambda r: (bytes(r.payload), r.label)) for i in range(len(reader))]
+
+
+def test_round_trip_is_byte_identical(tree, tmp_path):
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", commit_every=5, progress=False)
+    samples, classes, _ = scan_image_folder(tree)
+    assert _records(path) == [(open(p, "rb").read(), label) for p, label in samples]
+    reader = lf.PackReader(path, check_crc=True)
+    assert reader.meta("classes") == classes and reader.meta("class_to_idx")["class_002"] == 2
+    assert lf.verify(path)["ok"] and not os.path.exists(f"{path}.partial")
+
+
+def test_general_samples_never_pickle(tmp_path):
+    samples = [
+        {"x": np.arange(6, dtype=np.float16).reshape(2, 3), "t": torch.ones(2), "n": i, "s": "ü"}
+        for i in range(4)
+    ]
+    path = lf.pack_dataset(samples, tmp_path / "s.lmdb", progress=False)
+    got = lf.PackReader(path).read(3, lambda r: lf.unpack_sample(r.payload))
+    assert (
+        got["n"] == 3 and got["s"] == "ü" and got["x"].dtype == np.float16 and got["t"].tolist() == [1.0, 1.0]
+    )
+    with pytest.raises(TypeError, match="Cannot store a object"):
+        lf.pack_sample({"bad": object()})
+
+
+class Reads(Dataset):
+    def __init__(self, path):
+        self.reader = lf.PackReader(path)
+
+    def __len__(self):
+        return len(self.reader)
+
+    def __getitem__(self, i):
+        return torch.tensor(self.reader.read(i, lambda r: r.label))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_under_fork_and_spawn(tree, tmp_path, context):
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    lf.PackReader(path).read(0)  # opened in the parent before the workers start
+    loader = DataLoader(Reads(path), batch_size=4, num_workers=2, multiprocessing_context=context)
+    assert sorted(int(x) for b in loader for x in b) == sorted(
+        label for _, label in scan_image_folder(tree)[0]
+    )
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_pack(tree, tmp_path):
+    dst = tmp_path / "killed.lmdb"
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from lightning_gpu_boost.core import lmdb_format as lf
+commit = lf.PackWriter.commit
+def slow(self):
+    commit(self)
+    print("committed", self.next_index, flush=True)
+    time.sleep(0.3)
+lf.PackWriter.commit = slow
+lf.pack_image_folder({str(tree)!r}, {str(dst)!r}, commit_every=3, progress=False)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("committed") and int(line.split()[1]) >= 9:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not dst.exists() and os.path.exists(f"{dst}.partial")
+    with pytest.raises(FileExistsError, match="interrupted pack; pass resume=True"):
+        lf.pack_image_folder(tree, dst, progress=False)
+    with pytest.raises(FileNotFoundError, match="--resume"):
+        lf.PackReader(dst)
+    lf.pack_image_folder(tree, dst, resume=True, progress=False)
+    clean = lf.pack_image_folder(tree, tmp_path / "clean.lmdb", progress=False)
+    assert lf.verify(dst)["ok"] and _records(dst) == _records(clean)
+
+
+def test_flipped_byte_names_the_record(tree, tmp_path):
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    target = open(scan_image_folder(tree)[0][5][0], "rb").read()[-200:-160]  # entropy-coded: unique to record 5
+    data = bytearray(path.read_bytes())
+    assert data.count(target) == 1
+    at = data.find(target)
+    data[at + 3] ^= 0xFF
+    broken = tmp_path / "broken.lmdb"
+    broken.write_bytes(bytes(data))
+    summary = lf.verify(broken)
+    assert not summary["ok"] and any("Record 5 is corrupt" in e for e in summary["errors"])
+    with pytest.raises(lf.CorruptRecordError, match="Record 5 is corrupt"):
+        lf.PackReader(broken, check_crc=True).read(5)
+
+
+def test_truncated_file_is_an_error(tree, tmp_path):
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    truncated = tmp_path / "truncated.lmdb"
+    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(lf.CorruptRecordError, match="is truncated"):
+        lf.verify(truncated)
+
+
+def test_clear_errors(tree, tmp_path):
+    with pytest.raises(FileNotFoundError, match="No LMDB pack at"):
+        lf.PackReader(tmp_path / "missing.lmdb")
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    with pytest.raises(IndexError, match="Index 24 is out of range .* with 24 records"):
+        lf.PackReader(path).read(24)
+    with pytest.raises(FileExistsError, match="already exists"):
+        lf.pack_image_folder(tree, path, progress=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="has no class folders"):
+        lf.pack_image_folder(tmp_path / "empty", tmp_path / "e.lmdb", progress=False)
+
+
+def test_non_image_files_skipped_and_non_ascii_paths(tree, tmp_path):
+    src = tmp_path / "bilder_ü"
+    shutil.copytree(tree, src)
+    (src / "class_000" / "notes.txt").write_text("not an image")
+    os.rename(src / "class_001", src / "klasse_ä")
+    path = lf.pack_image_folder(src, tmp_path / "päck.lmdb", progress=False)
+    reader = lf.PackReader(path)
+    assert reader.meta("ignored_files") == 1 and "klasse_ä" in reader.meta("classes") and len(reader) == 24
+
+
+def test_cli_pack_and_verify(tree, tmp_path, capsys):
+    assert main(["pack", str(tree), str(tmp_path / "cli.lmdb"), "--commit-every", "4"]) == 0
+    assert main(["verify", str(tmp_path / "cli.lmdb")]) == 0
+    assert '"ok": true' in capsys.readouterr().out
