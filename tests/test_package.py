@@ -70,6 +70,7 @@ def test_module_entry_point():
         "lightning_gpu_boost.core.nvml",
         "lightning_gpu_boost.datamodules.base",
         "lightning_gpu_boost.datamodules.image_folder",
+        "lightning_gpu_boost.datamodules.lmdb",
         "lightning_gpu_boost.callbacks.stream_prefetch",
         "lightning_gpu_boost.callbacks.auto_num_workers",
         "lightning_gpu_boost.callbacks.gpu_util_watchdog",

@@ -83,8 +83,10 @@ class BoostDataModule(pl.LightningDataModule):
         super().__init__()
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}.")
-        if num_workers is not None and num_workers != "auto" and (
-            not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0
+        if (
+            num_workers is not None
+            and num_workers != "auto"
+            and (not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0)
         ):
             raise ValueError(f"num_workers must be an int >= 0, None or 'auto', got {num_workers!r}.")
         if pin_memory not in (None, True, False):
@@ -190,7 +192,9 @@ class BoostDataModule(pl.LightningDataModule):
         dataset = getattr(self, f"{stage}_dataset")()
         if dataset is None:
             if stage == "train":
-                raise ValueError(f"{type(self).__name__}.train_dataset() returned None; it must return a Dataset.")
+                raise ValueError(
+                    f"{type(self).__name__}.train_dataset() returned None; it must return a Dataset."
+                )
             return []
         return self.make_dataloader(dataset, stage)
 
@@ -212,7 +216,9 @@ class BoostDataModule(pl.LightningDataModule):
 
             self._prefetch_hook = StreamPrefetch(normalize=self.normalize)
             self._prefetch_hook.setup(self.trainer, self.trainer.lightning_module, stage)
-            rank_zero_info(f"{type(self).__name__}: prefetch=True, batches are copied to the GPU on a side stream.")
+            rank_zero_info(
+                f"{type(self).__name__}: prefetch=True, batches are copied to the GPU on a side stream."
+            )
 
     def teardown(self, stage: str) -> None:
         if self._prefetch_hook is not None and self.trainer is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -68,7 +68,8 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _load(self, path: str) -> torch.Tensor:
+    def _load(self, path: Any) -> torch.Tensor:
+        """Decode ``path`` (a path or a binary file object) for training or validation."""
         if self.train:
             return decode_random_resized_crop(path, self.image_size, scale=self.scale, rng=random)
         return decode_center_crop(path, self.image_size, self.val_resize)
@@ -161,7 +162,12 @@ class ImageFolderDataModule(BoostDataModule):
 
     def _dataset(self, root: str, train: bool) -> ImageFolderDataset:
         return ImageFolderDataset(
-            root, self.image_size, train, self.val_resize, self.scale, self.on_error  # type: ignore[arg-type]
+            root,
+            self.image_size,
+            train,
+            self.val_resize,
+            self.scale,
+            self.on_error,  # type: ignore[arg-type]
         )
 
     def _build(self) -> None:
@@ -169,7 +175,9 @@ class ImageFolderDataModule(BoostDataModule):
             return
         train = self._dataset(self.train_root, train=True)
         if train.ignored_files:
-            rank_zero_info(f"{type(self).__name__}: ignored {train.ignored_files} non-image files in {self.train_root}")
+            rank_zero_info(
+                f"{type(self).__name__}: ignored {train.ignored_files} non-image files in {self.train_root}"
+            )
         self.classes = train.classes
         if self.val_root is not None:
             val = self._dataset(self.val_root, train=False)
@@ -181,7 +189,9 @@ class ImageFolderDataModule(BoostDataModule):
                 )
             self._datasets = {"train": train, "val": val}
         elif self.val_split:
-            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
+            order = torch.randperm(
+                len(train), generator=torch.Generator().manual_seed(self.split_seed)
+            ).tolist()
             n_val = max(1, int(round(len(train) * self.val_split)))
             val = self._dataset(self.train_root, train=False)
             self._datasets = {"train": Subset(train, order[n_val:]), "val": Subset(val, order[:n_val])}

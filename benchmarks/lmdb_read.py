@@ -1,0 +1,146 @@
+"""LMDB packs vs a folder of files: random-order reads (~100 KB and ~4 KB records, warm and cold page cache),
+packing vs `cp -r`, and end-to-end LMDBDataModule vs ImageFolderDataModule images/s, in one run.
+
+    python benchmarks/lmdb_read.py                      # CPU machine or GPU machine
+    python benchmarks/lmdb_read.py --large 500 --small 5000 --images 640 --batches 10
+
+Cold cache: `echo 3 > /proc/sys/vm/drop_caches` where permitted (root, not in most containers); otherwise each
+file's pages are dropped with posix_fadvise(DONTNEED), which evicts clean unmapped pages: the JSON says which.
+
+Bars (issue 6): LMDB >= files in every cell and >= 2x files with ~4 KB records; packing at least as fast as
+`cp -r`; LMDBDataModule >= ImageFolderDataModule images/s at the same workers.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from _common import demo_tree, parser_for
+
+from lightning_gpu_boost.core.lmdb_format import PackReader, close_readers, pack_image_folder
+from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.datamodules import ImageFolderDataModule, LMDBDataModule
+
+
+def make_tree(root: Path, n: int, size: int, classes: int = 10) -> Path:
+    rng = random.Random(size)
+    for i in range(n):
+        folder = root / f"c{i % classes:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:07d}.jpg").write_bytes(rng.randbytes(size))  # incompressible, named like images
+    return root
+
+
+def drop_cache(paths: list[str]) -> str:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return "drop_caches"
+    except OSError:
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "posix_fadvise"
+
+
+def read_files(paths: list[str], order: list[int]) -> float:
+    start = time.perf_counter()
+    for i in order:
+        with open(paths[i], "rb") as f:
+            f.read()
+    return len(order) / (time.perf_counter() - start)
+
+
+def read_pack(path: str, order: list[int]) -> float:
+    reader = PackReader(path)
+    start = time.perf_counter()
+    for i in order:
+        reader.read(i, lambda r: len(r.payload))
+    return len(order) / (time.perf_counter() - start)
+
+
+def loader_images_per_s(dm, batches: int) -> float:
+    it = iter(dm.train_dataloader())
+    next(it)
+    start, seen = time.perf_counter(), 0
+    for _ in range(batches):
+        try:
+            seen += len(next(it)[1])
+        except StopIteration:
+            it = iter(dm.train_dataloader())
+    return seen / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = parser_for(__doc__)
+    parser.add_argument("--large", type=int, default=2000, help="~100 KB records")
+    parser.add_argument("--small", type=int, default=20000, help="~4 KB records")
+    parser.add_argument("--reads", type=int, default=2000, help="random reads per cell")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="DataLoader workers (default: usable CPUs - 1)"
+    )
+    parser.add_argument("--batches", type=int, default=30)
+    args = parser.parse_args()
+    figures: dict = {"config": vars(args), "reads": {}}
+    bars = {}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("LGB_BENCH_TMP")) as tmp:
+        for name, n, size in (("100KB", args.large, 100_000), ("4KB", args.small, 4_000)):
+            src = make_tree(Path(tmp) / f"src-{name}", n, size)
+            files = sorted(str(p) for p in src.rglob("*.jpg"))
+            start = time.perf_counter()
+            pack = str(pack_image_folder(src, Path(tmp) / f"{name}.lmdb", progress=False))
+            pack_s = time.perf_counter() - start
+            start = time.perf_counter()
+            subprocess.run(["cp", "-r", str(src), str(Path(tmp) / f"copy-{name}")], check=True)
+            cp_s = time.perf_counter() - start
+            shutil.rmtree(Path(tmp) / f"copy-{name}")
+            # records are in sorted-path order in both, so index i is the same sample
+            order = [random.Random(1).randrange(n) for _ in range(min(args.reads, n))]
+            cells = {}
+            for cache in ("warm", "cold"):
+                if cache == "warm":
+                    read_files(files, list(range(n)))
+                    read_pack(pack, list(range(n)))
+                    how = "read once before"
+                else:
+                    close_readers(pack)
+                    how = drop_cache([*files, pack])
+                cells[cache] = {"files_items_s": read_files(files, order), "how": how}
+                if cache == "cold":
+                    close_readers(pack)
+                    drop_cache([pack])
+                cells[cache]["lmdb_items_s"] = read_pack(pack, order)
+                ratio = cells[cache]["lmdb_items_s"] / cells[cache]["files_items_s"]
+                cells[cache]["ratio"] = ratio
+                bars[f"lmdb_vs_files_{name}_{cache}"] = bar(ratio, 2.0 if name == "4KB" else 1.0, "x")
+                print(f"{name} {cache}: files {cells[cache]['files_items_s']:,.0f}/s, LMDB "
+                      f"{cells[cache]['lmdb_items_s']:,.0f}/s ({ratio:.2f}x, {how})")  # fmt: skip
+            figures["reads"][name] = {**cells, "pack_s": pack_s, "cp_r_s": cp_s}
+            bars[f"pack_vs_cp_r_{name}"] = bar(cp_s / pack_s, 1.0, "x")
+            print(f"{name}: pack {pack_s:.2f} s, cp -r {cp_s:.2f} s")
+            close_readers(pack)
+
+        root = demo_tree(args)
+        pack = str(pack_image_folder(root, Path(tmp) / "demo.lmdb", progress=False))
+        workers = args.workers if args.workers is not None else max(0, (os.cpu_count() or 2) - 1)
+        common = {"image_size": 224, "batch_size": args.batch_size, "num_workers": workers}
+        folder_ips = loader_images_per_s(ImageFolderDataModule(str(root), **common), args.batches)
+        lmdb_ips = loader_images_per_s(LMDBDataModule(pack, **common), args.batches)
+        figures["end_to_end"] = {"workers": workers, "image_folder_img_s": folder_ips, "lmdb_img_s": lmdb_ips}
+        bars["lmdb_datamodule_vs_image_folder"] = bar(lmdb_ips / folder_ips, 1.0, "x")
+        print(f"end to end ({workers} workers): ImageFolderDataModule {folder_ips:,.0f} img/s, LMDBDataModule "
+              f"{lmdb_ips:,.0f} img/s")  # fmt: skip
+    print(f"wrote {write_result('lmdb_read', figures, bars, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""``LMDBDataModule``: train from LMDB packs (``lightning-gpu-boost pack``) with the ImageFolder decode path."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from typing import Any, Literal
+
+from torch.utils.data import Dataset
+
+from lightning_gpu_boost.core.lmdb_format import PackReader, Record, unpack_sample
+from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataModule, ImageFolderDataset
+
+
+class LMDBImageDataset(ImageFolderDataset):
+    """An image pack as ``(uint8 CHW tensor, label)`` pairs, decoded like :class:`ImageFolderDataset` (reduced-size
+    JPEG decode, random-resized crop and flip for training; resize + center crop for validation).
+
+    The pack is opened lazily in each process (DataLoader workers under fork or spawn, DDP ranks); records are
+    decoded inside the read transaction. ``check_crc`` verifies every record as it is read.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        image_size: int = 224,
+        train: bool = True,
+        val_resize: int | None = None,
+        scale: tuple[float, float] = (0.08, 1.0),
+        on_error: Literal["raise", "skip"] = "raise",
+        check_crc: bool = False,
+    ) -> None:
+        if image_size < 1:
+            raise ValueError(f"image_size must be >= 1, got {image_size!r}.")
+        self.reader = PackReader(path, check_crc=check_crc)
+        if self.reader.meta("kind") != "image_folder":
+            raise ValueError(
+                f"{str(path)!r} holds {self.reader.meta('kind')!r} samples, not an image folder pack."
+            )
+        self.root = str(path)
+        self.classes = self.reader.meta("classes")
+        self.class_to_idx = self.reader.meta("class_to_idx")
+        self.ignored_files = self.reader.meta("ignored_files") or 0
+        self.samples = [(str(i), -1) for i in range(len(self.reader))]  # labels are read with the record
+        self.targets: list[int] = []
+        self.image_size, self.train, self.val_resize = image_size, train, val_resize
+        self.scale, self.on_error, self.skipped = tuple(scale), on_error, 0
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int):  # type: ignore[override]
+        def decode(record: Record):
+            try:
+                return self._load(io.BytesIO(record.payload)), record.label
+            except (OSError, ValueError, SyntaxError) as err:
+                raise RuntimeError(f"Cannot decode record {index} of {self.root!r}: {err}.") from err
+
+        return self.reader.read(index, decode)
+
+
+class LMDBSampleDataset(Dataset):
+    """A pack of general samples (``pack_dataset``), each passed through ``decode`` (default: unchanged)."""
+
+    def __init__(
+        self, path: str | os.PathLike, decode: Callable[[Any], Any] | None = None, check_crc: bool = False
+    ):
+        self.reader = PackReader(path, check_crc=check_crc)
+        self.decode = decode
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int) -> Any:
+        sample = self.reader.read(index, lambda record: unpack_sample(record.payload))
+        return self.decode(sample) if self.decode is not None else sample
+
+
+class LMDBDataModule(ImageFolderDataModule):
+    """Image classification from LMDB packs: same batches as :class:`ImageFolderDataModule` (uint8, labels),
+    same arguments, with pack files instead of folders. Under DDP Lightning shards it like any Dataset.
+
+    Args:
+        train_root: the training pack (``lightning-gpu-boost pack data/train train.lmdb``).
+        val_root: the validation pack, or ``None`` (then ``val_split`` may hold out part of the training pack).
+        check_crc: verify each record's CRC32 as it is read.
+        **kwargs: :class:`ImageFolderDataModule` arguments (``image_size``, ``val_split``, ``batch_size``,
+            ``num_workers``, ``prefetch``...).
+
+    Raises:
+        FileNotFoundError: a missing pack (names an interrupted ``.partial`` and the resume command).
+        IncompletePackError: an interrupted pack.
+        ValueError: a pack of general samples, or a bad argument.
+
+    Example::
+
+        >>> import tempfile
+        >>> from lightning_gpu_boost.core.images import make_jpeg_folder
+        >>> from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+        >>> tmp = tempfile.mkdtemp()
+        >>> root = make_jpeg_folder(f"{tmp}/src", n=8, num_classes=2, size_range=(64, 80, 48, 64), progress=False)
+        >>> pack = pack_image_folder(root, f"{tmp}/train.lmdb", progress=False)
+        >>> images, labels = next(iter(LMDBDataModule(str(pack), image_size=32, batch_size=4, num_workers=0).train_dataloader()))
+        >>> tuple(images.shape), images.dtype
+        ((4, 3, 32, 32), torch.uint8)
+    """
+
+    def __init__(
+        self, train_root: str, val_root: str | None = None, check_crc: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(train_root, val_root, **kwargs)
+        self.check_crc = check_crc
+
+    def _dataset(self, root: str, train: bool) -> ImageFolderDataset:
+        return LMDBImageDataset(
+            root,
+            self.image_size,
+            train,
+            self.val_resize,
+            self.scale,
+            self.on_error,
+            self.check_crc,  # type: ignore[arg-type]
+        )
