@@ -279,16 +279,19 @@ class GPUUtilWatchdog(Callback):
                     f"only {workers} of {cpus} CPUs load data: add AutoNumWorkers() to measure the best count."
                 )
             else:
-                uint8 = type(loader.dataset).__name__ == "ImageFolderDataset"
-                advice.append(
-                    "the workers already use every CPU, so CPU-side loading is the ceiling: "
-                    + (
-                        ""
+                uint8 = type(loader.dataset).__name__ in ("ImageFolderDataset", "LMDBImageDataset")
+                options = [
+                    *(
+                        []
                         if uint8
-                        else "ship uint8 images and normalize on the GPU (ImageFolderDataModule), "
-                    )
-                    + ("decode on the GPU (NVIDIA DALI), " if cuda else "")
-                    + "or make each sample cheaper to load (smaller files, fewer CPU transforms)."
+                        else ["ship uint8 images and normalize on the GPU (ImageFolderDataModule)"]
+                    ),
+                    *(["decode on the GPU (NVIDIA DALI)"] if cuda else []),
+                    "make each sample cheaper to load (smaller files, fewer CPU transforms)",
+                ]
+                choices = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+                advice.append(
+                    f"the workers already use every CPU, so CPU-side loading is the ceiling: {choices}."
                 )
             if cuda and not loader.pin_memory:
                 advice.append(
