@@ -155,7 +155,10 @@ class PackWriter:
             )
         self.dst.parent.mkdir(parents=True, exist_ok=True)
         self._lmdb = lmdb
-        self.env = lmdb.open(str(self.partial), subdir=False, map_size=map_size, max_dbs=2, lock=True)
+        # Commits are not fsynced: a killed process leaves its last commit in the page cache and resumes from it;
+        # the finished pack is fsynced before its atomic rename (after a power loss, restart an unfinished pack).
+        self.env = lmdb.open(str(self.partial), subdir=False, map_size=map_size, max_dbs=2, lock=True, sync=False,
+                             metasync=False)  # fmt: skip
         self.records = self.env.open_db(RECORDS)
         self.meta = self.env.open_db(META)
         self.commit_every, self.commit_bytes = commit_every, commit_bytes
@@ -216,6 +219,11 @@ class PackWriter:
         self.env.sync(True)
         self.env.close()
         os.replace(self.partial, self.dst)
+        directory = os.open(self.dst.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power loss
+        finally:
+            os.close(directory)
         lock = Path(f"{self.partial}-lock")
         if lock.exists():
             lock.unlink()
