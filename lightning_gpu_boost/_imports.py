@@ -14,7 +14,10 @@ _EXTRAS: dict[str, tuple[str, str]] = {
     "pynvml": ("nvml", "GPU utilization sampling"),
     "lmdb": ("lmdb", "LMDB datasets"),
     "msgpack": ("lmdb", "LMDB sample encoding"),
-    "nvidia.dali": ("dali", "GPU decoding with NVIDIA DALI (use the extra `dali-cuda13` with a CUDA 13 torch)"),
+    "nvidia.dali": (
+        "dali",
+        "GPU decoding with NVIDIA DALI (use the extra `dali-cuda13` with a CUDA 13 torch)",
+    ),
     "matplotlib": ("plot", "plots"),
     "matplotlib.figure": ("plot", "plots"),
     "torchvision": ("", "torchvision models and transforms"),
@@ -36,4 +39,6 @@ def require(name: str) -> ModuleType:
     except ImportError as err:
         extra, purpose = _EXTRAS.get(name, ("", name))
         hint = f"pip install 'lightning-gpu-boost[{extra}]'" if extra else f"pip install {name}"
-        raise ImportError(f"`{name}` is needed for {purpose} but is not installed. Install it with: {hint}") from err
+        raise ImportError(
+            f"`{name}` is needed for {purpose} but is not installed. Install it with: {hint}"
+        ) from err

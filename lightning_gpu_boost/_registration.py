@@ -28,7 +28,9 @@ def _register() -> None:
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself; wraps the real loader of ``_TARGET`` so that registration follows its execution."""
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != _TARGET:
             return None
         sys.meta_path.remove(self)  # one shot; also lets the real finders answer below

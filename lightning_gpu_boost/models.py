@@ -49,7 +49,12 @@ class ImageClassifier(pl.LightningModule):
     """
 
     def __init__(
-        self, arch: Arch = "small_cnn", num_classes: int = 10, lr: float = 0.05, channels_last: bool = False, width: int = 64
+        self,
+        arch: Arch = "small_cnn",
+        num_classes: int = 10,
+        lr: float = 0.05,
+        channels_last: bool = False,
+        width: int = 64,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

@@ -31,7 +31,9 @@ def jpeg_tree(tmp_path_factory):
     from lightning_gpu_boost.core.images import make_jpeg_folder
 
     root = tmp_path_factory.mktemp("jpegs")
-    return make_jpeg_folder(root, n=24, num_classes=3, size_range=(80, 120, 64, 96), workers=2, progress=False)
+    return make_jpeg_folder(
+        root, n=24, num_classes=3, size_range=(80, 120, 64, 96), workers=2, progress=False
+    )
 
 
 @pytest.fixture

@@ -104,10 +104,14 @@ def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240) ->
         f"OUT = Path({str(out)!r})\nNPROCS = {nprocs}\n"
     )
     # destroying the process group before exit avoids gloo's "terminate called without an active exception"
-    footer = "\nimport torch.distributed as dist\nif dist.is_initialized():\n    dist.destroy_process_group()\n"
+    footer = (
+        "\nimport torch.distributed as dist\nif dist.is_initialized():\n    dist.destroy_process_group()\n"
+    )
     body = textwrap.dedent(script) + footer
     path.write_text(header + "if __name__ == '__main__':\n" + textwrap.indent(body, "    "))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_PORT": str(29500 + os.getpid() % 2000)}
-    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"DDP script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]

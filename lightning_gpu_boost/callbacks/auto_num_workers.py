@@ -132,7 +132,13 @@ class AutoNumWorkers(Callback):
             return
         if stage not in self.chosen:
             probe = agreed_probe(
-                trainer, loader, self.budget_s, self.use_cache, self.cache_path, self.max_workers, self.tolerance
+                trainer,
+                loader,
+                self.budget_s,
+                self.use_cache,
+                self.cache_path,
+                self.max_workers,
+                self.tolerance,
             )
             self.probes[stage] = probe
             self.chosen[stage] = probe.num_workers
@@ -144,7 +150,11 @@ class AutoNumWorkers(Callback):
             if trainer.logger is not None and trainer.global_rank == 0:
                 trainer.logger.log_metrics({f"gpu_boost/num_workers_{stage}": probe.num_workers}, step=0)
         set_num_workers(
-            loader, self.chosen[stage], self.prefetch_factor, self.persistent_workers, self.worker_niceness,
+            loader,
+            self.chosen[stage],
+            self.prefetch_factor,
+            self.persistent_workers,
+            self.worker_niceness,
             trainer.global_rank,
         )
 

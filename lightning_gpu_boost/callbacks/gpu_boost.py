@@ -71,7 +71,9 @@ class GPUBoost(Callback):
             self.parts["auto_workers"] = AutoNumWorkers(budget_s=workers_budget_s)
         if prefetch:
             self.parts["prefetch"] = StreamPrefetch(
-                normalize=normalize, dtype=normalize_dtype, channels_last=channels_last and normalize is not None
+                normalize=normalize,
+                dtype=normalize_dtype,
+                channels_last=channels_last and normalize is not None,
             )
         if watchdog:
             self.parts["watchdog"] = GPUUtilWatchdog(on_starvation=on_starvation)

@@ -88,7 +88,9 @@ class StreamPrefetch(Callback):
         found = [f"LightningModule.{h}" for h in _USER_TRANSFER_HOOKS if is_overridden(h, pl_module)]
         datamodule = trainer.datamodule
         if datamodule is not None:
-            found += [f"LightningDataModule.{h}" for h in _USER_TRANSFER_HOOKS if is_overridden(h, datamodule)]
+            found += [
+                f"LightningDataModule.{h}" for h in _USER_TRANSFER_HOOKS if is_overridden(h, datamodule)
+            ]
         return found
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -7,13 +7,19 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lightning-gpu-boost", description="Keep the GPU busy in PyTorch Lightning.")
+    parser = argparse.ArgumentParser(
+        prog="lightning-gpu-boost", description="Keep the GPU busy in PyTorch Lightning."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     from lightning_gpu_boost.cli import demo, lmdb
 
     demo.add_arguments(commands.add_parser("demo", help=demo.__doc__.splitlines()[0]))
-    lmdb.add_pack_arguments(commands.add_parser("pack", help="pack a class-per-folder image tree into one LMDB file"))
-    lmdb.add_verify_arguments(commands.add_parser("verify", help="check a pack's structure and every record's CRC"))
+    lmdb.add_pack_arguments(
+        commands.add_parser("pack", help="pack a class-per-folder image tree into one LMDB file")
+    )
+    lmdb.add_verify_arguments(
+        commands.add_parser("verify", help="check a pack's structure and every record's CRC")
+    )
     return parser
 
 

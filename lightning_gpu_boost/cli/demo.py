@@ -18,12 +18,21 @@ import torch
 
 def _defaults(gpu: bool, has_torchvision: bool) -> dict[str, Any]:
     if gpu and has_torchvision:
-        return {"arch": "resnet50", "images": 8000, "batch_size": 256, "image_size": 224, "steps": 30, "warmup": 5}
+        return {
+            "arch": "resnet50",
+            "images": 8000,
+            "batch_size": 256,
+            "image_size": 224,
+            "steps": 30,
+            "warmup": 5,
+        }
     return {"arch": "small_cnn", "images": 640, "batch_size": 32, "image_size": 128, "steps": 12, "warmup": 3}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default=os.environ.get("LGB_DEMO_DATA", ".demo-data"), help="demo data folder")
+    parser.add_argument(
+        "--data", default=os.environ.get("LGB_DEMO_DATA", ".demo-data"), help="demo data folder"
+    )
     parser.add_argument("--images", type=int, help="number of generated JPEGs")
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--batch-size", type=int)
@@ -86,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg['steps']} timed steps after {cfg['warmup']} warm-up, data {root}")  # fmt: skip
 
     torch.manual_seed(0)
-    plain_loader = DataLoader(plain_image_folder(root, cfg["image_size"]), batch_size=cfg["batch_size"], shuffle=True)
+    plain_loader = DataLoader(
+        plain_image_folder(root, cfg["image_size"]), batch_size=cfg["batch_size"], shuffle=True
+    )
     plain = _fit(
         ImageClassifier(cfg["arch"], args.classes), plain_loader, "32-true", cfg["steps"], cfg["warmup"]
     )
@@ -97,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
         num_workers="auto", auto_budget_s=20,
     )  # fmt: skip
     precision = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
-    workers = boosted_dm.resolve_num_workers(boosted_dm.train_dataset(), "train")  # measured once, reused by fit
+    workers = boosted_dm.resolve_num_workers(
+        boosted_dm.train_dataset(), "train"
+    )  # measured once, reused by fit
     if not gpu:  # the step runs on the CPUs the workers use: keep its threads off theirs
         torch.set_num_threads(max(1, usable_cpus() - workers))
     watchdog = GPUUtilWatchdog(window=10, warmup_steps=cfg["warmup"], on_starvation="ignore", summary=False)
@@ -120,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
     print("| setup | precision | workers | samples/s | data wait | GPU util |")
     print("|---|---|---|---|---|---|")
     for name, prec, workers, r in rows:
-        print(f"| {name} | {prec} | {workers} | {r['samples_per_s']:,.0f} | {100 * r['data_wait_frac']:.0f} % | {util(r)} |")
+        print(
+            f"| {name} | {prec} | {workers} | {r['samples_per_s']:,.0f} | {100 * r['data_wait_frac']:.0f} % | {util(r)} |"
+        )
     print(f"\nspeed-up: {speedup:.2f}x")
     if watchdog.warnings:
         print(f"\nGPUUtilWatchdog on the boosted run says:\n{watchdog.warnings[-1]['message']}")

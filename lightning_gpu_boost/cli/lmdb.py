@@ -12,6 +12,9 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue an interrupted pack (DST.partial)")
     parser.add_argument("--workers", type=int, help="reader threads (default: usable CPUs)")
     parser.add_argument("--commit-every", type=int, default=1000, help="records per commit")
+    parser.add_argument(
+        "--shard-size", type=int, help="records per file: DST becomes a JSON manifest of the shards"
+    )
     parser.set_defaults(func=run_pack)
 
 
@@ -26,7 +29,7 @@ def run_pack(args: argparse.Namespace) -> int:
     if args.commit_every < 1:
         raise SystemExit(f"--commit-every must be >= 1, got {args.commit_every}.")
     path = pack_image_folder(args.src, args.dst, resume=args.resume, workers=args.workers,
-                             commit_every=args.commit_every)  # fmt: skip
+                             commit_every=args.commit_every, shard_size=args.shard_size)  # fmt: skip
     print(f"packed {args.src} -> {path}")
     return 0
 

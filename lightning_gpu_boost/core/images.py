@@ -133,7 +133,9 @@ def scan_image_folder(root: str | os.PathLike) -> tuple[list[tuple[str, int]], l
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"Image folder {str(root)!r} does not exist or is not a directory.")
-    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
+    classes = sorted(
+        entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith(".")
+    )
     if not classes:
         raise ValueError(
             f"Image folder {str(root)!r} has no class folders; expected the layout root/<class_name>/<image>.jpg."
@@ -213,7 +215,13 @@ def make_jpeg_folder(
     from lightning_gpu_boost.core.cpus import usable_cpus
 
     root = Path(root)
-    spec = {"n": n, "num_classes": num_classes, "size_range": list(size_range), "quality": quality, "seed": seed}
+    spec = {
+        "n": n,
+        "num_classes": num_classes,
+        "size_range": list(size_range),
+        "quality": quality,
+        "seed": seed,
+    }
     marker = root / ".complete.json"
     if marker.exists() and json.loads(marker.read_text()).get("spec") == spec:
         return root

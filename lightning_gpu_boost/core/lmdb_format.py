@@ -349,7 +349,20 @@ class PackReader:
 
 
 def verify(path: str | os.PathLike) -> dict[str, Any]:
-    """Check a pack: structure (every B-tree page reachable by a full cursor walk, ``lmdb.verify`` where the
+    """Check a pack (or every shard of a sharded pack, see :func:`verify_file`); returns one summary."""
+    if is_manifest(path):
+        reader = ShardedPackReader(path)
+        parts = [verify_file(Path(path).parent / shard["path"]) for shard in reader.shards]
+        errors = [f"{part['path']}: {e}" for part in parts for e in part["errors"]]
+        if sum(part["records"] for part in parts) != reader.length:
+            errors.append(f"the manifest says {reader.length} records but the shards hold a different number")
+        return {"path": str(path), "records": sum(p["records"] for p in parts), "bytes": sum(p["bytes"] for p in parts),
+                "shards": len(parts), "ok": not errors, "errors": errors[:20]}  # fmt: skip
+    return verify_file(path)
+
+
+def verify_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Check one pack file: structure (every B-tree page reachable by a full cursor walk, ``lmdb.verify`` where the
     binding has it), every record's CRC32 and length, and that indices run 0..length-1. Returns a summary;
     ``summary["ok"]`` is False with ``summary["errors"]`` naming the records otherwise."""
     reader = PackReader(path)
@@ -417,6 +430,7 @@ def pack_image_folder(
     workers: int | None = None,
     commit_every: int = 1000,
     progress: bool = True,
+    shard_size: int | None = None,
 ) -> Path:
     """Pack a class-per-folder image tree into one LMDB file, storing each file's bytes unchanged.
 
@@ -424,10 +438,17 @@ def pack_image_folder(
     commit that also records the progress, so ``resume=True`` continues a crashed pack at its last commit.
     Non-image files are skipped and counted (``meta("ignored_files")``).
 
+    With ``shard_size``, records go to ``<dst>-shard-00000``, ``<dst>-shard-00001``... (complete packs of at
+    most ``shard_size`` records each) and ``dst`` becomes a JSON manifest naming them, written last; ``resume``
+    skips finished shards. :func:`open_pack` and :class:`~lightning_gpu_boost.datamodules.LMDBDataModule` read
+    either form.
+
     Raises:
         FileNotFoundError, ValueError: from the tree scan (missing root, empty tree, empty class folder).
         FileExistsError: ``dst`` exists, or an interrupted pack exists and ``resume`` is False.
     """
+    if shard_size is not None:
+        return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size)
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm.auto import tqdm
@@ -463,6 +484,52 @@ def pack_image_folder(
     return writer.finish(meta)
 
 
+def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: int) -> Path:
+    import json
+
+    from lightning_gpu_boost.core.images import scan_image_folder
+
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size!r}.")
+    dst = Path(dst)
+    if dst.exists():
+        raise FileExistsError(f"{str(dst)!r} already exists; remove it or choose another destination.")
+    samples, classes, ignored = scan_image_folder(src)
+    shards = []
+    for k, lo in enumerate(range(0, len(samples), shard_size)):
+        part, chunk = shard_path(dst, k), samples[lo : lo + shard_size]
+        if not part.exists():  # finished shards are kept on resume
+            _pack_shard(src, part, resume, workers, commit_every, chunk, classes)
+        shards.append({"path": part.name, "offset": lo, "length": len(chunk)})
+    manifest = {
+        "format": MANIFEST_FORMAT, "version": SCHEMA_VERSION, "length": len(samples), "shards": shards,
+        "meta": {"kind": "image_folder", "classes": classes, "ignored_files": ignored,
+                 "class_to_idx": {name: i for i, name in enumerate(classes)}},
+    }  # fmt: skip
+    tmp = Path(f"{dst}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, dst)  # the manifest is written last
+    return dst
+
+
+def _pack_shard(src, part, resume, workers, commit_every, samples, classes) -> None:
+    """Pack exactly ``samples`` (with their global labels) into the shard file ``part``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lightning_gpu_boost.core.cpus import usable_cpus
+
+    writer = PackWriter(part, source_fingerprint(src, [p for p, _ in samples]), resume, commit_every)
+    try:
+        with ThreadPoolExecutor(workers or usable_cpus()) as pool:
+            rest = samples[writer.next_index :]
+            for data, (_, label) in zip(pool.map(_read, [p for p, _ in rest]), rest, strict=True):
+                writer.add(data, label, "raw")
+    except BaseException:
+        writer.close()
+        raise
+    writer.finish({"kind": "image_folder", "classes": classes})
+
+
 def pack_dataset(
     dataset: Any,
     dst: str | os.PathLike,
@@ -487,3 +554,67 @@ def pack_dataset(
         writer.close()
         raise
     return writer.finish({"kind": "samples"})
+
+
+# ------------------------------------------------------------------------------------------------- shards
+
+MANIFEST_FORMAT = "lightning-gpu-boost-shards"
+
+
+def is_manifest(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is the JSON manifest of a sharded pack (rather than an LMDB file)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(1) == b"{"
+    except OSError:
+        return False
+
+
+def shard_path(dst: str | os.PathLike, index: int) -> Path:
+    return Path(f"{dst}-shard-{index:05d}")
+
+
+class ShardedPackReader:
+    """The same interface as :class:`PackReader` over the shards named by a manifest (global indices)."""
+
+    def __init__(self, path: str | os.PathLike, check_crc: bool = False, readahead: bool = True) -> None:
+        import json
+
+        manifest = json.loads(Path(path).read_text())
+        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != SCHEMA_VERSION:
+            raise ValueError(f"{str(path)!r} is not a version-{SCHEMA_VERSION} shard manifest.")
+        self.path, self.manifest = str(path), manifest
+        self.shards = manifest["shards"]
+        self.length = manifest["length"]
+        self.check_crc, self.readahead = check_crc, readahead
+        self._readers: dict[int, PackReader] = {}
+
+    def __len__(self) -> int:
+        return self.length
+
+    def meta(self, name: str) -> Any:
+        return self.manifest.get("meta", {}).get(name)
+
+    def _shard(self, index: int) -> tuple[PackReader, int]:
+        import bisect
+
+        if not 0 <= index < self.length:
+            raise IndexError(f"Index {index} is out of range for {self.path!r} with {self.length} records.")
+        k = bisect.bisect_right([s["offset"] for s in self.shards], index) - 1
+        if k not in self._readers:
+            shard = Path(self.path).parent / self.shards[k]["path"]
+            self._readers[k] = PackReader(shard, self.check_crc, self.readahead)
+        return self._readers[k], index - self.shards[k]["offset"]
+
+    def read(self, index: int, decode: Callable[[Record], Any] = lambda r: bytes(r.payload)) -> Any:
+        reader, local = self._shard(index)
+        return reader.read(local, decode)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_readers": {}}
+
+
+def open_pack(path: str | os.PathLike, check_crc: bool = False, readahead: bool = True) -> Any:
+    """A :class:`PackReader` for a pack file, a :class:`ShardedPackReader` for a shard manifest."""
+    cls = ShardedPackReader if is_manifest(path) else PackReader
+    return cls(path, check_crc=check_crc, readahead=readahead)

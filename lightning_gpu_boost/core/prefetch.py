@@ -55,7 +55,9 @@ def check_normalize(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...
             f"(0.229, 0.224, 0.225)); got {normalize!r}."
         ) from None
     if len(mean) != len(std) or not mean:
-        raise ValueError(f"normalize mean and std need the same, non-zero length; got {len(mean)} and {len(std)}.")
+        raise ValueError(
+            f"normalize mean and std need the same, non-zero length; got {len(mean)} and {len(std)}."
+        )
     if any(s <= 0 for s in std):
         raise ValueError(f"normalize std must be > 0, got {std!r}.")
     return mean, std
@@ -86,7 +88,9 @@ class GPUNormalize:
         """``(scale, shift)`` with ``out = x * scale + shift`` = ``(x / 255 - mean) / std``, cached per device."""
         if device not in self._constants:
             scale = 1.0 / (255.0 * torch.tensor(self.std, dtype=torch.float64))
-            shift = -torch.tensor(self.mean, dtype=torch.float64) / torch.tensor(self.std, dtype=torch.float64)
+            shift = -torch.tensor(self.mean, dtype=torch.float64) / torch.tensor(
+                self.std, dtype=torch.float64
+            )
             self._constants[device] = (
                 scale.to(torch.float32).view(1, -1, 1, 1).to(device),
                 shift.to(torch.float32).view(1, -1, 1, 1).to(device),
@@ -109,7 +113,9 @@ class GPUNormalize:
     def __call__(self, batch: Any) -> Any:
         if self.key is None:
             return apply_to_collection(
-                batch, torch.Tensor, lambda t: self.tensor(t) if t.dtype == torch.uint8 and t.dim() == 4 else t
+                batch,
+                torch.Tensor,
+                lambda t: self.tensor(t) if t.dtype == torch.uint8 and t.dim() == 4 else t,
             )
         if isinstance(batch, dict):
             if self.key not in batch:

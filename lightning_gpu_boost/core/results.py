@@ -28,7 +28,9 @@ def gpu_tag() -> str:
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        )
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("GIT_COMMIT")
@@ -58,7 +60,9 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def bar(value: float, target: float, unit: str, higher_is_better: bool = True, strict: bool = False) -> dict[str, Any]:
+def bar(
+    value: float, target: float, unit: str, higher_is_better: bool = True, strict: bool = False
+) -> dict[str, Any]:
     """One bar of an issue: ``{value, target, unit, pass}`` (``strict``: the target itself does not pass)."""
     if strict:
         ok = value > target if higher_is_better else value < target
@@ -68,14 +72,19 @@ def bar(value: float, target: float, unit: str, higher_is_better: bool = True, s
 
 
 def write_result(
-    script: str, figures: dict[str, Any], bars: dict[str, dict[str, Any]], out_dir: str | os.PathLike | None = None
+    script: str,
+    figures: dict[str, Any],
+    bars: dict[str, dict[str, Any]],
+    out_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Write ``<out_dir>/<script>-<date>-<gpu>.json`` and a ``.md`` table beside it; returns the JSON path."""
     env = environment()
     out = Path(out_dir or "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{script}-{env['date']}-{gpu_tag()}.json"
-    path.write_text(json.dumps({"script": script, "environment": env, "figures": figures, "bars": bars}, indent=2))
+    path.write_text(
+        json.dumps({"script": script, "environment": env, "figures": figures, "bars": bars}, indent=2)
+    )
     lines = [f"# {script} ({env['date']}, {env['gpu'] or 'CPU'}, {env['cpu_count']} CPUs)", ""]
     lines += ["| bar | value | target | unit | pass |", "|---|---|---|---|---|"]
     lines += [f"| {k} | {b['value']} | {b['target']} | {b['unit']} | {b['pass']} |" for k, b in bars.items()]

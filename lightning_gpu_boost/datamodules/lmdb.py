@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from torch.utils.data import Dataset
 
-from lightning_gpu_boost.core.lmdb_format import PackReader, Record, unpack_sample
+from lightning_gpu_boost.core.lmdb_format import Record, open_pack, unpack_sample
 from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataModule, ImageFolderDataset
 
 
@@ -33,7 +33,7 @@ class LMDBImageDataset(ImageFolderDataset):
     ) -> None:
         if image_size < 1:
             raise ValueError(f"image_size must be >= 1, got {image_size!r}.")
-        self.reader = PackReader(path, check_crc=check_crc)
+        self.reader = open_pack(path, check_crc=check_crc)
         if self.reader.meta("kind") != "image_folder":
             raise ValueError(
                 f"{str(path)!r} holds {self.reader.meta('kind')!r} samples, not an image folder pack."
@@ -66,7 +66,7 @@ class LMDBSampleDataset(Dataset):
     def __init__(
         self, path: str | os.PathLike, decode: Callable[[Any], Any] | None = None, check_crc: bool = False
     ):
-        self.reader = PackReader(path, check_crc=check_crc)
+        self.reader = open_pack(path, check_crc=check_crc)
         self.decode = decode
 
     def __len__(self) -> int:

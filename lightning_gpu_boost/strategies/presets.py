@@ -83,7 +83,9 @@ class DDPBoostStrategy(DDPStrategy):
         **kwargs: Any,
     ) -> None:
         if gradient_compression not in ("none", "bf16", "fp16"):
-            raise ValueError(f"gradient_compression must be 'none', 'bf16' or 'fp16', got {gradient_compression!r}.")
+            raise ValueError(
+                f"gradient_compression must be 'none', 'bf16' or 'fp16', got {gradient_compression!r}."
+            )
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}.")
         kwargs.setdefault("ddp_comm_hook", _compression_hook(gradient_compression))  # registered on CUDA only
@@ -108,13 +110,18 @@ class DDPBoostStrategy(DDPStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
         strategy_registry.register(
-            "ddp_boost", cls, description="DDP with lightning-gpu-boost's preset (gradient views, no buffer broadcast)"
+            "ddp_boost",
+            cls,
+            description="DDP with lightning-gpu-boost's preset (gradient views, no buffer broadcast)",
         )
         strategy_registry.register(
             "ddp_boost_static", cls, description="ddp_boost with static_graph=True", static_graph=True
         )
         strategy_registry.register(
-            "ddp_boost_bf16", cls, description="ddp_boost with bf16 gradient compression", gradient_compression="bf16"
+            "ddp_boost_bf16",
+            cls,
+            description="ddp_boost with bf16 gradient compression",
+            gradient_compression="bf16",
         )
 
 

@@ -14,7 +14,9 @@ from tests.helpers import IndexDataset, RecordingModel, StatefulLoader, run_ddp
 
 
 def _loaders(n=24, bs=4, shuffle=True):
-    return DataLoader(IndexDataset(n), batch_size=bs, shuffle=shuffle), DataLoader(IndexDataset(n), batch_size=bs)
+    return DataLoader(IndexDataset(n), batch_size=bs, shuffle=shuffle), DataLoader(
+        IndexDataset(n), batch_size=bs
+    )
 
 
 def _run_all_stages(trainer_kwargs, callbacks, **extra):
@@ -50,7 +52,9 @@ def test_dataloader_iter_steps(trainer_kwargs):
     def run(callbacks):
         pl.seed_everything(3)
         model = IterModel()
-        pl.Trainer(callbacks=callbacks, max_epochs=1, limit_val_batches=0, **trainer_kwargs).fit(model, _loaders()[0])
+        pl.Trainer(callbacks=callbacks, max_epochs=1, limit_val_batches=0, **trainer_kwargs).fit(
+            model, _loaders()[0]
+        )
         return model.seen["train"]
 
     assert run([StreamPrefetch(cpu_lookahead=True)]) == run([])
@@ -128,7 +132,9 @@ def _resume_batches(tmp_path, trainer_kwargs, callbacks_factory):
 
 def test_mid_epoch_resume_neither_loses_nor_repeats(tmp_path, trainer_kwargs):
     plain_first, plain_rest = _resume_batches(tmp_path / "plain", trainer_kwargs, lambda: [])
-    first, rest = _resume_batches(tmp_path / "wrapped", trainer_kwargs, lambda: [StreamPrefetch(cpu_lookahead=True, depth=2)])
+    first, rest = _resume_batches(
+        tmp_path / "wrapped", trainer_kwargs, lambda: [StreamPrefetch(cpu_lookahead=True, depth=2)]
+    )
     assert first == plain_first == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert rest == plain_rest == [[12, 13, 14, 15], [16, 17, 18, 19], [20, 21, 22, 23]]
 

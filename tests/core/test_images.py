@@ -77,13 +77,19 @@ def test_scan_counts_ignored_files_and_orders_deterministically(jpeg_tree, tmp_p
 
 
 def test_make_jpeg_folder_is_deterministic_and_cached(tmp_path):
-    a = make_jpeg_folder(tmp_path / "a", n=6, num_classes=2, size_range=(64, 80, 48, 64), workers=1, progress=False)
-    b = make_jpeg_folder(tmp_path / "b", n=6, num_classes=2, size_range=(64, 80, 48, 64), workers=1, progress=False)
+    a = make_jpeg_folder(
+        tmp_path / "a", n=6, num_classes=2, size_range=(64, 80, 48, 64), workers=1, progress=False
+    )
+    b = make_jpeg_folder(
+        tmp_path / "b", n=6, num_classes=2, size_range=(64, 80, 48, 64), workers=1, progress=False
+    )
     files = sorted(p.relative_to(a) for p in a.rglob("*.jpg"))
     assert len(files) == 6
     assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
     mtime = os.path.getmtime(a / files[0])
-    make_jpeg_folder(tmp_path / "a", n=6, num_classes=2, size_range=(64, 80, 48, 64), workers=1, progress=False)
+    make_jpeg_folder(
+        tmp_path / "a", n=6, num_classes=2, size_range=(64, 80, 48, 64), workers=1, progress=False
+    )
     assert os.path.getmtime(a / files[0]) == mtime
 
 

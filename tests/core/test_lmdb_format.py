@@ -108,7 +108,9 @@ lf.pack_image_folder({str(tree)!r}, {str(dst)!r}, commit_every=3, progress=False
 
 def test_flipped_byte_names_the_record(tree, tmp_path):
     path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
-    target = open(scan_image_folder(tree)[0][5][0], "rb").read()[-200:-160]  # entropy-coded: unique to record 5
+    target = open(scan_image_folder(tree)[0][5][0], "rb").read()[
+        -200:-160
+    ]  # entropy-coded: unique to record 5
     data = bytearray(path.read_bytes())
     assert data.count(target) == 1
     at = data.find(target)
@@ -156,3 +158,29 @@ def test_cli_pack_and_verify(tree, tmp_path, capsys):
     assert main(["pack", str(tree), str(tmp_path / "cli.lmdb"), "--commit-every", "4"]) == 0
     assert main(["verify", str(tmp_path / "cli.lmdb")]) == 0
     assert '"ok": true' in capsys.readouterr().out
+
+
+def test_shards_with_a_manifest_read_like_one_pack(tree, tmp_path):
+    from lightning_gpu_boost.datamodules import LMDBDataModule
+
+    one = lf.pack_image_folder(tree, tmp_path / "one.lmdb", progress=False)
+    sharded = lf.pack_image_folder(tree, tmp_path / "sharded.lmdb", shard_size=10, progress=False)
+    assert lf.is_manifest(sharded) and [lf.shard_path(sharded, k).exists() for k in range(4)] == [
+        True
+    ] * 3 + [False]
+    reader = lf.open_pack(sharded)
+    ids = [reader.read(i, lambda r: (bytes(r.payload), r.label)) for i in range(len(reader))]
+    assert ids == _records(one)
+    summary = lf.verify(sharded)
+    assert summary["ok"] and summary["shards"] == 3 and summary["records"] == 24
+    images, labels = next(
+        iter(LMDBDataModule(str(sharded), image_size=16, batch_size=24, num_workers=0).train_dataloader())
+    )
+    assert sorted(labels.tolist()) == sorted(label for _, label in scan_image_folder(tree)[0])
+    # resume: a lost manifest and a lost last shard are rebuilt, finished shards are kept
+    mtime = lf.shard_path(sharded, 0).stat().st_mtime_ns
+    sharded.unlink()
+    lf.shard_path(sharded, 2).unlink()
+    lf.pack_image_folder(tree, sharded, shard_size=10, resume=True, progress=False)
+    assert lf.shard_path(sharded, 0).stat().st_mtime_ns == mtime and lf.verify(sharded)["ok"]
+    assert main(["verify", str(sharded)]) == 0

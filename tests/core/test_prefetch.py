@@ -171,7 +171,9 @@ def _digest(batch) -> str:
 def test_gpu_batches_bit_identical_under_memory_churn():
     """A missing wait_stream/record_stream shows up as corrupted batches while other allocations churn memory."""
     g = torch.Generator().manual_seed(0)
-    data = [(torch.randn(64, 3, 64, 64, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(50)]
+    data = [
+        (torch.randn(64, 3, 64, 64, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(50)
+    ]
     pinned = [(x.pin_memory(), y.pin_memory()) for x, y in data]
     expected = [_digest((x, y)) for x, y in data]
     for _ in range(6):  # 300 steps
@@ -188,7 +190,9 @@ def test_gpu_batches_bit_identical_under_memory_churn():
 def test_gpu_normalize_matches_float64_reference():
     x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     for dtype, tol in (("float32", 1e-5), ("bfloat16", 2e-2), ("float16", 3e-3)):
-        (out,) = list(StreamPrefetcher([x.pin_memory()], device="cuda", normalize=GPUNormalize(MEAN, STD, dtype)))
+        (out,) = list(
+            StreamPrefetcher([x.pin_memory()], device="cuda", normalize=GPUNormalize(MEAN, STD, dtype))
+        )
         assert out.is_cuda and out.dtype == getattr(torch, dtype)
         torch.testing.assert_close(out.double().cpu(), _reference(x), atol=tol * 3, rtol=tol)
 

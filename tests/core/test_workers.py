@@ -37,7 +37,9 @@ def test_cpu_heavy_dataset_gets_workers():
 
 
 def test_in_memory_dataset_gets_zero():
-    probe = tune_num_workers(DataLoader(TensorDataset(torch.randn(4096, 8)), batch_size=64), budget_s=10, max_workers=2)
+    probe = tune_num_workers(
+        DataLoader(TensorDataset(torch.randn(4096, 8)), batch_size=64), budget_s=10, max_workers=2
+    )
     assert probe.num_workers == 0, probe.format_table()
 
 

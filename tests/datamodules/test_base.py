@@ -40,7 +40,9 @@ def test_loader_defaults():
     train, val = dm.train_dataloader(), dm.val_dataloader()
     assert train.num_workers == 2 and train.persistent_workers and train.prefetch_factor == 4
     assert train.drop_last and not val.drop_last
-    assert type(train.sampler).__name__ == "RandomSampler" and type(val.sampler).__name__ == "SequentialSampler"
+    assert (
+        type(train.sampler).__name__ == "RandomSampler" and type(val.sampler).__name__ == "SequentialSampler"
+    )
     assert not train.pin_memory  # no Trainer on CUDA
     assert dm.test_dataloader() == [] and dm.predict_dataloader() == []
     zero = Indexed(num_workers=0).train_dataloader()
@@ -83,5 +85,7 @@ def test_collate_fn_is_used():
         def train_dataset(self):
             return TensorDataset(torch.arange(6.0))
 
-    batch = next(iter(Tensors(batch_size=3, num_workers=0, shuffle=False, collate_fn=collate).train_dataloader()))
+    batch = next(
+        iter(Tensors(batch_size=3, num_workers=0, shuffle=False, collate_fn=collate).train_dataloader())
+    )
     assert batch.tolist() == [0.0, 1.0, 2.0]
