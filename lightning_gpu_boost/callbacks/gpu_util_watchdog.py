@@ -11,7 +11,6 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.nvml import NVMLSampler
@@ -233,20 +232,18 @@ class GPUUtilWatchdog(Callback):
             self.verdict = "ok"
 
     def _loader_facts(self, trainer: pl.Trainer) -> dict[str, Any]:
-        facts: dict[str, Any] = {"prefetch": False, "loaders": []}
         train = getattr(trainer, "train_dataloader", None)
-        if isinstance(train, StreamPrefetcher) or (
-            isinstance(train, (list, tuple, dict))
-            and any(
-                isinstance(x, StreamPrefetcher)
-                for x in (train.values() if isinstance(train, dict) else train)
-            )
-        ):
-            facts["prefetch"] = True
-        for loader in iter_loaders(train):
-            if isinstance(loader, DataLoader):
-                facts["loaders"].append(loader)
-        return facts
+        items = (
+            train.values()
+            if isinstance(train, dict)
+            else train
+            if isinstance(train, (list, tuple))
+            else [train]
+        )
+        return {
+            "prefetch": any(isinstance(x, StreamPrefetcher) for x in items),
+            "loaders": list(iter_loaders(train)),
+        }
 
     def _diagnose(self, trainer: pl.Trainer, m: dict[str, float | None]) -> str:
         facts = self._loader_facts(trainer)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -394,16 +394,6 @@ def verify_file(path: str | os.PathLike) -> dict[str, Any]:
     return {"path": str(path), "records": count, "bytes": total, "ok": not errors, "errors": errors[:20]}
 
 
-def write_samples(
-    writer: PackWriter, items: Iterable[tuple[bytes, int, str]], progress: Callable[[int], None] | None = None
-) -> None:
-    """Add ``(payload, label, codec)`` items in order."""
-    for payload, label, codec in items:
-        writer.add(payload, label, codec)
-        if progress is not None:
-            progress(1)
-
-
 # -------------------------------------------------------------------------------------------------- packers
 
 
@@ -449,21 +439,48 @@ def pack_image_folder(
     """
     if shard_size is not None:
         return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size)
+    from lightning_gpu_boost.core.images import scan_image_folder
+
+    samples, classes, ignored = scan_image_folder(src)
+    return _pack_files(
+        src, dst, samples, _image_meta(classes, ignored), resume, workers, commit_every, progress
+    )
+
+
+def _image_meta(classes: list[str], ignored: int) -> dict[str, Any]:
+    return {
+        "kind": "image_folder",
+        "classes": classes,
+        "class_to_idx": {name: i for i, name in enumerate(classes)},
+        "ignored_files": ignored,
+    }
+
+
+def _pack_files(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    samples: list[tuple[str, int]],
+    meta: dict[str, Any],
+    resume: bool,
+    workers: int | None,
+    commit_every: int,
+    progress: bool,
+) -> Path:
+    """Pack the files of ``samples`` (path, label) into ``dst``: read by threads in windows of ``commit_every``,
+    one commit per window, so memory stays bounded and a resume restarts at a window's edge."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm.auto import tqdm
 
     from lightning_gpu_boost.core.cpus import usable_cpus
-    from lightning_gpu_boost.core.images import scan_image_folder
 
-    samples, classes, ignored = scan_image_folder(src)
     writer = PackWriter(dst, source_fingerprint(src, [p for p, _ in samples]), resume, commit_every)
     start = writer.next_index
     try:
         with (
             ThreadPoolExecutor(workers or usable_cpus()) as pool,
             tqdm(
-                total=len(samples), initial=start, desc=f"pack {src}", unit="img", disable=not progress
+                total=len(samples), initial=start, desc=f"pack {dst}", unit="img", disable=not progress
             ) as bar,
         ):
             for lo in range(start, len(samples), commit_every):
@@ -475,12 +492,6 @@ def pack_image_folder(
     except BaseException:
         writer.close()
         raise
-    meta = {
-        "kind": "image_folder",
-        "classes": classes,
-        "class_to_idx": {name: i for i, name in enumerate(classes)},
-        "ignored_files": ignored,
-    }
     return writer.finish(meta)
 
 
@@ -499,35 +510,18 @@ def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: 
     for k, lo in enumerate(range(0, len(samples), shard_size)):
         part, chunk = shard_path(dst, k), samples[lo : lo + shard_size]
         if not part.exists():  # finished shards are kept on resume
-            _pack_shard(src, part, resume, workers, commit_every, chunk, classes)
+            _pack_files(
+                src, part, chunk, _image_meta(classes, ignored), resume, workers, commit_every, progress
+            )
         shards.append({"path": part.name, "offset": lo, "length": len(chunk)})
     manifest = {
         "format": MANIFEST_FORMAT, "version": SCHEMA_VERSION, "length": len(samples), "shards": shards,
-        "meta": {"kind": "image_folder", "classes": classes, "ignored_files": ignored,
-                 "class_to_idx": {name: i for i, name in enumerate(classes)}},
+        "meta": _image_meta(classes, ignored),
     }  # fmt: skip
     tmp = Path(f"{dst}.tmp")
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, dst)  # the manifest is written last
     return dst
-
-
-def _pack_shard(src, part, resume, workers, commit_every, samples, classes) -> None:
-    """Pack exactly ``samples`` (with their global labels) into the shard file ``part``."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from lightning_gpu_boost.core.cpus import usable_cpus
-
-    writer = PackWriter(part, source_fingerprint(src, [p for p, _ in samples]), resume, commit_every)
-    try:
-        with ThreadPoolExecutor(workers or usable_cpus()) as pool:
-            rest = samples[writer.next_index :]
-            for data, (_, label) in zip(pool.map(_read, [p for p, _ in rest]), rest, strict=True):
-                writer.add(data, label, "raw")
-    except BaseException:
-        writer.close()
-        raise
-    writer.finish({"kind": "image_folder", "classes": classes})
 
 
 def pack_dataset(

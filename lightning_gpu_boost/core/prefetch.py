@@ -265,8 +265,7 @@ class StreamPrefetcher:
         except Exception as err:  # re-raised in order, after the batches fetched before it
             queue.append(("error", err, None))
             return False
-        stateful = callable(getattr(self._loader, "state_dict", None))
-        state = self._loader.state_dict() if stateful else None  # type: ignore[attr-defined]
+        state = self._loader.state_dict() if isinstance(self, _StatefulStreamPrefetcher) else None  # type: ignore[attr-defined]
         queue.append(("batch", batch, state))
         return True
 

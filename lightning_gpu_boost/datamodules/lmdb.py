@@ -42,8 +42,6 @@ class LMDBImageDataset(ImageFolderDataset):
         self.classes = self.reader.meta("classes")
         self.class_to_idx = self.reader.meta("class_to_idx")
         self.ignored_files = self.reader.meta("ignored_files") or 0
-        self.samples = [(str(i), -1) for i in range(len(self.reader))]  # labels are read with the record
-        self.targets: list[int] = []
         self.image_size, self.train, self.val_resize = image_size, train, val_resize
         self.scale, self.on_error, self.skipped = tuple(scale), on_error, 0
 
