@@ -26,6 +26,8 @@ _EXPORTS = {
     "ImageFolderDataModule": "lightning_gpu_boost.datamodules.image_folder",
     "ImageFolderDataset": "lightning_gpu_boost.datamodules.image_folder",
     "LMDBDataModule": "lightning_gpu_boost.datamodules.lmdb",
+    "DALIDataModule": "lightning_gpu_boost.datamodules.dali",
+    "DALILoader": "lightning_gpu_boost.core.dali",
     "pack_image_folder": "lightning_gpu_boost.core.lmdb_format",
     "pack_dataset": "lightning_gpu_boost.core.lmdb_format",
     "make_jpeg_folder": "lightning_gpu_boost.core.images",

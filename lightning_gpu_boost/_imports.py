@@ -14,10 +14,7 @@ _EXTRAS: dict[str, tuple[str, str]] = {
     "pynvml": ("nvml", "GPU utilization sampling"),
     "lmdb": ("lmdb", "LMDB datasets"),
     "msgpack": ("lmdb", "LMDB sample encoding"),
-    "nvidia.dali": (
-        "dali",
-        "GPU decoding with NVIDIA DALI (use the extra `dali-cuda13` with a CUDA 13 torch)",
-    ),
+    "nvidia.dali": ("dali", "decoding with NVIDIA DALI"),
     "matplotlib": ("plot", "plots"),
     "matplotlib.figure": ("plot", "plots"),
     "torchvision": ("", "torchvision models and transforms"),
@@ -39,6 +36,22 @@ def require(name: str) -> ModuleType:
     except ImportError as err:
         extra, purpose = _EXTRAS.get(name, ("", name))
         hint = f"pip install 'lightning-gpu-boost[{extra}]'" if extra else f"pip install {name}"
+        if name == "nvidia.dali":
+            hint = _dali_hint()
         raise ImportError(
             f"`{name}` is needed for {purpose} but is not installed. Install it with: {hint}"
         ) from err
+
+
+def _dali_hint() -> str:
+    """DALI wheels are built per CUDA major version: name the extra that matches this torch."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    cu13 = "pip install 'lightning-gpu-boost[dali-cuda13]'"
+    cu12 = "pip install 'lightning-gpu-boost[dali]'"
+    if cuda and cuda.startswith("13"):
+        return f"{cu13} (this torch is built for CUDA {cuda}; CUDA 12 builds use the extra `dali`)"
+    mine = f" (this torch is built for CUDA {cuda})" if cuda else ""
+    return f"{cu12} for CUDA 12 torch builds{mine}, or {cu13} for CUDA 13 builds"

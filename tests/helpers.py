@@ -115,3 +115,54 @@ def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240) ->
     )
     assert proc.returncode == 0, f"DDP script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]
+
+
+class ImageIdModel(pl.LightningModule):
+    """Records the labels of every ``(images, labels)`` batch per stage (with an id source, the sample ids), and
+    the images' dtype, shape and device; trains one scalar so the optimizer has work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+        self.seen: dict[str, list[list[int]]] = {"train": [], "val": []}
+        self.images: list[tuple[str, tuple[int, ...], str]] = []
+
+    def _record(self, stage: str, batch) -> torch.Tensor:
+        images, labels = batch
+        assert labels.dtype == torch.int64 and labels.ndim == 1 and labels.device == images.device
+        self.seen[stage].append(labels.tolist())
+        self.images.append((str(images.dtype), tuple(images.shape), images.device.type))
+        return images.float().mean() * self.w
+
+    def training_step(self, batch, batch_idx):
+        return self._record("train", batch)
+
+    def validation_step(self, batch, batch_idx):
+        self._record("val", batch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class IdSource:
+    """Wraps a DALI sample source so that each sample's label is its index (tests check ids per epoch)."""
+
+    def __init__(self, source) -> None:
+        self.inner, self.classes = source, source.classes
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def read(self, index: int):
+        return self.inner.read(index)[0], index
+
+
+def id_dali_datamodule(*args, **kwargs):
+    """A DALIDataModule whose labels are sample ids."""
+    from lightning_gpu_boost.datamodules.dali import DALIDataModule
+
+    class IdDALIDataModule(DALIDataModule):
+        def source(self, root):
+            return IdSource(super().source(root))
+
+    return IdDALIDataModule(*args, **kwargs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -237,6 +238,7 @@ class PackWriter:
 
 
 _ENVS: dict[tuple[int, str], tuple[Any, dict[bytes, Any]]] = {}
+_ENVS_LOCK = threading.Lock()  # reader threads (DALI's read-ahead) may open the same file at once
 
 
 def _close_inherited() -> None:
@@ -258,16 +260,20 @@ def _shared_env(path: str, readahead: bool) -> tuple[Any, dict[bytes, Any]]:
     """One read-only environment per file and process (py-lmdb refuses a second open of the same file)."""
     lmdb = require("lmdb")
     cache_key = (os.getpid(), os.path.realpath(path))
-    if cache_key not in _ENVS:
-        env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=readahead, max_dbs=2,
-                        max_readers=1024)  # fmt: skip
-        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-        if os.path.getsize(path) < needed:  # reading past the end of a memory map kills the process (SIGBUS)
-            env.close()
-            raise CorruptRecordError(
-                f"{path!r} is truncated: {os.path.getsize(path)} bytes, its pages need {needed}. Copy it again or repack."
-            )
-        _ENVS[cache_key] = (env, {name: env.open_db(name, create=False) for name in (RECORDS, META)})
+    with _ENVS_LOCK:
+        return _ENVS.get(cache_key) or _open_env(lmdb, path, readahead, cache_key)
+
+
+def _open_env(lmdb: Any, path: str, readahead: bool, cache_key: tuple[int, str]) -> tuple[Any, dict[bytes, Any]]:
+    env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=readahead, max_dbs=2,
+                    max_readers=1024)  # fmt: skip
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    if os.path.getsize(path) < needed:  # reading past the end of a memory map kills the process (SIGBUS)
+        env.close()
+        raise CorruptRecordError(
+            f"{path!r} is truncated: {os.path.getsize(path)} bytes, its pages need {needed}. Copy it again or repack."
+        )
+    _ENVS[cache_key] = (env, {name: env.open_db(name, create=False) for name in (RECORDS, META)})
     return _ENVS[cache_key]
 
 

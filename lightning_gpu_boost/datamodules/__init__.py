@@ -9,8 +9,12 @@ def __getattr__(name: str):  # the LMDB classes need the `lmdb` extra: import th
         from lightning_gpu_boost.datamodules import lmdb
 
         return getattr(lmdb, name)
+    if name == "DALIDataModule":  # imports DALI only when a pipeline is built, but keep the module off the import path
+        from lightning_gpu_boost.datamodules.dali import DALIDataModule
+
+        return DALIDataModule
     raise AttributeError(f"module 'lightning_gpu_boost.datamodules' has no attribute {name!r}")
 
 
-__all__ = ["BoostDataModule", "ImageFolderDataModule", "ImageFolderDataset", "LMDBDataModule", "LMDBImageDataset",
+__all__ = ["BoostDataModule", "DALIDataModule", "ImageFolderDataModule", "ImageFolderDataset", "LMDBDataModule", "LMDBImageDataset",
            "LMDBSampleDataset"]  # fmt: skip

@@ -1,0 +1,378 @@
+"""Image batches decoded by NVIDIA DALI with exact epochs: a framework-free loader (no Trainer needed).
+
+:class:`DALILoader` feeds a DALI pipeline through ``fn.external_source`` with a batch callable, so Python decides
+which samples each epoch holds: every epoch covers this rank's shard exactly once, even after an epoch that was
+stopped early (the few batches DALI computed ahead are discarded, the pipeline is reset, the next epoch starts at
+its beginning). Encoded files or LMDB records are read ahead by threads; decoding, cropping, flipping and
+normalizing run in DALI (on the GPU with ``device_id`` set, on the CPU with ``device_id=None``). Every batch is
+copied out of DALI's buffers into its own torch tensor, so batches held ahead are never overwritten.
+
+DALI is an optional dependency (extra ``dali`` for CUDA 12 torch builds, ``dali-cuda13`` for CUDA 13), imported
+when a pipeline is built.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from lightning_gpu_boost._imports import require
+from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD, scan_image_folder
+
+Dtype = Literal["float32", "float16", "bfloat16", "uint8"]
+DTYPES = ("float32", "float16", "bfloat16", "uint8")
+
+
+def rank_indices(
+    n: int, epoch: int, rank: int = 0, world_size: int = 1, shuffle: bool = True, seed: int = 0
+) -> list[int]:
+    """The sample indices of one rank for one epoch, as torch's ``DistributedSampler`` picks them: one permutation
+    seeded by ``seed + epoch`` (or the natural order), padded with its own first indices to a multiple of
+    ``world_size``, then every ``world_size``-th index from ``rank``. Every rank gets ``ceil(n / world_size)``."""
+    if n < 1:
+        raise ValueError(f"A source needs at least one sample, got {n}.")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}.")
+    if shuffle:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    else:
+        order = list(range(n))
+    per_rank = math.ceil(n / world_size)
+    pad = per_rank * world_size - n
+    order += (order * math.ceil(pad / n))[:pad]
+    return order[rank::world_size]
+
+
+def num_batches(n: int, batch_size: int, world_size: int = 1, drop_last: bool = False) -> int:
+    """Batches per epoch of each rank (see :func:`rank_indices`)."""
+    per_rank = math.ceil(n / world_size)
+    return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+
+
+class FolderSource:
+    """Encoded images of a class-per-folder tree (``root/<class>/<image>``), read as ``(uint8 array, label)``."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = str(root)
+        self.samples, self.classes, self.ignored_files = scan_image_folder(root)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def read(self, index: int) -> tuple[np.ndarray, int]:
+        path, label = self.samples[index]
+        return np.fromfile(path, dtype=np.uint8), label
+
+
+class PackSource:
+    """Encoded images of an LMDB image pack (a pack file or a shard manifest), opened lazily in each process."""
+
+    def __init__(self, path: str | os.PathLike, check_crc: bool = False) -> None:
+        from lightning_gpu_boost.core.lmdb_format import open_pack
+
+        self.root = str(path)
+        self.reader = open_pack(path, check_crc=check_crc)
+        if self.reader.meta("kind") != "image_folder":
+            raise ValueError(
+                f"{self.root!r} holds {self.reader.meta('kind')!r} samples, not an image folder pack."
+            )
+        self.classes = self.reader.meta("classes")
+        self.ignored_files = self.reader.meta("ignored_files") or 0
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def read(self, index: int) -> tuple[np.ndarray, int]:
+        return self.reader.read(index, lambda r: (np.frombuffer(bytes(r.payload), dtype=np.uint8), r.label))
+
+
+def open_source(path: str | os.PathLike, check_crc: bool = False) -> FolderSource | PackSource:
+    """A :class:`FolderSource` for a directory, a :class:`PackSource` for an LMDB pack file or shard manifest."""
+    if os.path.isdir(path):
+        return FolderSource(path)
+    if os.path.exists(path) or os.path.exists(f"{path}.partial"):
+        return PackSource(path, check_crc=check_crc)
+    raise FileNotFoundError(
+        f"No image folder or LMDB pack at {str(path)!r}: expected a class-per-folder tree or a file written by "
+        "`lightning-gpu-boost pack`."
+    )
+
+
+class _Feeder:
+    """The ``external_source`` batch callable: returns the encoded images and labels of the planned batches in
+    order (read ahead by a thread pool) and raises ``StopIteration`` when the plan is used up."""
+
+    def __init__(self, source: Any, read_threads: int, read_ahead: int) -> None:
+        self.source = source
+        self.read_threads = read_threads
+        self.read_ahead = read_ahead
+        self._plan: deque[list[int]] = deque()
+        self._pending: deque[Future] = deque()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _read_batch(self, indices: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
+        items = [self.source.read(i) for i in indices]
+        return [data for data, _ in items], np.array([label for _, label in items], dtype=np.int64)
+
+    def _fill(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix="dali-read")
+        while self._plan and len(self._pending) < self.read_ahead:
+            self._pending.append(self._pool.submit(self._read_batch, self._plan.popleft()))
+
+    def start(self, batches: list[list[int]]) -> None:
+        self.stop()
+        self._plan = deque(batches)
+        self._fill()
+
+    def stop(self) -> None:
+        """Forget the rest of the plan: the next call raises ``StopIteration``."""
+        self._plan.clear()
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+
+    def __call__(self, batch_info: Any = None) -> tuple[list[np.ndarray], np.ndarray]:
+        if not self._pending:
+            raise StopIteration
+        future = self._pending.popleft()
+        self._fill()
+        return future.result()
+
+    def close(self) -> None:
+        self.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+class _EpochSetter:
+    """Lightning calls ``dataloader.sampler.set_epoch(epoch)`` at every epoch start; this forwards it."""
+
+    def __init__(self, loader: DALILoader) -> None:
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+
+def classification_graph(
+    encoded: Any,
+    *,
+    train: bool,
+    gpu: bool,
+    image_size: int = 224,
+    val_resize: int | None = None,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    flip: bool = True,
+    normalize: tuple[Sequence[float], Sequence[float]] | None = (IMAGENET_MEAN, IMAGENET_STD),
+    dtype: Dtype = "float32",
+    channels_last: bool = False,
+    hw_decoder_load: float = 0.65,
+) -> Any:
+    """The image half of an ImageNet-style DALI pipeline. Training: decode with a random-resized crop (area
+    ``scale``, aspect ``ratio``), resize to ``image_size``, random horizontal flip. Validation: decode, resize the
+    shorter side to ``val_resize`` (default ``image_size / 0.875``), center crop. Both then normalize with
+    ``(mean, std)`` on the 0-1 scale (``None``: keep 0-255) into ``dtype`` (``bfloat16`` leaves DALI as
+    ``float16``; the loader converts it), layout ``CHW`` (``HWC`` with ``channels_last``)."""
+    dali = require("nvidia.dali")
+    fn, types = dali.fn, dali.types
+    decode_device = "mixed" if gpu else "cpu"
+    hw = {"hw_decoder_load": hw_decoder_load} if gpu else {}
+    if train:
+        images = fn.decoders.image_random_crop(
+            encoded, device=decode_device, output_type=types.RGB, random_area=list(scale),
+            random_aspect_ratio=list(ratio), num_attempts=10, **hw,
+        )  # fmt: skip
+        images = fn.resize(images, resize_x=image_size, resize_y=image_size)
+        mirror = fn.random.coin_flip(probability=0.5) if flip else 0
+        crop = {}
+    else:
+        images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **hw)
+        images = fn.resize(images, resize_shorter=val_resize or round(image_size / 0.875))
+        mirror, crop = 0, {"crop": (image_size, image_size)}
+    mean, std = normalize if normalize is not None else ((0.0,) * 3, (1 / 255,) * 3)
+    out_type = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT16, "uint8": types.UINT8}
+    if dtype == "uint8" and normalize is not None:
+        raise ValueError("dtype='uint8' keeps 0-255 pixels: pass normalize=None with it.")
+    return fn.crop_mirror_normalize(
+        images, dtype=out_type[dtype], output_layout="HWC" if channels_last else "CHW",
+        mean=[255 * m for m in mean], std=[255 * s for s in std], mirror=mirror, **crop,
+    )  # fmt: skip
+
+
+class DALILoader:
+    """An iterable of ``(images, labels)`` batches from a DALI pipeline, with a real ``len()`` and exact epochs.
+
+    Each epoch takes this rank's indices from :func:`rank_indices` (shuffled by ``seed + epoch``; under DDP every
+    rank gets ``ceil(n / world_size)`` samples, padded like ``DistributedSampler``, so all ranks run the same number
+    of steps), in batches of ``batch_size``; the last batch is short unless ``drop_last``. ``set_epoch`` (Lightning
+    calls it through ``loader.sampler``) picks the epoch; without it each new iteration advances the epoch.
+
+    ``images`` is a tensor on ``cuda:<device_id>`` (``device_id=None``: on the CPU) of shape ``(N, 3, H, W)`` in
+    ``dtype`` (``channels_last`` memory format if the graph returns ``HWC``); ``labels`` is ``int64`` of shape
+    ``(N,)`` on the same device.
+
+    Args:
+        source: an object with ``__len__`` and ``read(index) -> (encoded uint8 array, label)``
+            (:class:`FolderSource`, :class:`PackSource`).
+        graph: ``graph(encoded) -> images`` builds the DALI operators that turn encoded bytes into images
+            (e.g. :func:`classification_graph` with ``functools.partial``).
+        batch_size: samples per batch.
+        device_id: CUDA device of the pipeline, ``None`` for a CPU-only pipeline.
+        num_threads: DALI CPU threads.
+        read_threads: threads reading encoded samples ahead.
+        shuffle, seed, drop_last, rank, world_size: see above.
+        prefetch_queue_depth: batches DALI computes ahead.
+        dtype: the output dtype, converted in torch where DALI lacks it (``bfloat16``).
+        channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
+
+    Raises:
+        ValueError: a bad argument.
+    """
+
+    batches_on_device = True  # StreamPrefetch leaves these loaders alone
+    batch_sampler = None  # Lightning looks for a sampler (``set_epoch``) and a batch sampler on every loader
+
+    def __init__(
+        self,
+        source: Any,
+        graph: Callable[[Any], Any],
+        batch_size: int,
+        device_id: int | None = None,
+        num_threads: int = 4,
+        read_threads: int = 4,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        prefetch_queue_depth: int = 2,
+        dtype: Dtype = "float32",
+        channels_last: bool = False,
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
+                            ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
+                            ("world_size", world_size)):  # fmt: skip
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}.")
+        self.source, self.graph, self.batch_size = source, graph, batch_size
+        self.device_id, self.num_threads, self.read_threads = device_id, num_threads, read_threads
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.prefetch_queue_depth, self.dtype, self.channels_last = prefetch_queue_depth, dtype, channels_last
+        self.device = torch.device("cpu") if device_id is None else torch.device("cuda", device_id)
+        self.sampler = _EpochSetter(self)
+        self.epoch = 0
+        self._epoch_set = False
+        self._started = False
+        self._active = False
+        self._pipe: Any = None
+        self._feeder = _Feeder(source, read_threads, read_ahead=max(2, prefetch_queue_depth + 1))
+        #: batches discarded because an epoch stopped early (DALI had computed them ahead)
+        self.discarded = 0
+
+    def __len__(self) -> int:
+        return num_batches(len(self.source), self.batch_size, self.world_size, self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self._epoch_set = True
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The index batches of ``epoch`` on this rank."""
+        indices = rank_indices(len(self.source), epoch, self.rank, self.world_size, self.shuffle, self.seed)
+        batches = [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        return batches
+
+    def _build(self) -> Any:
+        if self._pipe is None:
+            dali = require("nvidia.dali")
+            pipe = dali.Pipeline(
+                batch_size=self.batch_size,
+                num_threads=self.num_threads,
+                device_id=self.device_id,
+                seed=self.seed + 7919 * self.rank,
+                prefetch_queue_depth=self.prefetch_queue_depth,
+            )
+            with pipe:
+                encoded, labels = dali.fn.external_source(
+                    source=self._feeder, num_outputs=2, batch=True, batch_info=True,
+                    dtype=[dali.types.UINT8, dali.types.INT64],
+                )  # fmt: skip
+                pipe.set_outputs(self.graph(encoded), labels)
+            pipe.build()
+            self._pipe = pipe
+        return self._pipe
+
+    def _finish_early(self) -> None:
+        """Discard what DALI computed ahead for an epoch that was not run to its end, then reset."""
+        self._feeder.stop()
+        try:
+            while True:
+                self._pipe.run()
+                self.discarded += 1
+        except StopIteration:
+            pass
+        self._pipe.reset()
+        self._active = False
+
+    def __iter__(self):
+        return self._run()
+
+    def _run(self):
+        # The epoch starts at the first ``next()``, not at ``iter()``: Lightning calls ``iter()`` before
+        # ``set_epoch``, and once more during setup.
+        pipe = self._build()
+        if self._active:
+            self._finish_early()
+        if self._started and not self._epoch_set:
+            self.epoch += 1
+        self._started, self._epoch_set = True, False
+        self._feeder.start(self.epoch_batches(self.epoch))
+        self._active = True
+        while True:
+            try:
+                outputs = pipe.run()
+            except StopIteration:
+                break
+            yield self._to_torch(outputs)
+        pipe.reset()
+        self._active = False
+
+    def _to_torch(self, outputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        images, labels = outputs
+        dense = images.as_tensor()
+        out = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=self.device)
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        feed_ndarray(dense, out, cuda_stream=stream)  # a copy: DALI reuses its buffers
+        if self.dtype == "bfloat16":
+            out = out.to(torch.bfloat16)
+        if self.channels_last:
+            out = out.permute(0, 3, 1, 2)
+        target = torch.from_numpy(np.array(labels.as_tensor())).reshape(-1)
+        return out, target.to(self.device, non_blocking=True)
+
+    def close(self) -> None:
+        """Stop the read threads and free the pipeline (its GPU memory)."""
+        self._feeder.close()
+        self._pipe, self._active = None, False
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("A DALILoader holds a live DALI pipeline and cannot be pickled; build one per process.")

@@ -1,0 +1,210 @@
+"""``DALIDataModule``: decode and augment images with NVIDIA DALI (on the GPU) inside Lightning, with exact epochs."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_gpu_boost._imports import require
+from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
+from lightning_gpu_boost.core.dali import DTYPES, DALILoader, Dtype, classification_graph, open_source
+from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD
+
+
+class DALIDataModule(pl.LightningDataModule):
+    """Image classification with DALI: files or LMDB records are read on the CPU, decoded (nvJPEG and the
+    hardware JPEG decoder with ``device="mixed"``), cropped, flipped and normalized on the GPU, and handed to the
+    step already on the GPU. On a CPU-only Trainer the same pipeline runs on the CPU (``device_id=None``).
+
+    Batches are ``(images, labels)``: ``images`` of shape ``(N, 3, image_size, image_size)`` in ``dtype``
+    (``channels_last`` memory format if asked), normalized with ``normalize``; ``labels`` ``int64`` of shape
+    ``(N,)``; both on the Trainer's device.
+
+    Lightning correctness: ``len()`` is the real batch count of this rank; under DDP every rank reads its own shard
+    (``rank_indices``: ``ceil(N / world_size)`` samples each, padded like ``DistributedSampler``) so every rank
+    runs the same number of steps; the last batch is short (``drop_last=False``) or dropped. Every epoch covers
+    the shard exactly once even when Lightning stops an epoch early (``limit_train_batches``, ``max_steps``,
+    sanity validation, an exception); batches are copied out of DALI's buffers, so a batch held ahead stays valid.
+    Resuming from a checkpoint restores the epoch (its shuffle order) but not the position inside it.
+
+    Extension point: override :meth:`graph` to change decoding and augmentation (it gets the encoded-bytes DALI
+    node and returns the image node), or :meth:`source` to read other files.
+
+    Logged: one info line per pipeline with its device, decoder and CPU threads.
+
+    Args:
+        train_root: a class-per-folder tree or an LMDB image pack (file or shard manifest).
+        val_root: the validation tree or pack, or ``None``.
+        batch_size: samples per batch and rank.
+        val_batch_size: validation batch size (default ``batch_size``).
+        image_size: output height and width.
+        val_resize: shorter side before the validation center crop (default ``image_size / 0.875``).
+        scale: area range of the training random-resized crop.
+        ratio: aspect-ratio range of the training random-resized crop.
+        flip: random horizontal flip in training.
+        normalize: ``(mean, std)`` on the 0-1 scale, or ``None`` to keep 0-255 values.
+        dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"`` (with ``normalize=None``).
+        channels_last: batches in ``channels_last`` memory format (DALI writes ``HWC``).
+        device: ``"auto"`` (the Trainer's device: GPU pipeline on CUDA, CPU pipeline otherwise) or ``"cpu"``.
+        hw_decoder_load: share of images sent to the hardware JPEG decoder (A100, H100) with GPU decoding.
+        num_threads: DALI CPU threads per process (default: this process's share of the usable CPUs, minus one).
+        read_threads: threads reading encoded files or records ahead.
+        prefetch_queue_depth: batches DALI prepares ahead.
+        shuffle: shuffle the training set every epoch (seeded by ``seed + epoch``).
+        seed: seed of the shuffle and of DALI's random augmentation (plus the rank).
+        drop_last: drop the short last training batch.
+        check_crc: verify LMDB records as they are read.
+
+    Raises:
+        ValueError: a bad argument.
+        FileNotFoundError: a root that does not exist.
+        ImportError: DALI is not installed (names the extra: ``dali``, or ``dali-cuda13`` for CUDA 13 torch).
+
+    Example::
+
+        >>> import tempfile
+        >>> from lightning_gpu_boost.core.images import make_jpeg_folder
+        >>> root = make_jpeg_folder(tempfile.mkdtemp(), n=10, num_classes=2, size_range=(64, 80, 48, 64), progress=False)
+        >>> dm = DALIDataModule(str(root), image_size=32, batch_size=4, device="cpu")
+        >>> loader = dm.train_dataloader()
+        >>> len(loader), [tuple(images.shape) for images, labels in loader]
+        (3, [(4, 3, 32, 32), (4, 3, 32, 32), (2, 3, 32, 32)])
+    """
+
+    def __init__(
+        self,
+        train_root: str,
+        val_root: str | None = None,
+        batch_size: int = 256,
+        val_batch_size: int | None = None,
+        image_size: int = 224,
+        val_resize: int | None = None,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: bool = True,
+        normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = (IMAGENET_MEAN, IMAGENET_STD),
+        dtype: Dtype = "float32",
+        channels_last: bool = False,
+        device: Literal["auto", "cpu"] = "auto",
+        hw_decoder_load: float = 0.65,
+        num_threads: int | None = None,
+        read_threads: int = 4,
+        prefetch_queue_depth: int = 2,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        check_crc: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("image_size", image_size),
+                            ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth)):  # fmt: skip
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+        for name, value in (("val_batch_size", val_batch_size), ("num_threads", num_threads)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or an int >= 1, got {value!r}.")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")
+        if dtype == "uint8" and normalize is not None:
+            raise ValueError("dtype='uint8' keeps 0-255 pixels: pass normalize=None with it.")
+        if device not in ("auto", "cpu"):
+            raise ValueError(f"device must be 'auto' or 'cpu', got {device!r}.")
+        if not 0.0 <= hw_decoder_load <= 1.0:
+            raise ValueError(f"hw_decoder_load must be in [0, 1], got {hw_decoder_load!r}.")
+        if not (0 < scale[0] <= scale[1] <= 1):
+            raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {tuple(scale)!r}.")
+        if not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"ratio must satisfy 0 < min <= max, got {tuple(ratio)!r}.")
+        self.train_root, self.val_root = str(train_root), None if val_root is None else str(val_root)
+        self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
+        self.image_size, self.val_resize, self.scale, self.ratio = image_size, val_resize, tuple(scale), tuple(ratio)
+        self.flip, self.normalize, self.dtype, self.channels_last = flip, normalize, dtype, channels_last
+        self.device, self.hw_decoder_load, self.num_threads = device, hw_decoder_load, num_threads
+        self.read_threads, self.prefetch_queue_depth = read_threads, prefetch_queue_depth
+        self.shuffle, self.seed, self.drop_last, self.check_crc = shuffle, seed, drop_last, check_crc
+        self._loaders: dict[str, DALILoader] = {}
+        self.classes: list[str] = []
+
+    # -- extension points -------------------------------------------------------------------------------------
+    def source(self, root: str) -> Any:
+        """The sample source of ``root``: ``__len__`` and ``read(index) -> (encoded uint8 array, label)``."""
+        return open_source(root, check_crc=self.check_crc)
+
+    def graph(self, encoded: Any, train: bool, gpu: bool) -> Any:
+        """DALI operators from the encoded-bytes node to the image node (see ``classification_graph``)."""
+        return classification_graph(
+            encoded, train=train, gpu=gpu, image_size=self.image_size, val_resize=self.val_resize,
+            scale=self.scale, ratio=self.ratio, flip=self.flip, normalize=self.normalize, dtype=self.dtype,
+            channels_last=self.channels_last, hw_decoder_load=self.hw_decoder_load,
+        )  # fmt: skip
+
+    # -- Lightning ----------------------------------------------------------------------------------------------
+    @property
+    def num_classes(self) -> int:
+        if not self.classes:
+            self.classes = list(self.source(self.train_root).classes)
+        return len(self.classes)
+
+    def _placement(self) -> tuple[int | None, int, int, int]:
+        """``(device_id, rank, world_size, processes on this node)`` from the Trainer, or a lone process."""
+        import torch
+
+        trainer = self.trainer
+        if trainer is not None:
+            root = trainer.strategy.root_device
+            gpu = root.type == "cuda" and self.device == "auto"
+            device_id = (torch.cuda.current_device() if root.index is None else root.index) if gpu else None
+            return device_id, trainer.global_rank, trainer.world_size, max(1, trainer.num_devices)
+        gpu = self.device == "auto" and torch.cuda.is_available()
+        return (torch.cuda.current_device() if gpu else None), 0, 1, processes_per_node()
+
+    def _loader(self, stage: str) -> DALILoader:
+        require("nvidia.dali")
+        if stage in self._loaders:
+            return self._loaders[stage]
+        train = stage == "train"
+        root = self.train_root if train else self.val_root
+        assert root is not None
+        source = self.source(root)
+        if train:
+            self.classes = list(source.classes)
+        device_id, rank, world_size, procs = self._placement()
+        threads = self.num_threads or max(1, usable_cpus() // procs - 1)
+        loader = DALILoader(
+            source,
+            functools.partial(self.graph, train=train, gpu=device_id is not None),
+            self.batch_size if train else self.val_batch_size,
+            device_id=device_id,
+            num_threads=threads,
+            read_threads=self.read_threads,
+            shuffle=self.shuffle and train,
+            seed=self.seed,
+            drop_last=self.drop_last and train,
+            rank=rank,
+            world_size=world_size,
+            prefetch_queue_depth=self.prefetch_queue_depth,
+            dtype=self.dtype,
+            channels_last=self.channels_last,
+        )
+        where = "CPU (decode on the CPU)" if device_id is None else f"cuda:{device_id} (decode: mixed, hw_decoder_load={self.hw_decoder_load})"  # fmt: skip
+        rank_zero_info(
+            f"DALIDataModule: {stage} pipeline on {where}, {threads} DALI CPU threads + {self.read_threads} "
+            f"read threads per process ({procs} process(es) per node, {usable_cpus()} usable CPUs); "
+            f"{len(source)} samples, {len(loader)} batches per rank and epoch."
+        )
+        self._loaders[stage] = loader
+        return loader
+
+    def train_dataloader(self) -> DALILoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DALILoader | list:
+        return [] if self.val_root is None else self._loader("val")
+
+    def teardown(self, stage: str) -> None:
+        for loader in self._loaders.values():
+            loader.close()
+        self._loaders.clear()

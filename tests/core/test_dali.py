@@ -1,0 +1,140 @@
+"""DALILoader on real DALI CPU pipelines (device_id=None): exact epochs, early stops, shards, dtypes, layouts."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from lightning_gpu_boost.core.dali import (
+    DALILoader,
+    FolderSource,
+    PackSource,
+    classification_graph,
+    num_batches,
+    open_source,
+    rank_indices,
+)
+from tests.helpers import IdSource
+
+pytest.importorskip("nvidia.dali", reason="needs the `dali` extra")
+
+
+def loader(root, batch_size=4, train=True, dtype="float32", channels_last=False, normalize="imagenet", **kwargs):
+    extra = {} if normalize == "imagenet" else {"normalize": normalize}
+    graph = functools.partial(
+        classification_graph, train=train, gpu=False, image_size=16, dtype=dtype, channels_last=channels_last,
+        **extra,
+    )  # fmt: skip
+    return DALILoader(
+        IdSource(FolderSource(root)), graph, batch_size, num_threads=1, read_threads=2, dtype=dtype,
+        channels_last=channels_last, **kwargs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("n, world, shuffle", [(10, 1, True), (10, 3, True), (7, 4, False), (24, 2, True)])
+def test_rank_indices_match_distributed_sampler(n, world, shuffle):
+    for epoch in (0, 1):
+        for rank in range(world):
+            sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=3)
+            sampler.set_epoch(epoch)
+            assert rank_indices(n, epoch, rank, world, shuffle, seed=3) == list(sampler)
+
+
+def test_num_batches_counts_the_short_last_batch_unless_dropped():
+    assert num_batches(10, 4) == 3
+    assert num_batches(10, 4, drop_last=True) == 2
+    assert num_batches(10, 4, world_size=3) == 1  # ceil(10 / 3) = 4 samples per rank
+
+
+def test_short_last_batch_and_exactly_once_per_epoch(jpeg_tree):
+    dl = loader(jpeg_tree, batch_size=5)
+    assert len(dl) == 5
+    for _ in range(3):
+        batches = list(dl)
+        assert [len(labels) for _, labels in batches] == [5, 5, 5, 5, 4]
+        ids = sum((labels.tolist() for _, labels in batches), [])
+        assert sorted(ids) == list(range(24))
+    images, labels = batches[0]
+    assert images.shape == (5, 3, 16, 16) and images.dtype == torch.float32
+    assert labels.dtype == torch.int64 and labels.ndim == 1
+
+
+def test_each_epoch_reshuffles_and_set_epoch_replays_an_order(jpeg_tree):
+    dl = loader(jpeg_tree, batch_size=24)
+    first, second = (next(iter(dl))[1].tolist() for _ in range(2))  # each iteration is a new epoch
+    assert first != second and sorted(first) == sorted(second)
+    dl.set_epoch(0)
+    assert next(iter(dl))[1].tolist() == first == rank_indices(24, 0)
+
+
+def test_an_epoch_stopped_early_does_not_shift_the_next(jpeg_tree):
+    dl = loader(jpeg_tree, batch_size=4, prefetch_queue_depth=3)
+    it = iter(dl)
+    got = [next(it)[1].tolist() for _ in range(2)]
+    assert sum(got, []) == rank_indices(24, 0)[:8]
+    full = [labels.tolist() for _, labels in dl]  # epoch 1 starts at its own beginning
+    assert sum(full, []) == rank_indices(24, 1)
+    assert dl.discarded >= 1  # what DALI had computed ahead for epoch 0 was thrown away
+
+
+def test_ranks_split_an_epoch_disjointly_with_equal_steps(jpeg_tree):
+    shards = [[labels.tolist() for _, labels in loader(jpeg_tree, batch_size=3, rank=r, world_size=5)]
+              for r in range(5)]  # fmt: skip
+    assert {len(s) for s in shards} == {2}  # ceil(24 / 5) = 5 samples per rank: batches of 3 and 2
+    ids = sum((sum(s, []) for s in shards), [])
+    assert set(ids) == set(range(24)) and len(ids) == 25  # one sample padded, like DistributedSampler
+
+
+def test_drop_last(jpeg_tree):
+    dl = loader(jpeg_tree, batch_size=5, drop_last=True)
+    assert len(dl) == 4 and [len(labels) for _, labels in dl] == [5, 5, 5, 5]
+
+
+@pytest.mark.parametrize(
+    "dtype, channels_last, normalize, expected",
+    [("float16", False, "imagenet", torch.float16), ("bfloat16", True, "imagenet", torch.bfloat16),
+     ("uint8", True, None, torch.uint8)],
+)  # fmt: skip
+def test_dtypes_and_channels_last(jpeg_tree, dtype, channels_last, normalize, expected):
+    images, _ = next(iter(loader(jpeg_tree, train=False, dtype=dtype, channels_last=channels_last, normalize=normalize)))
+    assert images.dtype == expected and images.shape == (4, 3, 16, 16)
+    assert images.is_contiguous(memory_format=torch.channels_last) == channels_last
+    if dtype == "uint8":
+        assert images.max() > 1  # 0-255 pixels
+
+
+def test_validation_graph_is_deterministic(jpeg_tree):
+    dl = loader(jpeg_tree, train=False, shuffle=False, batch_size=8)
+    a, b = next(iter(dl))[0], next(iter(dl))[0]
+    assert torch.equal(a, b)
+    assert abs(float(a.mean())) < 2  # normalized
+
+
+def test_pack_source_reads_the_same_bytes(jpeg_tree, tmp_path):
+    pytest.importorskip("lmdb")
+    from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+
+    pack = pack_image_folder(jpeg_tree, tmp_path / "train.lmdb", progress=False)
+    folder, packed = FolderSource(jpeg_tree), open_source(pack)
+    assert isinstance(packed, PackSource) and packed.classes == folder.classes
+    for i in (0, 7, 23):
+        (a, la), (b, lb) = folder.read(i), packed.read(i)
+        assert la == lb and np.array_equal(a, b)
+
+
+def test_errors(jpeg_tree, tmp_path):
+    with pytest.raises(FileNotFoundError, match="No image folder or LMDB pack"):
+        open_source(tmp_path / "missing")
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
+        loader(jpeg_tree, batch_size=0)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        loader(jpeg_tree, dtype="int4")
+    with pytest.raises(ValueError, match="rank must be in"):
+        loader(jpeg_tree, rank=2, world_size=2)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(loader(jpeg_tree))
