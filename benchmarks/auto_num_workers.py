@@ -12,6 +12,7 @@ Bars (issue 5):
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import lightning.pytorch as pl
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=30.0)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="training pairs, run alternately (auto, hand, ...)")
     parser.add_argument("--arch", default="resnet50" if torch.cuda.is_available() else "small_cnn")
     args = parser.parse_args()
     root = str(demo_tree(args))
@@ -78,21 +80,27 @@ def main() -> None:
         return {**meter.summary(), "num_workers": trainer.train_dataloader.num_workers}
 
     prefetch = [StreamPrefetch(normalize=(IMAGENET_MEAN, IMAGENET_STD), channels_last=True)] if gpu else []
-    auto = AutoNumWorkers(budget_s=args.budget, use_cache=False)
-    trained_auto = train(0, [auto, *prefetch])
-    trained_hand = train(args.hand_tuned, list(prefetch))
-    ratio = trained_auto["samples_per_s"] / trained_hand["samples_per_s"]
-    print(f"training: auto ({trained_auto['num_workers']} workers) {trained_auto['samples_per_s']:,.0f} img/s, "
-          f"hand-tuned ({args.hand_tuned}) {trained_hand['samples_per_s']:,.0f} img/s: {ratio:.3f}")  # fmt: skip
+    runs_auto, runs_hand, autos = [], [], []
+    for _ in range(args.repeats):  # alternate, so that drift of the machine hits both alike
+        autos.append(AutoNumWorkers(budget_s=args.budget, use_cache=False))
+        runs_auto.append(train(0, [autos[-1], *prefetch]))
+        runs_hand.append(train(args.hand_tuned, list(prefetch)))
+    mean_auto = statistics.fmean(r["samples_per_s"] for r in runs_auto)
+    mean_hand = statistics.fmean(r["samples_per_s"] for r in runs_hand)
+    ratio = mean_auto / mean_hand
+    print(f"training: auto ({[r['num_workers'] for r in runs_auto]} workers) {mean_auto:,.0f} img/s, "
+          f"hand-tuned ({args.hand_tuned}) {mean_hand:,.0f} img/s (means of {args.repeats}): {ratio:.3f}")  # fmt: skip
 
     figures = {
         "config": vars(args),
         "tuner": {**probe.as_dict(), "probe_wall_s": probe_s},
         "sweep_img_s": {str(k): v for k, v in sweep.items()},
         "sweep_best_workers": best,
-        "train_auto": trained_auto,
-        "train_auto_probe": auto.probes["train"].as_dict(),
-        "train_hand_tuned": trained_hand,
+        "train_auto_runs": runs_auto,
+        "train_auto_probes": [a.probes["train"].as_dict() for a in autos],
+        "train_hand_tuned_runs": runs_hand,
+        "train_auto_mean_img_s": mean_auto,
+        "train_hand_tuned_mean_img_s": mean_hand,
     }
     bars = {
         "tuner_choice_of_sweep_best": bar(sweep[probe.num_workers] / sweep[best], 0.95, "x"),

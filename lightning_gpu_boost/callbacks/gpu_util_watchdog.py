@@ -242,6 +242,7 @@ class GPUUtilWatchdog(Callback):
         )
         return {
             "prefetch": any(isinstance(x, StreamPrefetcher) for x in items),
+            "dali": [x for x in items if type(x).__name__ == "DALILoader"],
             "loaders": list(iter_loaders(train)),
         }
 
@@ -296,9 +297,19 @@ class GPUUtilWatchdog(Callback):
                 )
             if workers > 0 and not loader.persistent_workers:
                 advice.append("persistent_workers=False restarts the workers every epoch: set it to True.")
-        if cuda and not facts["prefetch"]:
+        for dali in facts["dali"][:1]:
+            lines.append(
+                f"Train loader: DALI pipeline on {dali.device}, num_threads={dali.num_threads}, read_threads="
+                f"{dali.read_threads}, prefetch_queue_depth={dali.prefetch_queue_depth}."
+            )
+            advice.append(
+                "the DALI pipeline cannot keep up: raise num_threads (CPU-side JPEG parsing), hw_decoder_load "
+                "(hardware JPEG decoder on A100/H100), prefetch_queue_depth or read_threads (slow storage), or "
+                "pack the files into LMDB."
+            )
+        if cuda and not facts["prefetch"] and not facts["dali"]:
             advice.append("StreamPrefetch() copies the next batch on a side stream while this step computes.")
-        if not facts["loaders"]:
+        if not facts["loaders"] and not facts["dali"]:
             advice.append(
                 "the train loader is not a torch DataLoader; check how fast it yields batches alone."
             )

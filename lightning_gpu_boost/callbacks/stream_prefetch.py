@@ -110,8 +110,8 @@ class StreamPrefetch(Callback):
         strategy = trainer.strategy
 
         def wrap(dataloader: object, stage: str | None) -> object:
-            if isinstance(dataloader, StreamPrefetcher):
-                return dataloader
+            if isinstance(dataloader, StreamPrefetcher) or getattr(dataloader, "batches_on_device", False):
+                return dataloader  # already wrapped, or a loader that yields GPU batches (DALILoader)
             if device.type == "cuda" and isinstance(dataloader, DataLoader) and not dataloader.pin_memory:
                 # pinning in the DataLoader's own thread is cheaper than pinning each batch in the training loop
                 dataloader.pin_memory = True

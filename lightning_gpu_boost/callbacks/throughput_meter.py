@@ -28,6 +28,8 @@ class ThroughputMeter(Callback):
 
     ``data_wait_frac`` is the share of wall time spent between one ``on_train_batch_end`` and the next
     ``on_train_batch_start`` (fetching, host-side transfer): a host view, which CUDA's run-ahead can blur.
+    ``process_cpu_cores`` is this process's CPU time (all its threads, not its DataLoader workers) per second of
+    the window.
 
     Args:
         warmup: training steps excluded from the measurement, ``>= 0``.
@@ -51,6 +53,8 @@ class ThroughputMeter(Callback):
         self.wait_s = 0.0
         self._seen = 0
         self._t0: float | None = None
+        self._cpu0 = 0.0
+        self.cpu_s = 0.0
         self._t_end: float | None = None
         self._last_end: float | None = None
         self.elapsed_s = 0.0
@@ -67,6 +71,7 @@ class ThroughputMeter(Callback):
             if self.sample_gpu_util and pl_module.device.type == "cuda":
                 self._sampler = NVMLSampler(pl_module.device.index or 0, interval=0.05).start()
             self._t0 = self._last_end = time.perf_counter()
+            self._cpu0 = time.process_time()
             return
         if self._t0 is not None and self._last_end is not None:
             self.wait_s += now - self._last_end
@@ -82,6 +87,7 @@ class ThroughputMeter(Callback):
         if self._t0 is not None:
             self._sync(pl_module)
             self.elapsed_s = time.perf_counter() - self._t0
+            self.cpu_s = time.process_time() - self._cpu0
         self.teardown(trainer, pl_module, "fit")
 
     def teardown(self, trainer, pl_module, stage) -> None:
@@ -95,5 +101,6 @@ class ThroughputMeter(Callback):
             "samples_per_s": self.samples / elapsed,
             "step_ms": 1000 * elapsed / max(1, self.steps),
             "data_wait_frac": self.wait_s / elapsed,
+            "process_cpu_cores": self.cpu_s / elapsed,
             "gpu_util": self._sampler.mean_util() if self._sampler is not None else None,
         }

@@ -200,7 +200,12 @@ def classification_graph(
         images = fn.resize(images, resize_shorter=val_resize or round(image_size / 0.875))
         mirror, crop = 0, {"crop": (image_size, image_size)}
     mean, std = normalize if normalize is not None else ((0.0,) * 3, (1 / 255,) * 3)
-    out_type = {"float32": types.FLOAT, "float16": types.FLOAT16, "bfloat16": types.FLOAT16, "uint8": types.UINT8}
+    out_type = {
+        "float32": types.FLOAT,
+        "float16": types.FLOAT16,
+        "bfloat16": types.FLOAT16,
+        "uint8": types.UINT8,
+    }
     if dtype == "uint8" and normalize is not None:
         raise ValueError("dtype='uint8' keeps 0-255 pixels: pass normalize=None with it.")
     return fn.crop_mirror_normalize(
@@ -375,4 +380,6 @@ class DALILoader:
         self._pipe, self._active = None, False
 
     def __getstate__(self) -> dict[str, Any]:
-        raise TypeError("A DALILoader holds a live DALI pipeline and cannot be pickled; build one per process.")
+        raise TypeError(
+            "A DALILoader holds a live DALI pipeline and cannot be pickled; build one per process."
+        )

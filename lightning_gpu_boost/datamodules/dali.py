@@ -120,7 +120,12 @@ class DALIDataModule(pl.LightningDataModule):
             raise ValueError(f"ratio must satisfy 0 < min <= max, got {tuple(ratio)!r}.")
         self.train_root, self.val_root = str(train_root), None if val_root is None else str(val_root)
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
-        self.image_size, self.val_resize, self.scale, self.ratio = image_size, val_resize, tuple(scale), tuple(ratio)
+        self.image_size, self.val_resize, self.scale, self.ratio = (
+            image_size,
+            val_resize,
+            tuple(scale),
+            tuple(ratio),
+        )
         self.flip, self.normalize, self.dtype, self.channels_last = flip, normalize, dtype, channels_last
         self.device, self.hw_decoder_load, self.num_threads = device, hw_decoder_load, num_threads
         self.read_threads, self.prefetch_queue_depth = read_threads, prefetch_queue_depth

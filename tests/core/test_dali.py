@@ -24,7 +24,9 @@ from tests.helpers import IdSource
 pytest.importorskip("nvidia.dali", reason="needs the `dali` extra")
 
 
-def loader(root, batch_size=4, train=True, dtype="float32", channels_last=False, normalize="imagenet", **kwargs):
+def loader(
+    root, batch_size=4, train=True, dtype="float32", channels_last=False, normalize="imagenet", **kwargs
+):
     extra = {} if normalize == "imagenet" else {"normalize": normalize}
     graph = functools.partial(
         classification_graph, train=train, gpu=False, image_size=16, dtype=dtype, channels_last=channels_last,
@@ -101,7 +103,9 @@ def test_drop_last(jpeg_tree):
      ("uint8", True, None, torch.uint8)],
 )  # fmt: skip
 def test_dtypes_and_channels_last(jpeg_tree, dtype, channels_last, normalize, expected):
-    images, _ = next(iter(loader(jpeg_tree, train=False, dtype=dtype, channels_last=channels_last, normalize=normalize)))
+    images, _ = next(
+        iter(loader(jpeg_tree, train=False, dtype=dtype, channels_last=channels_last, normalize=normalize))
+    )
     assert images.dtype == expected and images.shape == (4, 3, 16, 16)
     assert images.is_contiguous(memory_format=torch.channels_last) == channels_last
     if dtype == "uint8":

@@ -13,7 +13,7 @@ from tests.helpers import ImageIdModel, id_dali_datamodule, run_ddp
 
 pytest.importorskip("nvidia.dali", reason="needs the `dali` extra")
 
-from lightning_gpu_boost.datamodules.dali import DALIDataModule  # noqa: E402
+from lightning_gpu_boost.datamodules.dali import DALIDataModule
 
 
 def epochs_of(seen: list[list[int]], per_epoch: int) -> list[list[int]]:
@@ -37,7 +37,9 @@ def test_three_epochs_exact_sizes_and_each_sample_once(jpeg_tree, trainer_kwargs
 
 def test_sanity_check_does_not_shift_validation(jpeg_tree, trainer_kwargs):
     model = ImageIdModel()
-    dm = id_dali_datamodule(str(jpeg_tree), val_root=str(jpeg_tree), batch_size=8, val_batch_size=5, image_size=16)
+    dm = id_dali_datamodule(
+        str(jpeg_tree), val_root=str(jpeg_tree), batch_size=8, val_batch_size=5, image_size=16
+    )
     trainer = pl.Trainer(max_epochs=2, num_sanity_val_steps=2, limit_train_batches=1, **trainer_kwargs)
     trainer.fit(model, dm)
     val = model.seen["val"]
@@ -148,7 +150,9 @@ def test_missing_dali_names_the_extra(jpeg_tree, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_decoding_is_close_to_cpu_decoding(jpeg_tree):
     def first_batch(device):
-        dm = DALIDataModule(str(jpeg_tree), val_root=str(jpeg_tree), val_batch_size=24, image_size=64, device=device)
+        dm = DALIDataModule(
+            str(jpeg_tree), val_root=str(jpeg_tree), val_batch_size=24, image_size=64, device=device
+        )
         return next(iter(dm.val_dataloader()))
 
     cpu_images, cpu_labels = first_batch("cpu")

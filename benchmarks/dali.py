@@ -1,0 +1,104 @@
+"""DALIDataModule (from the JPEG folder and from an LMDB pack) against the ceiling, side by side in one run.
+
+    python benchmarks/dali.py
+
+ResNet-50, bf16-mixed, batch 256, channels_last, in a Lightning Trainer. Ceiling: the same Trainer and step with
+one batch already on the GPU, yielded again and again. DALI: ``DALIDataModule`` with its defaults except the
+dtype (bfloat16) and layout (channels_last) of the ceiling's batch. CPU use is this process's CPU time per
+second (DALI's threads and the training loop); the ceiling's shows what the training loop alone uses.
+Bars (issue 7): DALI from the folder >= 95 % of the ceiling, from LMDB >= 90 %.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from _common import demo_tree, parser_for
+
+from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+from lightning_gpu_boost.core.cpus import usable_cpus
+from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.datamodules.dali import DALIDataModule
+from lightning_gpu_boost.models import ImageClassifier
+
+
+class ResidentBatches:
+    """One GPU batch, yielded ``length`` times per epoch: the ceiling's loader."""
+
+    def __init__(self, batch: tuple[torch.Tensor, torch.Tensor], length: int) -> None:
+        self.batch, self.length = batch, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        return (self.batch for _ in range(self.length))
+
+
+def fit(data, args, meter_warmup: int) -> dict:
+    torch.manual_seed(0)
+    meter = ThroughputMeter(warmup=meter_warmup)
+    trainer = pl.Trainer(
+        max_steps=args.warmup + args.steps, precision="bf16-mixed", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, callbacks=[meter],
+    )  # fmt: skip
+    model = ImageClassifier("resnet50", num_classes=100, channels_last=True)
+    if isinstance(data, pl.LightningDataModule):
+        trainer.fit(model, datamodule=data)
+    else:
+        trainer.fit(model, data)
+    return meter.summary()
+
+
+def main() -> None:
+    parser = parser_for(__doc__)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--hw-decoder-loads", type=float, nargs="+", default=[0.65],
+                        help="hw_decoder_load values to run from the folder (the first one is the bar's)")  # fmt: skip
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/dali.py needs a CUDA GPU.")
+    root = demo_tree(args)
+    pack, t0 = Path(f"{args.data}/jpeg-{args.images}-100.lmdb"), time.perf_counter()
+    if not pack.exists():
+        pack_image_folder(root, pack, progress=False)
+    pack_s = time.perf_counter() - t0
+
+    x = torch.randn(args.batch_size, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+    batch = (
+        x.contiguous(memory_format=torch.channels_last),
+        torch.randint(0, 100, (args.batch_size,), device="cuda"),
+    )
+    ceiling = fit(ResidentBatches(batch, 10_000), args, args.warmup)
+    print(f"ceiling (batch on the GPU): {ceiling['samples_per_s']:,.0f} img/s")
+
+    def dali(source: str, hw_decoder_load: float) -> dict:
+        dm = DALIDataModule(source, batch_size=args.batch_size, dtype="bfloat16", channels_last=True,
+                            hw_decoder_load=hw_decoder_load)  # fmt: skip
+        result = fit(dm, args, args.warmup)
+        result |= {"of_ceiling": result["samples_per_s"] / ceiling["samples_per_s"], "hw_decoder_load": hw_decoder_load,
+                   "dali_cpu_cores": result["process_cpu_cores"] - ceiling["process_cpu_cores"]}  # fmt: skip
+        print(f"DALI from {source}: {result['samples_per_s']:,.0f} img/s = {100 * result['of_ceiling']:.1f} % of the "
+              f"ceiling, {result['process_cpu_cores']:.1f} CPU cores busy (hw_decoder_load={hw_decoder_load})")  # fmt: skip
+        return result
+
+    folder = [dali(str(root), load) for load in args.hw_decoder_loads]
+    lmdb = dali(str(pack), args.hw_decoder_loads[0])
+    figures = {
+        "config": vars(args), "usable_cpus": usable_cpus(), "pack_s": pack_s, "ceiling": ceiling,
+        "dali_folder": folder, "dali_lmdb": lmdb,
+    }  # fmt: skip
+    bars = {
+        "dali_folder_of_ceiling": bar(folder[0]["of_ceiling"], 0.95, "ratio"),
+        "dali_lmdb_of_ceiling": bar(lmdb["of_ceiling"], 0.90, "ratio"),
+    }
+    print(f"wrote {write_result('dali', figures, bars, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
