@@ -4,7 +4,9 @@
 
 ResNet-50, bf16-mixed, batch 256, channels_last, in a Lightning Trainer. Ceiling: the same Trainer and step with
 one batch already on the GPU, yielded again and again. DALI: ``DALIDataModule`` with its defaults except the
-dtype (bfloat16) and layout (channels_last) of the ceiling's batch. CPU use is this process's CPU time per
+dtype (bfloat16) and layout (channels_last) of the ceiling's batch; ``--variants`` adds folder runs with other
+``hw_decoder_load`` / ``prefetch_queue_depth`` values. The timed steps (60 after 10 of warm-up) cross epoch
+boundaries (32 batches per epoch). CPU use is this process's CPU time per
 second (DALI's threads and the training loop); the ceiling's shows what the training loop alone uses.
 Bars (issue 7): DALI from the folder >= 95 % of the ceiling, from LMDB >= 90 %.
 """
@@ -58,8 +60,8 @@ def main() -> None:
     parser = parser_for(__doc__)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--hw-decoder-loads", type=float, nargs="+", default=[0.65],
-                        help="hw_decoder_load values to run from the folder (the first one is the bar's)")  # fmt: skip
+    parser.add_argument("--variants", nargs="+", default=[],
+                        help="extra folder runs as HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH, e.g. 0.99:2 0.65:4")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/dali.py needs a CUDA GPU.")
@@ -77,24 +79,31 @@ def main() -> None:
     ceiling = fit(ResidentBatches(batch, 10_000), args, args.warmup)
     print(f"ceiling (batch on the GPU): {ceiling['samples_per_s']:,.0f} img/s")
 
-    def dali(source: str, hw_decoder_load: float) -> dict:
-        dm = DALIDataModule(source, batch_size=args.batch_size, dtype="bfloat16", channels_last=True,
-                            hw_decoder_load=hw_decoder_load)  # fmt: skip
+    def dali(source: str, **options) -> dict:
+        dm = DALIDataModule(
+            source, batch_size=args.batch_size, dtype="bfloat16", channels_last=True, **options
+        )
         result = fit(dm, args, args.warmup)
-        result |= {"of_ceiling": result["samples_per_s"] / ceiling["samples_per_s"], "hw_decoder_load": hw_decoder_load,
+        result |= {"of_ceiling": result["samples_per_s"] / ceiling["samples_per_s"], "options": options,
+                   "hw_decoder_load": dm.hw_decoder_load, "prefetch_queue_depth": dm.prefetch_queue_depth,
                    "dali_cpu_cores": result["process_cpu_cores"] - ceiling["process_cpu_cores"]}  # fmt: skip
         print(f"DALI from {source}: {result['samples_per_s']:,.0f} img/s = {100 * result['of_ceiling']:.1f} % of the "
-              f"ceiling, {result['process_cpu_cores']:.1f} CPU cores busy (hw_decoder_load={hw_decoder_load})")  # fmt: skip
+              f"ceiling, {result['process_cpu_cores']:.1f} CPU cores busy, data wait {result['data_wait_frac']:.2f} "
+              f"(hw_decoder_load={dm.hw_decoder_load}, prefetch_queue_depth={dm.prefetch_queue_depth})")  # fmt: skip
         return result
 
-    folder = [dali(str(root), load) for load in args.hw_decoder_loads]
-    lmdb = dali(str(pack), args.hw_decoder_loads[0])
+    folder = dali(str(root))  # the defaults: the bar's run
+    lmdb = dali(str(pack))
+    variants = []
+    for variant in args.variants:
+        load, depth = variant.split(":")
+        variants.append(dali(str(root), hw_decoder_load=float(load), prefetch_queue_depth=int(depth)))
     figures = {
         "config": vars(args), "usable_cpus": usable_cpus(), "pack_s": pack_s, "ceiling": ceiling,
-        "dali_folder": folder, "dali_lmdb": lmdb,
+        "dali_folder": folder, "dali_lmdb": lmdb, "dali_folder_variants": variants,
     }  # fmt: skip
     bars = {
-        "dali_folder_of_ceiling": bar(folder[0]["of_ceiling"], 0.95, "ratio"),
+        "dali_folder_of_ceiling": bar(folder["of_ceiling"], 0.95, "ratio"),
         "dali_lmdb_of_ceiling": bar(lmdb["of_ceiling"], 0.90, "ratio"),
     }
     print(f"wrote {write_result('dali', figures, bars, args.out)}")

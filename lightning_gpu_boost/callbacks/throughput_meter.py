@@ -64,16 +64,18 @@ class ThroughputMeter(Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
 
+    def _start(self, pl_module: pl.LightningModule) -> None:
+        self._sync(pl_module)
+        if self.sample_gpu_util and pl_module.device.type == "cuda":
+            self._sampler = NVMLSampler(pl_module.device.index or 0, interval=0.05).start()
+        self._t0 = self._last_end = time.perf_counter()
+        self._cpu0 = time.process_time()
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         now = time.perf_counter()
-        if self._seen == self.warmup and self._t0 is None:
-            self._sync(pl_module)
-            if self.sample_gpu_util and pl_module.device.type == "cuda":
-                self._sampler = NVMLSampler(pl_module.device.index or 0, interval=0.05).start()
-            self._t0 = self._last_end = time.perf_counter()
-            self._cpu0 = time.process_time()
-            return
-        if self._t0 is not None and self._last_end is not None:
+        if self.warmup == 0 and self._t0 is None:
+            self._start(pl_module)
+        elif self._t0 is not None and self._last_end is not None:
             self.wait_s += now - self._last_end
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -82,6 +84,10 @@ class ThroughputMeter(Callback):
             self.steps += 1
             self.samples += _batch_size(batch)
             self._last_end = time.perf_counter()
+        elif self._seen == self.warmup:
+            # the window opens at the end of the last warm-up step, so it includes fetching the next batch
+            # (at an epoch boundary: the loader's restart)
+            self._start(pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._t0 is not None:

@@ -127,9 +127,9 @@ class _Feeder:
         while self._plan and len(self._pending) < self.read_ahead:
             self._pending.append(self._pool.submit(self._read_batch, self._plan.popleft()))
 
-    def start(self, batches: list[list[int]]) -> None:
-        self.stop()
-        self._plan = deque(batches)
+    def extend(self, batches: list[list[int]]) -> None:
+        """Plan ``batches`` after those already planned."""
+        self._plan.extend(batches)
         self._fill()
 
     def stop(self) -> None:
@@ -283,10 +283,11 @@ class DALILoader:
         self.epoch = 0
         self._epoch_set = False
         self._started = False
-        self._active = False
+        self._stream: deque[tuple[int, int]] = deque()  # epochs planned into the pipeline: (epoch, batches)
+        self._pos = 0  # batches of the first planned epoch already handed out
         self._pipe: Any = None
         self._feeder = _Feeder(source, read_threads, read_ahead=max(2, prefetch_queue_depth + 1))
-        #: batches discarded because an epoch stopped early (DALI had computed them ahead)
+        #: batches discarded because an epoch stopped early or another epoch came next (DALI computed them ahead)
         self.discarded = 0
 
     def __len__(self) -> int:
@@ -324,8 +325,13 @@ class DALILoader:
             self._pipe = pipe
         return self._pipe
 
-    def _finish_early(self) -> None:
-        """Discard what DALI computed ahead for an epoch that was not run to its end, then reset."""
+    def _plan(self, epoch: int) -> None:
+        batches = self.epoch_batches(epoch)
+        self._feeder.extend(batches)
+        self._stream.append((epoch, len(batches)))
+
+    def _restart(self) -> None:
+        """Discard what DALI computed ahead (an epoch stopped early, or an unexpected epoch), then reset."""
         self._feeder.stop()
         try:
             while True:
@@ -334,7 +340,8 @@ class DALILoader:
         except StopIteration:
             pass
         self._pipe.reset()
-        self._active = False
+        self._stream.clear()
+        self._pos = 0
 
     def __iter__(self):
         return self._run()
@@ -343,21 +350,28 @@ class DALILoader:
         # The epoch starts at the first ``next()``, not at ``iter()``: Lightning calls ``iter()`` before
         # ``set_epoch``, and once more during setup.
         pipe = self._build()
-        if self._active:
-            self._finish_early()
         if self._started and not self._epoch_set:
             self.epoch += 1
         self._started, self._epoch_set = True, False
-        self._feeder.start(self.epoch_batches(self.epoch))
-        self._active = True
-        while True:
-            try:
-                outputs = pipe.run()
-            except StopIteration:
-                break
+        epoch = self.epoch
+        if self._stream and self._pos >= self._stream[0][1]:  # the last epoch ended without a final next()
+            self._stream.popleft()
+            self._pos = 0
+        if not (self._stream and self._stream[0][0] == epoch and self._pos == 0):
+            if self._stream or self._pos:
+                self._restart()
+            self._plan(epoch)
+        if len(self._stream) == 1:
+            # Plan the epoch Lightning asks for next, so that DALI reads and decodes across the epoch boundary
+            # instead of draining and refilling; a different next epoch (or an early stop) discards it.
+            self._plan(epoch + 1)
+        length = self._stream[0][1]
+        while self._pos < length:
+            outputs = pipe.run()
+            self._pos += 1
             yield self._to_torch(outputs)
-        pipe.reset()
-        self._active = False
+        self._stream.popleft()
+        self._pos = 0
 
     def _to_torch(self, outputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
@@ -377,7 +391,8 @@ class DALILoader:
     def close(self) -> None:
         """Stop the read threads and free the pipeline (its GPU memory)."""
         self._feeder.close()
-        self._pipe, self._active = None, False
+        self._pipe, self._pos = None, 0
+        self._stream.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError(

@@ -142,3 +142,10 @@ def test_errors(jpeg_tree, tmp_path):
         loader(jpeg_tree, rank=2, world_size=2)
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(loader(jpeg_tree))
+
+
+def test_whole_epochs_flow_across_boundaries_without_discarding(jpeg_tree):
+    dl = loader(jpeg_tree, batch_size=5)
+    for epoch in range(3):
+        assert sum((labels.tolist() for _, labels in dl), []) == rank_indices(24, epoch)
+    assert dl.discarded == 0  # the next epoch was read and decoded ahead, and it was the one asked for
