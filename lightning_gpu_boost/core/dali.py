@@ -109,13 +109,14 @@ class _Feeder:
     """The ``external_source`` batch callable: returns the encoded images and labels of the planned batches in
     order (read ahead by a thread pool) and raises ``StopIteration`` when the plan is used up."""
 
-    def __init__(self, source: Any, read_threads: int, read_ahead: int) -> None:
+    def __init__(self, source: Any, read_threads: int, read_ahead: int, keep: int) -> None:
         self.source = source
         self.read_threads = read_threads
         self.read_ahead = read_ahead
         self._plan: deque[list[int]] = deque()
         self._pending: deque[Future] = deque()
         self._pool: ThreadPoolExecutor | None = None
+        self._keep: deque[Any] = deque(maxlen=keep)
 
     def _read_batch(self, indices: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
         items = [self.source.read(i) for i in indices]
@@ -144,7 +145,9 @@ class _Feeder:
             raise StopIteration
         future = self._pending.popleft()
         self._fill()
-        return future.result()
+        batch = future.result()
+        self._keep.append(batch)  # DALI uses these arrays in place (no_copy): keep them alive until consumed
+        return batch
 
     def close(self) -> None:
         self.stop()
@@ -286,7 +289,9 @@ class DALILoader:
         self._stream: deque[tuple[int, int]] = deque()  # epochs planned into the pipeline: (epoch, batches)
         self._pos = 0  # batches of the first planned epoch already handed out
         self._pipe: Any = None
-        self._feeder = _Feeder(source, read_threads, read_ahead=max(2, prefetch_queue_depth + 1))
+        self._feeder = _Feeder(
+            source, read_threads, read_ahead=max(2, prefetch_queue_depth + 1), keep=prefetch_queue_depth + 3
+        )
         #: batches discarded because an epoch stopped early or another epoch came next (DALI computed them ahead)
         self.discarded = 0
 
@@ -317,7 +322,7 @@ class DALILoader:
             )
             with pipe:
                 encoded, labels = dali.fn.external_source(
-                    source=self._feeder, num_outputs=2, batch=True, batch_info=True,
+                    source=self._feeder, num_outputs=2, batch=True, batch_info=True, no_copy=True,
                     dtype=[dali.types.UINT8, dali.types.INT64],
                 )  # fmt: skip
                 pipe.set_outputs(self.graph(encoded), labels)

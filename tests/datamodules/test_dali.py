@@ -72,7 +72,7 @@ def test_lmdb_source_in_a_trainer(jpeg_tree, tmp_path, trainer_kwargs):
 
 
 def test_logs_its_threads(jpeg_tree, caplog):
-    dm = DALIDataModule(str(jpeg_tree), batch_size=8, image_size=16, num_threads=2, read_threads=3)
+    dm = DALIDataModule(str(jpeg_tree), batch_size=8, image_size=16, num_threads=2, read_threads=3, device="cpu")
     with caplog.at_level("INFO"):
         dm.train_dataloader()
     assert "2 DALI CPU threads + 3 read threads per process" in caplog.text
