@@ -109,7 +109,8 @@ def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240) ->
     )
     body = textwrap.dedent(script) + footer
     path.write_text(header + "if __name__ == '__main__':\n" + textwrap.indent(body, "    "))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_PORT": str(29500 + os.getpid() % 2000)}
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "MASTER_PORT": str(29500 + os.getpid() % 2000)}
     proc = subprocess.run(
         [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout
     )

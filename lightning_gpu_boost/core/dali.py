@@ -13,8 +13,11 @@ when a pipeline is built.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import queue
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -217,6 +220,33 @@ def classification_graph(
     )  # fmt: skip
 
 
+class _Producer(threading.Thread):
+    """Runs ``count`` pipeline iterations of one epoch and queues their copied outputs (at most two ahead)."""
+
+    def __init__(self, loader: DALILoader, count: int) -> None:
+        super().__init__(name="dali-producer", daemon=True)
+        self.loader, self.count = loader, count
+        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        self.stop = threading.Event()
+
+    def _put(self, item: Any) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(queue.Full):
+                self.queue.put(item, timeout=0.05)
+                return
+
+    def run(self) -> None:
+        try:
+            for _ in range(self.count):
+                if self.stop.is_set():
+                    return
+                outputs = self.loader._pipe.run()
+                self.loader._pos += 1
+                self._put(self.loader._to_torch(outputs))
+        except BaseException as err:  # handed to the training loop, which raises it
+            self._put(err)
+
+
 class DALILoader:
     """An iterable of ``(images, labels)`` batches from a DALI pipeline, with a real ``len()`` and exact epochs.
 
@@ -289,6 +319,8 @@ class DALILoader:
         self._stream: deque[tuple[int, int]] = deque()  # epochs planned into the pipeline: (epoch, batches)
         self._pos = 0  # batches of the first planned epoch already handed out
         self._pipe: Any = None
+        self._producer: _Producer | None = None
+        self._copy_stream: Any = None
         self._feeder = _Feeder(
             source, read_threads, read_ahead=max(2, prefetch_queue_depth + 1), keep=prefetch_queue_depth + 3
         )
@@ -348,13 +380,23 @@ class DALILoader:
         self._stream.clear()
         self._pos = 0
 
+    def _stop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.stop.set()
+            while producer.is_alive():  # it may be blocked on a full queue
+                with contextlib.suppress(queue.Empty):
+                    self.discarded += not isinstance(producer.queue.get(timeout=0.05), BaseException)
+            producer.join()
+
     def __iter__(self):
         return self._run()
 
     def _run(self):
         # The epoch starts at the first ``next()``, not at ``iter()``: Lightning calls ``iter()`` before
         # ``set_epoch``, and once more during setup.
-        pipe = self._build()
+        self._build()
+        self._stop_producer()  # the thread of an epoch that was stopped early
         if self._started and not self._epoch_set:
             self.epoch += 1
         self._started, self._epoch_set = True, False
@@ -371,30 +413,56 @@ class DALILoader:
             # instead of draining and refilling; a different next epoch (or an early stop) discards it.
             self._plan(epoch + 1)
         length = self._stream[0][1]
-        while self._pos < length:
-            outputs = pipe.run()
-            self._pos += 1
-            yield self._to_torch(outputs)
+        # A thread runs the pipeline and copies its outputs: the training loop only picks up finished batches.
+        producer = self._producer = _Producer(self, length)
+        producer.start()
+        for _ in range(length):
+            item = producer.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield self._hand_over(item)
+        producer.join()
+        self._producer = None
         self._stream.popleft()
         self._pos = 0
 
-    def _to_torch(self, outputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _to_torch(self, outputs: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Copy DALI's outputs (it reuses its buffers) into new tensors, on a side stream on CUDA."""
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
         images, labels = outputs
         dense = images.as_tensor()
-        out = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=self.device)
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        feed_ndarray(dense, out, cuda_stream=stream)  # a copy: DALI reuses its buffers
-        if self.dtype == "bfloat16":
-            out = out.to(torch.bfloat16)
-        if self.channels_last:
-            out = out.permute(0, 3, 1, 2)
-        target = torch.from_numpy(np.array(labels.as_tensor())).reshape(-1)
-        return out, target.to(self.device, non_blocking=True)
+        cuda = self.device.type == "cuda"
+        if cuda and self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._copy_stream) if cuda else contextlib.nullcontext():
+            out = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=self.device)
+            feed_ndarray(dense, out, cuda_stream=self._copy_stream)
+            if self.dtype == "bfloat16":
+                out = out.to(torch.bfloat16)
+            if self.channels_last:
+                out = out.permute(0, 3, 1, 2)
+            target = (
+                torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(self.device, non_blocking=True)
+            )
+            event = None
+            if cuda:
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+        return out, target, event
+
+    def _hand_over(self, item: tuple[torch.Tensor, torch.Tensor, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        out, target, event = item
+        if event is not None:  # the training stream waits for the copy, and owns the memory from now on
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(event)
+            out.record_stream(stream)
+            target.record_stream(stream)
+        return out, target
 
     def close(self) -> None:
-        """Stop the read threads and free the pipeline (its GPU memory)."""
+        """Stop the threads and free the pipeline (its GPU memory)."""
+        self._stop_producer()
         self._feeder.close()
         self._pipe, self._pos = None, 0
         self._stream.clear()

@@ -104,6 +104,7 @@ def test_ddp_shards_are_disjoint_complete_with_equal_steps(jpeg_tree, tmp_path):
 
 
 def test_builds_from_lightning_cli_yaml(jpeg_tree, tmp_path, trainer_kwargs):
+    pytest.importorskip("jsonargparse")
     from lightning.pytorch.cli import LightningCLI
 
     from lightning_gpu_boost.models import ImageClassifier
