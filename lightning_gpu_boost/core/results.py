@@ -27,13 +27,16 @@ def gpu_tag() -> str:
 
 
 def _git_commit() -> str | None:
+    """``$GIT_COMMIT`` where set (a copied checkout's ``.git`` may be stale), else ``git rev-parse HEAD``."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
         )
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("GIT_COMMIT")
+        return None
 
 
 def environment() -> dict[str, Any]:
