@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -48,3 +49,12 @@ def trainer_kwargs(tmp_path):
         "enable_model_summary": False,
         "default_root_dir": str(tmp_path),
     }
+
+
+@pytest.fixture(autouse=True)
+def _close_dali_loaders():
+    """DALI pipelines and their threads end with the test that made them (a later fork must not inherit them)."""
+    yield
+    dali = sys.modules.get("lightning_gpu_boost.core.dali")
+    if dali is not None:
+        dali.close_all()

@@ -18,6 +18,7 @@ import math
 import os
 import queue
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -220,6 +221,15 @@ def classification_graph(
     )  # fmt: skip
 
 
+_LIVE: weakref.WeakSet[DALILoader] = weakref.WeakSet()
+
+
+def close_all() -> None:
+    """Close every DALILoader of this process (their threads and pipelines), e.g. before forking workers."""
+    for loader in list(_LIVE):
+        loader.close()
+
+
 class _Producer(threading.Thread):
     """Runs ``count`` pipeline iterations of one epoch and queues their copied outputs (at most two ahead)."""
 
@@ -324,6 +334,7 @@ class DALILoader:
         self._feeder = _Feeder(
             source, read_threads, read_ahead=max(2, prefetch_queue_depth + 1), keep=prefetch_queue_depth + 3
         )
+        _LIVE.add(self)
         #: batches discarded because an epoch stopped early or another epoch came next (DALI computed them ahead)
         self.discarded = 0
 
