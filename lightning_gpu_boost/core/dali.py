@@ -391,7 +391,7 @@ class DALILoader:
                     encoded, labels = dali.fn.readers.file(
                         files=paths, labels=labels, shard_id=self.rank, num_shards=self.world_size,
                         random_shuffle=self.shuffle, initial_fill=min(4096, max(1, len(paths) // self.world_size)),
-                        pad_last_batch=True, stick_to_shard=True, dont_use_mmap=True, name="Reader",
+                        pad_last_batch=True, stick_to_shard=True, name="Reader",
                     )  # fmt: skip
                     pipe.set_outputs(self.graph(encoded), labels)
                     pipe.build()
