@@ -150,18 +150,12 @@ class IdSource:
 
     def __init__(self, source) -> None:
         self.inner, self.classes = source, source.classes
-        if not callable(getattr(source, "files", None)):
-            self.files = None  # like its source (an LMDB pack): no file list for DALI's file reader
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def read(self, index: int):
         return self.inner.read(index)[0], index
-
-    def files(self):  # for DALI's file reader (then DALILoader(file_reader=True) reads these paths)
-        paths, _ = self.inner.files()
-        return paths, list(range(len(paths)))
 
 
 def id_dali_datamodule(*args, **kwargs):

@@ -74,10 +74,6 @@ class FolderSource:
         path, label = self.samples[index]
         return np.fromfile(path, dtype=np.uint8), label
 
-    def files(self) -> tuple[list[str], list[int]]:
-        """Paths and labels, for DALI's own file reader."""
-        return [path for path, _ in self.samples], [label for _, label in self.samples]
-
 
 class PackSource:
     """Encoded images of an LMDB image pack (a pack file or a shard manifest), opened lazily in each process."""
@@ -235,11 +231,11 @@ def close_all() -> None:
 
 
 class _Producer(threading.Thread):
-    """Runs the pipeline iterations of one epoch and queues their copied outputs (at most two ahead)."""
+    """Runs ``count`` pipeline iterations of one epoch and queues their copied outputs (at most two ahead)."""
 
-    def __init__(self, loader: DALILoader, takes: list[int]) -> None:
+    def __init__(self, loader: DALILoader, count: int) -> None:
         super().__init__(name="dali-producer", daemon=True)
-        self.loader, self.takes = loader, takes
+        self.loader, self.count = loader, count
         self.queue: queue.Queue = queue.Queue(maxsize=2)
         self.stop = threading.Event()
 
@@ -251,13 +247,12 @@ class _Producer(threading.Thread):
 
     def run(self) -> None:
         try:
-            for take in self.takes:  # samples to keep of each pipeline batch (0: run it, keep nothing)
+            for _ in range(self.count):
                 if self.stop.is_set():
                     return
                 outputs = self.loader._pipe.run()
                 self.loader._pos += 1
-                if take:
-                    self._put(self.loader._to_torch(outputs, take))
+                self._put(self.loader._to_torch(outputs))
         except BaseException as err:  # handed to the training loop, which raises it
             self._put(err)
 
@@ -311,7 +306,6 @@ class DALILoader:
         prefetch_queue_depth: int = 2,
         dtype: Dtype = "float32",
         channels_last: bool = False,
-        file_reader: bool | None = None,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
@@ -328,9 +322,6 @@ class DALILoader:
         self.rank, self.world_size = rank, world_size
         self.prefetch_queue_depth, self.dtype, self.channels_last = prefetch_queue_depth, dtype, channels_last
         self.device = torch.device("cpu") if device_id is None else torch.device("cuda", device_id)
-        if file_reader and not callable(getattr(source, "files", None)):
-            raise ValueError(f"file_reader=True needs a source with files(), got {type(source).__name__}.")
-        self.file_reader = callable(getattr(source, "files", None)) if file_reader is None else file_reader
         self.sampler = _EpochSetter(self)
         self.epoch = 0
         self._epoch_set = False
@@ -346,8 +337,6 @@ class DALILoader:
         _LIVE.add(self)
         #: batches discarded because an epoch stopped early or another epoch came next (DALI computed them ahead)
         self.discarded = 0
-        #: pipelines rebuilt because an epoch of the file reader stopped early
-        self.rebuilds = 0
 
     def __len__(self) -> int:
         return num_batches(len(self.source), self.batch_size, self.world_size, self.drop_last)
@@ -364,39 +353,17 @@ class DALILoader:
             batches.pop()
         return batches
 
-    def _reader_files(self) -> tuple[list[str], list[int]]:
-        """The source's files (with ``shuffle``: in one fixed shuffled order, so that shards mix classes), padded
-        by wrapping to ``ceil(n / world_size) * world_size``: DALI then cuts equal contiguous shards, one per rank."""
-        paths, labels = self.source.files()
-        order = list(range(len(paths)))
-        if self.shuffle:
-            order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(self.seed)).tolist()
-        total = math.ceil(len(paths) / self.world_size) * self.world_size
-        order = (order * math.ceil(total / len(order)))[:total]
-        return [paths[i] for i in order], [labels[i] for i in order]
-
-    def _build(self, seed_offset: int = 0) -> Any:
+    def _build(self) -> Any:
         if self._pipe is None:
             dali = require("nvidia.dali")
             pipe = dali.Pipeline(
                 batch_size=self.batch_size,
                 num_threads=self.num_threads,
                 device_id=self.device_id,
-                seed=self.seed + 7919 * self.rank + 104729 * seed_offset,
+                seed=self.seed + 7919 * self.rank,
                 prefetch_queue_depth=self.prefetch_queue_depth,
             )
             with pipe:
-                if self.file_reader:
-                    paths, labels = self._reader_files()
-                    encoded, labels = dali.fn.readers.file(
-                        files=paths, labels=labels, shard_id=self.rank, num_shards=self.world_size,
-                        random_shuffle=self.shuffle, initial_fill=min(4096, max(1, len(paths) // self.world_size)),
-                        pad_last_batch=True, stick_to_shard=True, name="Reader",
-                    )  # fmt: skip
-                    pipe.set_outputs(self.graph(encoded), labels)
-                    pipe.build()
-                    self._pipe = pipe
-                    return pipe
                 encoded, labels = dali.fn.external_source(
                     source=self._feeder, num_outputs=2, batch=True, batch_info=True, no_copy=True,
                     dtype=[dali.types.UINT8, dali.types.INT64],
@@ -445,9 +412,6 @@ class DALILoader:
             self.epoch += 1
         self._started, self._epoch_set = True, False
         epoch = self.epoch
-        if self.file_reader:
-            yield from self._run_file_reader(epoch)
-            return
         if self._stream and self._pos >= self._stream[0][1]:  # the last epoch ended without a final next()
             self._stream.popleft()
             self._pos = 0
@@ -460,39 +424,20 @@ class DALILoader:
             # instead of draining and refilling; a different next epoch (or an early stop) discards it.
             self._plan(epoch + 1)
         length = self._stream[0][1]
-        yield from self._consume([self.batch_size] * length)  # external-source batches are already exact
-        self._stream.popleft()
-        self._pos = 0
-
-    def _run_file_reader(self, epoch: int):
-        # DALI's reader keeps its own epochs: it reads and decodes across epoch boundaries by itself, pads the
-        # last batch of each epoch (``pad_last_batch``) and reshuffles every epoch. An epoch stopped early would
-        # leave it mid-epoch, so the pipeline is rebuilt (with a new seed) instead.
-        if self._pos:
-            self._pipe, self._pos = None, 0
-            self.rebuilds += 1
-            self._build(seed_offset=epoch)
-        per_rank = math.ceil(len(self.source) / self.world_size)
-        takes = [self.batch_size] * math.ceil(per_rank / self.batch_size)
-        takes[-1] = per_rank - self.batch_size * (len(takes) - 1)  # the rest is DALI's padding
-        if self.drop_last and takes[-1] < self.batch_size:
-            takes[-1] = 0
-        yield from self._consume(takes)
-        self._pos = 0
-
-    def _consume(self, takes: list[int]):
         # A thread runs the pipeline and copies its outputs: the training loop only picks up finished batches.
-        producer = self._producer = _Producer(self, takes)
+        producer = self._producer = _Producer(self, length)
         producer.start()
-        for _ in range(sum(1 for take in takes if take)):
+        for _ in range(length):
             item = producer.queue.get()
             if isinstance(item, BaseException):
                 raise item
             yield self._hand_over(item)
         producer.join()
         self._producer = None
+        self._stream.popleft()
+        self._pos = 0
 
-    def _to_torch(self, outputs: Any, take: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def _to_torch(self, outputs: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Copy DALI's outputs (it reuses its buffers) into new tensors, on a side stream on CUDA."""
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
@@ -508,10 +453,9 @@ class DALILoader:
                 out = out.to(torch.bfloat16)
             if self.channels_last:
                 out = out.permute(0, 3, 1, 2)
-            target = torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).long()
-            if take < out.shape[0]:
-                out, target = out[:take], target[:take]
-            target = target.to(self.device, non_blocking=True)
+            target = (
+                torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(self.device, non_blocking=True)
+            )
             event = None
             if cuda:
                 event = torch.cuda.Event()

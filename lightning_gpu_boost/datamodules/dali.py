@@ -24,8 +24,8 @@ class DALIDataModule(pl.LightningDataModule):
     ``(N,)``; both on the Trainer's device.
 
     Lightning correctness: ``len()`` is the real batch count of this rank; under DDP every rank reads its own shard
-    of ``ceil(N / world_size)`` samples (padded like ``DistributedSampler``) so every rank runs the same number of
-    steps; the last batch is short (``drop_last=False``) or dropped. Every epoch covers
+    (``rank_indices``: ``ceil(N / world_size)`` samples each, padded like ``DistributedSampler``) so every rank
+    runs the same number of steps; the last batch is short (``drop_last=False``) or dropped. Every epoch covers
     the shard exactly once even when Lightning stops an epoch early (``limit_train_batches``, ``max_steps``,
     sanity validation, an exception); batches are copied out of DALI's buffers, so a batch held ahead stays valid.
     Resuming from a checkpoint restores the epoch (its shuffle order) but not the position inside it.
@@ -58,9 +58,6 @@ class DALIDataModule(pl.LightningDataModule):
         seed: seed of the shuffle and of DALI's random augmentation (plus the rank).
         drop_last: drop the short last training batch.
         check_crc: verify LMDB records as they are read.
-        folder_reader: how folders are read: ``"dali"`` (DALI's C++ file reader; it shuffles within a buffer of
-            up to 4,096 samples per shard and each rank keeps its shard; an epoch stopped early rebuilds the
-            pipeline) or ``"python"`` (the epoch plan of ``rank_indices``, read by Python threads, like LMDB packs).
 
     Raises:
         ValueError: a bad argument.
@@ -101,7 +98,6 @@ class DALIDataModule(pl.LightningDataModule):
         seed: int = 0,
         drop_last: bool = False,
         check_crc: bool = False,
-        folder_reader: Literal["dali", "python"] = "dali",
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("image_size", image_size),
@@ -115,8 +111,6 @@ class DALIDataModule(pl.LightningDataModule):
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")
         if dtype == "uint8" and normalize is not None:
             raise ValueError("dtype='uint8' keeps 0-255 pixels: pass normalize=None with it.")
-        if folder_reader not in ("dali", "python"):
-            raise ValueError(f"folder_reader must be 'dali' or 'python', got {folder_reader!r}.")
         if device not in ("auto", "cpu"):
             raise ValueError(f"device must be 'auto' or 'cpu', got {device!r}.")
         if not 0.0 <= hw_decoder_load <= 1.0:
@@ -137,7 +131,6 @@ class DALIDataModule(pl.LightningDataModule):
         self.device, self.hw_decoder_load, self.num_threads = device, hw_decoder_load, num_threads
         self.read_threads, self.prefetch_queue_depth = read_threads, prefetch_queue_depth
         self.shuffle, self.seed, self.drop_last, self.check_crc = shuffle, seed, drop_last, check_crc
-        self.folder_reader = folder_reader
         self._loaders: dict[str, DALILoader] = {}
         self.classes: list[str] = []
 
@@ -201,13 +194,11 @@ class DALIDataModule(pl.LightningDataModule):
             prefetch_queue_depth=self.prefetch_queue_depth,
             dtype=self.dtype,
             channels_last=self.channels_last,
-            file_reader=None if self.folder_reader == "dali" else False,
         )
         where = "CPU (decode on the CPU)" if device_id is None else f"cuda:{device_id} (decode: mixed, hw_decoder_load={self.hw_decoder_load})"  # fmt: skip
-        reading = "DALI's file reader" if loader.file_reader else f"{self.read_threads} read threads"
         rank_zero_info(
-            f"DALIDataModule: {stage} pipeline on {where}, {threads} DALI CPU threads + {reading} per process "
-            f"({procs} process(es) per node, {usable_cpus()} usable CPUs); "
+            f"DALIDataModule: {stage} pipeline on {where}, {threads} DALI CPU threads + {self.read_threads} "
+            f"read threads per process ({procs} process(es) per node, {usable_cpus()} usable CPUs); "
             f"{len(source)} samples, {len(loader)} batches per rank and epoch."
         )
         self._loaders[stage] = loader

@@ -24,9 +24,9 @@ from tests.helpers import IdSource
 pytest.importorskip("nvidia.dali", reason="needs the `dali` extra")
 
 
-def loader(root, batch_size=4, train=True, dtype="float32", channels_last=False, normalize="imagenet",
-           file_reader=False, **kwargs):  # fmt: skip
-    """A CPU DALILoader over ``jpeg_tree`` whose labels are sample ids (Python reads by default: exact order)."""
+def loader(
+    root, batch_size=4, train=True, dtype="float32", channels_last=False, normalize="imagenet", **kwargs
+):
     extra = {} if normalize == "imagenet" else {"normalize": normalize}
     graph = functools.partial(
         classification_graph, train=train, gpu=False, image_size=16, dtype=dtype, channels_last=channels_last,
@@ -34,7 +34,7 @@ def loader(root, batch_size=4, train=True, dtype="float32", channels_last=False,
     )  # fmt: skip
     return DALILoader(
         IdSource(FolderSource(root)), graph, batch_size, num_threads=1, read_threads=2, dtype=dtype,
-        channels_last=channels_last, file_reader=file_reader, **kwargs,
+        channels_last=channels_last, **kwargs,
     )  # fmt: skip
 
 
@@ -149,38 +149,3 @@ def test_whole_epochs_flow_across_boundaries_without_discarding(jpeg_tree):
     for epoch in range(3):
         assert sum((labels.tolist() for _, labels in dl), []) == rank_indices(24, epoch)
     assert dl.discarded == 0  # the next epoch was read and decoded ahead, and it was the one asked for
-
-
-# ------------------------------------------------------------------------------------ DALI's own file reader
-
-
-def test_file_reader_epochs_are_exact_and_reshuffled(jpeg_tree):
-    dl = loader(jpeg_tree, batch_size=5, file_reader=True)
-    epochs = [[labels.tolist() for _, labels in dl] for _ in range(3)]
-    for batches in epochs:
-        assert [len(b) for b in batches] == [5, 5, 5, 5, 4]  # DALI's padding of the last batch is trimmed
-        assert sorted(sum(batches, [])) == list(range(24))
-    assert epochs[0] != epochs[1] and dl.rebuilds == 0
-
-
-def test_file_reader_rebuilds_after_an_early_stop(jpeg_tree):
-    dl = loader(jpeg_tree, batch_size=5, file_reader=True)
-    it = iter(dl)
-    next(it), next(it)
-    full = sum((labels.tolist() for _, labels in dl), [])
-    assert sorted(full) == list(range(24)) and dl.rebuilds == 1
-
-
-def test_file_reader_shards_and_drop_last(jpeg_tree):
-    shards = [[labels.tolist() for _, labels in loader(jpeg_tree, batch_size=3, rank=r, world_size=5, file_reader=True)]
-              for r in range(5)]  # fmt: skip
-    assert [[len(b) for b in s] for s in shards] == [[3, 2]] * 5  # ceil(24 / 5) = 5 per rank
-    ids = sum((sum(s, []) for s in shards), [])
-    assert set(ids) == set(range(24)) and len(ids) == 25
-    dl = loader(jpeg_tree, batch_size=5, file_reader=True, drop_last=True)
-    assert len(dl) == 4 and [len(labels) for _, labels in dl] == [5, 5, 5, 5]
-
-
-def test_file_reader_needs_files():
-    with pytest.raises(ValueError, match="file_reader=True needs a source with files"):
-        DALILoader(object(), lambda x: x, 4, file_reader=True)

@@ -23,7 +23,7 @@ def epochs_of(seen: list[list[int]], per_epoch: int) -> list[list[int]]:
 @pytest.mark.parametrize("limit", [None, 2])
 def test_three_epochs_exact_sizes_and_each_sample_once(jpeg_tree, trainer_kwargs, limit):
     model = ImageIdModel()
-    dm = id_dali_datamodule(str(jpeg_tree), batch_size=5, image_size=16, folder_reader="python")
+    dm = id_dali_datamodule(str(jpeg_tree), batch_size=5, image_size=16)
     trainer = pl.Trainer(max_epochs=3, limit_train_batches=limit, **trainer_kwargs)
     trainer.fit(model, dm)
     per_epoch = limit or 5
@@ -35,32 +35,10 @@ def test_three_epochs_exact_sizes_and_each_sample_once(jpeg_tree, trainer_kwargs
         assert [len(b) for b in model.seen["train"][:5]] == [5, 5, 5, 5, 4]  # the short last batch is kept
 
 
-@pytest.mark.parametrize("limit", [None, 2])
-def test_dali_file_reader_three_epochs_each_sample_once(jpeg_tree, trainer_kwargs, limit):
-    model = ImageIdModel()
-    dm = id_dali_datamodule(str(jpeg_tree), val_root=str(jpeg_tree), batch_size=5, image_size=16)
-    trainer = pl.Trainer(max_epochs=3, limit_train_batches=limit, **trainer_kwargs)
-    trainer.fit(model, dm)
-    per_epoch = limit or 5
-    assert len(model.seen["train"]) == 3 * per_epoch
-    for ids in epochs_of(model.seen["train"], per_epoch):
-        assert len(set(ids)) == len(ids) == min(24, 5 * per_epoch)  # no sample twice within an epoch
-        if limit is None:
-            assert sorted(ids) == list(range(24))
-    for ids in epochs_of(model.seen["val"][2:], 5):  # after the sanity check, every validation run is whole
-        assert sorted(ids) == list(range(24))
-    assert dm._loaders == {}  # teardown closed the pipelines
-
-
 def test_sanity_check_does_not_shift_validation(jpeg_tree, trainer_kwargs):
     model = ImageIdModel()
     dm = id_dali_datamodule(
-        str(jpeg_tree),
-        val_root=str(jpeg_tree),
-        batch_size=8,
-        val_batch_size=5,
-        image_size=16,
-        folder_reader="python",
+        str(jpeg_tree), val_root=str(jpeg_tree), batch_size=8, val_batch_size=5, image_size=16
     )
     trainer = pl.Trainer(max_epochs=2, num_sanity_val_steps=2, limit_train_batches=1, **trainer_kwargs)
     trainer.fit(model, dm)
@@ -99,28 +77,19 @@ def test_logs_its_threads(jpeg_tree, monkeypatch):
     messages: list[str] = []
     monkeypatch.setattr(module, "rank_zero_info", messages.append)
     dm = DALIDataModule(
-        str(jpeg_tree),
-        batch_size=8,
-        image_size=16,
-        num_threads=2,
-        read_threads=3,
-        device="cpu",
-        folder_reader="python",
+        str(jpeg_tree), batch_size=8, image_size=16, num_threads=2, read_threads=3, device="cpu"
     )
     dm.train_dataloader()
     assert "2 DALI CPU threads + 3 read threads per process" in messages[0]
     assert "pipeline on CPU" in messages[0]
 
 
-@pytest.mark.parametrize("reader", ["python", "dali"])
-def test_ddp_shards_are_disjoint_complete_with_equal_steps(jpeg_tree, tmp_path, reader):
+def test_ddp_shards_are_disjoint_complete_with_equal_steps(jpeg_tree, tmp_path):
     results = run_ddp(
         f"""
-        READER = {reader!r}
         import lightning.pytorch as pl
         model = ImageIdModel()
-        dm = id_dali_datamodule({str(jpeg_tree)!r}, val_root={str(jpeg_tree)!r}, batch_size=5, image_size=16,
-                                folder_reader=READER)
+        dm = id_dali_datamodule({str(jpeg_tree)!r}, val_root={str(jpeg_tree)!r}, batch_size=5, image_size=16)
         trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp", max_epochs=2, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0)
@@ -134,8 +103,7 @@ def test_ddp_shards_are_disjoint_complete_with_equal_steps(jpeg_tree, tmp_path, 
     for epoch in (0, 1):
         shards = [sum(r["train"][3 * epoch : 3 * epoch + 3], []) for r in results]
         assert set(shards[0]).isdisjoint(shards[1]) and set(shards[0]) | set(shards[1]) == set(range(24))
-        if reader == "python":
-            assert shards[0] == rank_indices(24, epoch, 0, 2)
+        assert shards[0] == rank_indices(24, epoch, 0, 2)
     val = [sum(r["val"][:3], []) for r in results]
     assert sorted(val[0] + val[1]) == list(range(24))
 
