@@ -150,12 +150,17 @@ class IdSource:
 
     def __init__(self, source) -> None:
         self.inner, self.classes = source, source.classes
+        if not callable(getattr(source, "path", None)):
+            self.path = None  # like its source (an LMDB pack): Python reads the records
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def read(self, index: int):
         return self.inner.read(index)[0], index
+
+    def path(self, index: int):  # a folder source lets DALI read the files
+        return self.inner.path(index)[0], index
 
 
 def id_dali_datamodule(*args, **kwargs):

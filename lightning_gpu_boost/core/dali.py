@@ -66,6 +66,7 @@ class FolderSource:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = str(root)
         self.samples, self.classes, self.ignored_files = scan_image_folder(root)
+        self._encoded: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -73,6 +74,12 @@ class FolderSource:
     def read(self, index: int) -> tuple[np.ndarray, int]:
         path, label = self.samples[index]
         return np.fromfile(path, dtype=np.uint8), label
+
+    def path(self, index: int) -> tuple[np.ndarray, int]:
+        """The file's path as UTF-8 bytes (for DALI's ``fn.io.file.read``) and its label."""
+        if self._encoded is None:
+            self._encoded = [np.frombuffer(p.encode("utf-8"), dtype=np.uint8) for p, _ in self.samples]
+        return self._encoded[index], self.samples[index][1]
 
 
 class PackSource:
@@ -113,8 +120,11 @@ class _Feeder:
     """The ``external_source`` batch callable: returns the encoded images and labels of the planned batches in
     order (read ahead by a thread pool) and raises ``StopIteration`` when the plan is used up."""
 
-    def __init__(self, source: Any, read_threads: int, read_ahead: int, keep: int) -> None:
+    def __init__(
+        self, source: Any, read_threads: int, read_ahead: int, keep: int, paths: bool = False
+    ) -> None:
         self.source = source
+        self._get = source.path if paths else source.read  # paths: DALI's threads read the files
         self.read_threads = read_threads
         self.read_ahead = read_ahead
         self._plan: deque[list[int]] = deque()
@@ -123,7 +133,7 @@ class _Feeder:
         self._keep: deque[Any] = deque(maxlen=keep)
 
     def _read_batch(self, indices: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
-        items = [self.source.read(i) for i in indices]
+        items = [self._get(i) for i in indices]
         return [data for data, _ in items], np.array([label for _, label in items], dtype=np.int64)
 
     def _fill(self) -> None:
@@ -331,8 +341,14 @@ class DALILoader:
         self._pipe: Any = None
         self._producer: _Producer | None = None
         self._copy_stream: Any = None
+        #: files are read by DALI's CPU threads (``fn.io.file.read``) when the source can name them
+        self.reads_in_dali = callable(getattr(source, "path", None))
         self._feeder = _Feeder(
-            source, read_threads, read_ahead=max(2, prefetch_queue_depth + 1), keep=prefetch_queue_depth + 3
+            source,
+            read_threads,
+            read_ahead=max(2, prefetch_queue_depth + 1),
+            keep=prefetch_queue_depth + 3,
+            paths=self.reads_in_dali,
         )
         _LIVE.add(self)
         #: batches discarded because an epoch stopped early or another epoch came next (DALI computed them ahead)
@@ -368,6 +384,8 @@ class DALILoader:
                     source=self._feeder, num_outputs=2, batch=True, batch_info=True, no_copy=True,
                     dtype=[dali.types.UINT8, dali.types.INT64],
                 )  # fmt: skip
+                if self.reads_in_dali:  # the feeder sent paths: DALI's threads read the files, not Python
+                    encoded = dali.fn.io.file.read(encoded, dont_use_mmap=True)
                 pipe.set_outputs(self.graph(encoded), labels)
             pipe.build()
             self._pipe = pipe

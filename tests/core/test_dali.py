@@ -55,6 +55,7 @@ def test_num_batches_counts_the_short_last_batch_unless_dropped():
 
 def test_short_last_batch_and_exactly_once_per_epoch(jpeg_tree):
     dl = loader(jpeg_tree, batch_size=5)
+    assert dl.reads_in_dali  # a folder: Python sends paths, DALI's threads read the files
     assert len(dl) == 5
     for _ in range(3):
         batches = list(dl)
