@@ -49,8 +49,8 @@ class DALIDataModule(pl.LightningDataModule):
         dtype: ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"uint8"`` (with ``normalize=None``).
         channels_last: batches in ``channels_last`` memory format (DALI writes ``HWC``).
         device: ``"auto"`` (the Trainer's device: GPU pipeline on CUDA, CPU pipeline otherwise) or ``"cpu"``.
-        hw_decoder_load: share of images sent to the hardware JPEG decoder (A100, H100) with GPU decoding; over
-            four H100 runs 0.99 averaged 92 % of the ceiling with ~2 CPU cores, DALI's default 0.65 86 % with ~4.
+        hw_decoder_load: share of images sent to the hardware JPEG decoder (A100, H100) with GPU decoding; in
+            H100 runs 0.99 kept 87-94 % of the ceiling with ~2 CPU cores busy, DALI's default 0.65 82-92 % with ~4.
         num_threads: DALI CPU threads per process (default: this process's share of the usable CPUs, minus one).
         read_threads: threads reading encoded files or records ahead.
         prefetch_queue_depth: batches DALI prepares ahead.
