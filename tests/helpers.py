@@ -172,3 +172,53 @@ def id_dali_datamodule(*args, **kwargs):
             return IdSource(super().source(root))
 
     return IdDALIDataModule(*args, **kwargs)
+
+
+class VectorDataset(Dataset):
+    """``n`` samples ``(float vector of 8, id)``, each costing ``delay_s`` of sleep (a slow loader)."""
+
+    def __init__(self, n: int = 256, delay_s: float = 0.0) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.delay_s:
+            import time
+
+            time.sleep(self.delay_s)
+        return torch.full((8,), float(i)), i
+
+
+class VectorDataModule(pl.LightningDataModule):
+    """A DataModule over :class:`VectorDataset` for ``lightning-gpu-boost doctor``."""
+
+    def __init__(self, n: int = 256, delay_s: float = 0.0, batch_size: int = 32, num_workers: int = 0) -> None:
+        super().__init__()
+        self.n, self.delay_s, self.batch_size, self.num_workers = n, delay_s, batch_size, num_workers
+
+    def train_dataloader(self):
+        return DataLoader(VectorDataset(self.n, self.delay_s), batch_size=self.batch_size, shuffle=True,
+                          num_workers=self.num_workers)  # fmt: skip
+
+
+class VectorModel(pl.LightningModule):
+    """A linear model on 8-vectors; ``work`` extra matrix products per step make it compute-bound."""
+
+    def __init__(self, work: int = 0, width: int = 512) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 2)
+        self.w = nn.Parameter(torch.randn(width, width) / width**0.5)
+        self.work = work
+
+    def training_step(self, batch, batch_idx):
+        x = batch[0]
+        loss = self.layer(x).sum()
+        h = x.new_ones(x.shape[0], self.w.shape[0])
+        for _ in range(self.work):
+            h = torch.tanh(h @ self.w)
+        return loss + 1e-6 * h.sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)

@@ -1,4 +1,4 @@
-"""The ``lightning-gpu-boost`` command line: ``demo``, ``pack``, ``verify``."""
+"""The ``lightning-gpu-boost`` command line: ``demo``, ``doctor``, ``pack``, ``verify``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lightning-gpu-boost", description="Keep the GPU busy in PyTorch Lightning."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    from lightning_gpu_boost.cli import demo, lmdb
+    from lightning_gpu_boost.cli import demo, doctor, lmdb
 
     demo.add_arguments(commands.add_parser("demo", help=demo.__doc__.splitlines()[0]))
+    doctor.add_arguments(
+        commands.add_parser(
+            "doctor",
+            help="measure your loader, copy and step, name the bottleneck",
+            description=doctor.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     lmdb.add_pack_arguments(
         commands.add_parser("pack", help="pack a class-per-folder image tree into one LMDB file")
     )

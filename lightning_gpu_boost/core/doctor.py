@@ -1,0 +1,254 @@
+"""``diagnose``: where the training time goes, stage by stage, and what to change.
+
+Measures the training loader alone (at its worker count and at the count :func:`tune_num_workers` picks), the
+host-to-GPU copy of one batch, and the model's training step on a batch already on the device (the ceiling:
+what the step could do if data were free). The slowest stage is the bottleneck; the advice names the change and
+the throughput to expect from it. Works on CPU (copy and GPU step are then not measured, and it says so).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_gpu_boost.core.workers import clone_loader, measure_batches_per_s, tune_num_workers
+
+Bottleneck = Literal["loader", "copy", "compute", "unknown"]
+
+
+@dataclass
+class Diagnosis:
+    """What :func:`diagnose` measured (rates in samples/s, times in ms per batch) and concluded."""
+
+    device: str
+    batch_size: int
+    num_workers: int | None
+    loader_samples_per_s: float
+    tuned_workers: int | None = None
+    tuned_samples_per_s: float | None = None
+    copy_ms: float | None = None
+    step_ms: float | None = None
+    bottleneck: Bottleneck = "unknown"
+    advice: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ceiling_samples_per_s(self) -> float | None:
+        return None if not self.step_ms else 1000 * self.batch_size / self.step_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ceiling_samples_per_s": self.ceiling_samples_per_s}
+
+    def format(self) -> str:
+        def rate(value: float | None) -> str:
+            return "not measured" if value is None else f"{value:,.0f} samples/s"
+
+        workers = "" if self.num_workers is None else f" at num_workers={self.num_workers}"
+        lines = [f"lightning-gpu-boost doctor ({self.device}, batch {self.batch_size})",
+                 f"  loader alone{workers}: {rate(self.loader_samples_per_s)}"]  # fmt: skip
+        if self.tuned_workers is not None and self.tuned_workers != self.num_workers:
+            lines.append(
+                f"  loader alone at num_workers={self.tuned_workers}: {rate(self.tuned_samples_per_s)}"
+            )
+        lines.append(
+            "  host->GPU copy: "
+            + ("not measured" if self.copy_ms is None else f"{self.copy_ms:.2f} ms per batch")
+        )
+        step = "not measured" if self.step_ms is None else f"{self.step_ms:.1f} ms per batch"
+        lines.append(f"  training step on a resident batch: {step} ({rate(self.ceiling_samples_per_s)})")
+        lines.append(f"Bottleneck: {self.bottleneck}")
+        lines += [f"  -> {a}" for a in self.advice] + [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class _ResidentBatches:
+    """The same batch ``length`` times: a loader that costs nothing, for the ceiling."""
+
+    def __init__(self, batch: Any, length: int) -> None:
+        self.batch, self.length = batch, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        return (self.batch for _ in range(self.length))
+
+
+def _move(batch: Any, device: torch.device) -> Any:
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+
+    return move_data_to_device(batch, device)
+
+
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0])
+    return 1
+
+
+def measure_copy_ms(batch: Any, device: torch.device, repeats: int = 5) -> float:
+    """Milliseconds to copy ``batch`` (as the loader yields it, pinned or not) to ``device``."""
+    _move(batch, device)
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        _move(batch, device)
+    torch.cuda.synchronize(device)
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
+def measure_step_ms(model: Any, batch: Any, steps: int = 10, warmup: int = 3, **trainer_kwargs: Any) -> float:
+    """Milliseconds per training step of ``model`` (a LightningModule) on ``batch`` already on the device, in a
+    real Trainer (``trainer_kwargs``: e.g. ``precision``)."""
+    import lightning.pytorch as pl
+
+    from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+
+    meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
+    kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
+              "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
+              "limit_val_batches": 0, **trainer_kwargs}  # fmt: skip
+    trainer = pl.Trainer(max_steps=warmup + steps, callbacks=[meter], **kwargs)
+    device = trainer.strategy.root_device
+    trainer.fit(model, _ResidentBatches(_move(batch, device), warmup + steps + 1))
+    return meter.summary()["step_ms"]
+
+
+def diagnose(
+    datamodule: Any,
+    model: Any = None,
+    budget_s: float = 20.0,
+    steps: int = 10,
+    tune: bool = True,
+    progress: Callable[[str], None] | None = None,
+    **trainer_kwargs: Any,
+) -> Diagnosis:
+    """Measure ``datamodule``'s training loader, the copy of a batch and ``model``'s step, and name the bottleneck.
+
+    Args:
+        datamodule: a LightningDataModule (``prepare_data``/``setup("fit")`` are called) or a DataLoader.
+        model: the LightningModule, or ``None`` to measure the data side only.
+        budget_s: time for the loader measurements, ``> 0`` (the worker search takes most of it).
+        steps: timed training steps for the ceiling.
+        tune: also measure the loader at the worker count ``tune_num_workers`` picks.
+        progress: called with a short line before each stage (the CLI prints them).
+        **trainer_kwargs: Trainer arguments for the step (``precision="bf16-mixed"``, ``accelerator``...).
+
+    Raises:
+        ValueError: a non-positive ``budget_s`` or ``steps``.
+    """
+    if budget_s <= 0:
+        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}.")
+    say = progress or (lambda line: None)
+    if isinstance(datamodule, DataLoader) or not hasattr(datamodule, "train_dataloader"):
+        loader = datamodule
+    else:
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        loader = datamodule.train_dataloader()
+    accelerator = trainer_kwargs.get("accelerator", "auto")
+    cuda = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+    first = next(iter(loader))
+    batch_size = _batch_size(first)
+    if isinstance(loader, DataLoader):
+        workers = loader.num_workers
+        say(f"measuring the loader alone at num_workers={workers} ...")
+        per_s = measure_batches_per_s(
+            clone_loader(loader, workers), workers, budget_s / 4, min(2.0, budget_s / 8)
+        )
+        result = Diagnosis(str(device), batch_size, workers, per_s * batch_size)
+        if tune:
+            say(f"searching the worker count (budget {budget_s / 2:.0f} s) ...")
+            probe = tune_num_workers(loader, budget_s=budget_s / 2)
+            result.tuned_workers = probe.num_workers
+            if probe.num_workers != workers:
+                say(f"measuring the loader alone at num_workers={probe.num_workers} ...")
+                tuned = clone_loader(loader, probe.num_workers)
+                rate = measure_batches_per_s(tuned, probe.num_workers, budget_s / 4, min(2.0, budget_s / 8))
+                result.tuned_samples_per_s = rate * batch_size
+            else:
+                result.tuned_samples_per_s = result.loader_samples_per_s
+    else:  # DALI or another iterable: time it as it is
+        say("measuring the loader alone ...")
+        it, n, start = iter(loader), 0, time.perf_counter()
+        while time.perf_counter() - start < budget_s / 4:
+            try:
+                next(it)
+            except StopIteration:
+                it = iter(loader)
+            n += 1
+        result = Diagnosis(str(device), batch_size, None, n * batch_size / (time.perf_counter() - start))
+
+    if cuda:
+        say("timing the host->GPU copy of one batch ...")
+        result.copy_ms = measure_copy_ms(first, device)
+    else:
+        result.notes.append(
+            "no CUDA device: the host->GPU copy is not measured and the step runs on the CPU."
+        )
+    if model is not None:
+        say(f"timing {steps} training steps on a batch already on {device} ...")
+        result.step_ms = measure_step_ms(model, first, steps=steps, **trainer_kwargs)
+    else:
+        result.notes.append("no model given (--model): the training step, the ceiling, is not measured.")
+    _conclude(result)
+    return result
+
+
+def _conclude(d: Diagnosis) -> None:
+    loader = d.loader_samples_per_s
+    tuned = d.tuned_samples_per_s or loader
+    if d.step_ms is None:
+        d.bottleneck = "unknown"
+        d.advice.append(f"the loader alone delivers {loader:,.0f} samples/s; measure the step to compare.")
+        return
+    step_s, copy_s = d.step_ms / 1000, (d.copy_ms or 0.0) / 1000
+    ceiling = d.batch_size / step_s
+    with_copy = d.batch_size / (step_s + copy_s)  # Lightning copies on the compute stream, before the step
+    if loader < 0.9 * with_copy:
+        d.bottleneck = "loader"
+        expected = min(tuned, with_copy)
+        if d.tuned_workers is not None and tuned > 1.1 * loader:
+            d.advice.append(
+                f"set num_workers={d.tuned_workers} (or add AutoNumWorkers() to the Trainer's callbacks): the loader "
+                f"goes from {loader:,.0f} to {tuned:,.0f} samples/s; expect about {expected:,.0f} samples/s "
+                f"({expected / loader:.1f}x)."
+            )
+        if tuned < 0.9 * with_copy:
+            d.advice.append(
+                f"even at its best worker count the loader ({tuned:,.0f} samples/s) is below what the step can take "
+                f"({with_copy:,.0f}): make each sample cheaper: uint8 batches normalized on the GPU "
+                "(ImageFolderDataModule + StreamPrefetch), GPU decoding (DALIDataModule), or an LMDB pack for many "
+                "small files."
+            )
+    elif copy_s > 0.15 * step_s:
+        d.bottleneck = "copy"
+        d.advice.append(
+            f"the copy takes {d.copy_ms:.1f} ms of each {d.step_ms + d.copy_ms:.1f} ms step: StreamPrefetch() copies "
+            f"the next batch on a side stream while this one computes; expect about "
+            f"{min(loader, ceiling):,.0f} samples/s ({min(loader, ceiling) / with_copy:.2f}x). Shipping uint8 images "
+            "and normalizing on the GPU (StreamPrefetch(normalize=...)) copies 4x fewer bytes."
+        )
+    else:
+        d.bottleneck = "compute"
+        d.advice.append(
+            f"the step itself is the limit ({d.step_ms:.1f} ms per batch, {ceiling:,.0f} samples/s; the loader "
+            f"delivers {loader:,.0f}): use mixed precision (precision=recommended_precision()), channels_last for "
+            "convolutional models (GPUBoost), or a larger batch if memory allows."
+        )
+    if not math.isfinite(loader):
+        d.notes.append("the loader measurement did not finish: raise --budget.")

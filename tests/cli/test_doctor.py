@@ -1,0 +1,39 @@
+"""``lightning-gpu-boost doctor`` from class paths and from a LightningCLI YAML config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightning_gpu_boost.cli import main
+
+
+def test_doctor_from_class_paths(tmp_path, capsys):
+    out = tmp_path / "doctor.json"
+    rc = main(["doctor", "--data", "tests.helpers.VectorDataModule", "--data-args", '{"delay_s": 0.004}',
+               "--model", "tests.helpers.VectorModel", "--accelerator", "cpu", "--budget", "6", "--steps", "5",
+               "--json", str(out)])  # fmt: skip
+    printed = capsys.readouterr()
+    assert rc == 0 and "Bottleneck: loader" in printed.out
+    assert "doctor: measuring the loader" in printed.err  # progress goes to stderr
+    assert json.loads(out.read_text())["bottleneck"] == "loader"
+
+
+def test_doctor_from_a_lightning_cli_config(tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "model:\n  class_path: tests.helpers.VectorModel\n  init_args: {work: 40}\n"
+        "data:\n  class_path: tests.helpers.VectorDataModule\n"
+    )
+    assert (
+        main(["doctor", "--config", str(config), "--accelerator", "cpu", "--budget", "3", "--no-tune"]) == 0
+    )
+    assert "Bottleneck: compute" in capsys.readouterr().out
+
+
+def test_doctor_names_a_bad_class_path():
+    with pytest.raises(SystemExit, match="Cannot import 'no_such_module'"):
+        main(["doctor", "--data", "no_such_module.DataModule"])
+    with pytest.raises(SystemExit, match="Name the DataModule"):
+        main(["doctor"])

@@ -1,0 +1,81 @@
+"""diagnose(): the bottleneck of constructed loader-, compute- and copy-bound cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_gpu_boost.core.doctor import Diagnosis, diagnose
+from tests.helpers import VectorDataModule, VectorModel
+
+
+def test_a_slow_loader_is_the_bottleneck():
+    lines: list[str] = []
+    d = diagnose(VectorDataModule(delay_s=0.004), VectorModel(), budget_s=6, steps=5, progress=lines.append,
+                 accelerator="cpu")  # fmt: skip
+    assert d.bottleneck == "loader", d.format()
+    assert d.num_workers == 0 and d.tuned_workers and d.tuned_workers > 0
+    assert d.tuned_samples_per_s > 1.5 * d.loader_samples_per_s  # sleeping samples: workers help
+    assert f"set num_workers={d.tuned_workers}" in d.advice[0]
+    assert any("measuring the loader" in line for line in lines)
+    assert "no CUDA device" in d.format() or d.copy_ms is not None
+
+
+def test_a_heavy_step_is_the_bottleneck():
+    d = diagnose(VectorDataModule(), VectorModel(work=40), budget_s=4, steps=5, tune=False, accelerator="cpu")
+    assert d.bottleneck == "compute", d.format()
+    assert d.step_ms > 1000 * 32 / d.loader_samples_per_s
+    assert "mixed precision" in d.advice[0]
+
+
+def test_without_a_model_the_data_side_is_reported():
+    d = diagnose(VectorDataModule(), budget_s=2, tune=False, accelerator="cpu")
+    assert d.bottleneck == "unknown" and d.step_ms is None
+    assert "no model given" in d.format()
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="budget_s must be > 0 seconds, got 0"):
+        diagnose(VectorDataModule(), budget_s=0)
+    with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
+        diagnose(VectorDataModule(), steps=0)
+
+
+def test_conclusions_from_figures():
+    from lightning_gpu_boost.core.doctor import _conclude
+
+    copy_bound = Diagnosis("cuda:0", 256, 16, loader_samples_per_s=50_000, copy_ms=3.0, step_ms=10.0)
+    _conclude(copy_bound)
+    assert copy_bound.bottleneck == "copy" and "StreamPrefetch()" in copy_bound.advice[0]
+    at_ceiling = Diagnosis("cuda:0", 256, 16, loader_samples_per_s=2_000, tuned_workers=16,
+                           tuned_samples_per_s=2_000, copy_ms=1.0, step_ms=64.0)  # fmt: skip
+    _conclude(at_ceiling)
+    assert at_ceiling.bottleneck == "loader" and "DALIDataModule" in at_ceiling.advice[0]
+
+
+class SameBatch:
+    """One large CPU batch yielded again and again: loading costs nothing, copying it is the work."""
+
+    def __init__(self, batch, length: int = 1000) -> None:
+        self.batch, self.length = batch, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        return (self.batch for _ in range(self.length))
+
+
+class ImageMeanModel(VectorModel):
+    """A trivial step on image batches."""
+
+    def training_step(self, batch, batch_idx):
+        return batch[0].mean() * self.layer.weight.sum()
+
+
+@pytest.mark.gpu
+def test_huge_batches_on_a_trivial_model_are_copy_bound():
+    batch = (torch.randn(32, 3, 512, 512), torch.zeros(32, dtype=torch.long))  # 100 MB, pageable
+    d = diagnose(SameBatch(batch), ImageMeanModel(), budget_s=2, steps=5, tune=False)
+    assert d.copy_ms is not None and d.bottleneck == "copy", d.format()
+    assert "StreamPrefetch()" in d.advice[0]
