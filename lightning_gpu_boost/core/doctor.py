@@ -17,7 +17,12 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_gpu_boost.core.workers import clone_loader, measure_batches_per_s, tune_num_workers
+from lightning_gpu_boost.core.workers import (
+    clone_loader,
+    measure_batches_per_s,
+    probe_batch_size,
+    tune_num_workers,
+)
 
 Bottleneck = Literal["loader", "copy", "compute", "unknown"]
 
@@ -138,7 +143,8 @@ def diagnose(
     Args:
         datamodule: a LightningDataModule (``prepare_data``/``setup("fit")`` are called) or a DataLoader.
         model: the LightningModule, or ``None`` to measure the data side only.
-        budget_s: time for the loader measurements, ``> 0`` (the worker search takes most of it).
+        budget_s: time for the loader measurements, ``> 0`` (the worker search, whose steady-state table gives
+            the loader's rate at the current and the chosen worker count).
         steps: timed training steps for the ceiling.
         tune: also measure the loader at the worker count ``tune_num_workers`` picks.
         progress: called with a short line before each stage (the CLI prints them).
@@ -166,22 +172,22 @@ def diagnose(
     batch_size = _batch_size(first)
     if isinstance(loader, DataLoader):
         workers = loader.num_workers
-        say(f"measuring the loader alone at num_workers={workers} ...")
-        per_s = measure_batches_per_s(
-            clone_loader(loader, workers), workers, budget_s / 4, min(2.0, budget_s / 8)
-        )
-        result = Diagnosis(str(device), batch_size, workers, per_s * batch_size)
+        table: dict[int, float] = {}
         if tune:
-            say(f"searching the worker count (budget {budget_s / 2:.0f} s) ...")
-            probe = tune_num_workers(loader, budget_s=budget_s / 2)
+            say(f"searching the worker count, loader alone (budget {budget_s:.0f} s) ...")
+            probe = tune_num_workers(loader, budget_s=budget_s)
+            # the probe's steady-state rates, in samples/s (it times batches of probe_batch_size samples)
+            table = {w: r * (probe_batch_size(loader) or batch_size) for w, r in probe.table.items()}
+        if workers not in table:
+            say(f"measuring the loader alone at num_workers={workers} ...")
+            rate = measure_batches_per_s(
+                clone_loader(loader, workers), workers, budget_s / 2, min(2.0, budget_s / 4)
+            )
+            table[workers] = rate * batch_size
+        result = Diagnosis(str(device), batch_size, workers, table[workers])
+        if tune:
             result.tuned_workers = probe.num_workers
-            if probe.num_workers != workers:
-                say(f"measuring the loader alone at num_workers={probe.num_workers} ...")
-                tuned = clone_loader(loader, probe.num_workers)
-                rate = measure_batches_per_s(tuned, probe.num_workers, budget_s / 4, min(2.0, budget_s / 8))
-                result.tuned_samples_per_s = rate * batch_size
-            else:
-                result.tuned_samples_per_s = result.loader_samples_per_s
+            result.tuned_samples_per_s = table.get(probe.num_workers)
     else:  # DALI or another iterable: time it as it is
         say("measuring the loader alone ...")
         it, n, start = iter(loader), 0, time.perf_counter()

@@ -16,7 +16,7 @@ def test_doctor_from_class_paths(tmp_path, capsys):
                "--json", str(out)])  # fmt: skip
     printed = capsys.readouterr()
     assert rc == 0 and "Bottleneck: loader" in printed.out
-    assert "doctor: measuring the loader" in printed.err  # progress goes to stderr
+    assert "doctor: searching the worker count" in printed.err  # progress goes to stderr
     assert json.loads(out.read_text())["bottleneck"] == "loader"
 
 

@@ -17,7 +17,7 @@ def test_a_slow_loader_is_the_bottleneck():
     assert d.num_workers == 0 and d.tuned_workers and d.tuned_workers > 0
     assert d.tuned_samples_per_s > 1.5 * d.loader_samples_per_s  # sleeping samples: workers help
     assert f"set num_workers={d.tuned_workers}" in d.advice[0]
-    assert any("measuring the loader" in line for line in lines)
+    assert any("searching the worker count" in line for line in lines)
     assert "no CUDA device" in d.format() or d.copy_ms is not None
 
 
