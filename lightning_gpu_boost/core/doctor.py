@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader
 from lightning_gpu_boost.core.workers import (
     clone_loader,
     measure_batches_per_s,
-    probe_batch_size,
     tune_num_workers,
 )
 
@@ -176,8 +175,8 @@ def diagnose(
         if tune:
             say(f"searching the worker count, loader alone (budget {budget_s:.0f} s) ...")
             probe = tune_num_workers(loader, budget_s=budget_s)
-            # the probe's steady-state rates, in samples/s (it times batches of probe_batch_size samples)
-            table = {w: r * (probe_batch_size(loader) or batch_size) for w, r in probe.table.items()}
+            # the probe's steady-state rates (batches/s at the loader's batch size) in samples/s
+            table = {w: r * batch_size for w, r in probe.table.items()}
         if workers not in table:
             say(f"measuring the loader alone at num_workers={workers} ...")
             rate = measure_batches_per_s(
