@@ -1,4 +1,4 @@
-"""The ``lightning-gpu-boost`` command line: ``demo``, ``doctor``, ``pack``, ``verify``."""
+"""The ``lightning-gpu-boost`` command line: ``demo``, ``bench``, ``doctor``, ``pack``, ``verify``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lightning-gpu-boost", description="Keep the GPU busy in PyTorch Lightning."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    from lightning_gpu_boost.cli import demo, doctor, lmdb
+    from lightning_gpu_boost.cli import bench, demo, doctor, lmdb
 
     demo.add_arguments(commands.add_parser("demo", help=demo.__doc__.splitlines()[0]))
+    bench.add_arguments(
+        commands.add_parser(
+            "bench", help="the headline table on this machine, side by side in one run", description=bench.__doc__
+        )
+    )
     doctor.add_arguments(
         commands.add_parser(
             "doctor",

@@ -63,10 +63,12 @@ def _fit(model, data, precision: str, steps: int, warmup: int, callbacks: tuple 
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )
-    if isinstance(data, torch.utils.data.DataLoader):
-        trainer.fit(model, train_dataloaders=data)
-    else:
+    from lightning.pytorch import LightningDataModule
+
+    if isinstance(data, LightningDataModule):
         trainer.fit(model, datamodule=data)
+    else:  # a DataLoader or any iterable of batches
+        trainer.fit(model, train_dataloaders=data)
     return meter.summary()
 
 

@@ -1,0 +1,166 @@
+"""Reproduce the headline table on this machine, side by side in one run: ceiling, plain Lightning, hand-tuned
+DataLoader, the boosted CPU path, LMDB, DALI from folder and from LMDB, on generated demo JPEGs.
+
+Writes ``<out>/bench-<date>-<gpu>.json``, a Markdown table beside it and a bar chart PNG (with matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data", default=os.environ.get("LGB_DEMO_DATA", ".demo-data"), help="demo data folder"
+    )
+    parser.add_argument("--images", type=int, help="generated JPEGs (default 8000 on a GPU, 96 on a CPU)")
+    parser.add_argument("--classes", type=int, help="class folders (default 100 on a GPU, 4 on a CPU)")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--image-size", type=int)
+    parser.add_argument("--arch", choices=["small_cnn", "resnet50"])
+    parser.add_argument("--steps", type=int, help="timed steps per case")
+    parser.add_argument("--warmup", type=int, help="untimed steps before timing")
+    parser.add_argument("--plain-steps", type=int, help="timed steps of the (slow) plain case")
+    parser.add_argument(
+        "--auto-budget", type=float, default=20.0, help="seconds for each worker-count search"
+    )
+    parser.add_argument("--out", default="benchmarks/results", help="where the JSON, Markdown and PNG go")
+    parser.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
+    cfg: dict[str, Any] = (
+        {"arch": "resnet50", "images": 8000, "classes": 100, "batch_size": 256, "image_size": 224, "steps": 40,
+         "warmup": 10, "plain_steps": 15}
+        if gpu
+        else {"arch": "small_cnn", "images": 96, "classes": 4, "batch_size": 16, "image_size": 64, "steps": 4,
+              "warmup": 2, "plain_steps": 2}
+    )  # fmt: skip
+    for key in cfg:
+        if getattr(args, key, None) is not None:
+            cfg[key] = getattr(args, key)
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost._imports import module_available
+    from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.cli.demo import _fit
+    from lightning_gpu_boost.core.cpus import usable_cpus
+    from lightning_gpu_boost.core.doctor import _ResidentBatches
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.results import bar, write_result
+    from lightning_gpu_boost.datamodules import ImageFolderDataModule
+    from lightning_gpu_boost.models import ImageClassifier
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    gpu = torch.cuda.is_available()
+    cfg = _config(args, gpu)
+    root = make_jpeg_folder(Path(args.data) / f"jpeg-{cfg['images']}-{cfg['classes']}", n=cfg["images"],
+                            num_classes=cfg["classes"])  # fmt: skip
+    fast = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
+    size, bs, steps, warmup = cfg["image_size"], cfg["batch_size"], cfg["steps"], cfg["warmup"]
+    results: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+
+    def model(channels_last: bool = gpu) -> ImageClassifier:
+        torch.manual_seed(0)
+        return ImageClassifier(cfg["arch"], cfg["classes"], channels_last=channels_last)
+
+    def case(name: str, data: Any, precision: str, timed: int, channels_last: bool = gpu) -> None:
+        print(f"bench: {name} ...", flush=True)
+        results[name] = {**_fit(model(channels_last), data, precision, timed, warmup), "precision": precision}
+        print(f"bench: {name}: {results[name]['samples_per_s']:,.0f} img/s", flush=True)
+
+    device = torch.device("cuda" if gpu else "cpu")
+    batch = (torch.randint(0, 256, (bs, 3, size, size), dtype=torch.uint8, device=device),
+             torch.randint(0, cfg["classes"], (bs,), device=device))  # fmt: skip
+    case("ceiling", _ResidentBatches(batch, 10**6), fast, steps)
+    del batch
+    plain = DataLoader(plain_image_folder(root, size), batch_size=bs, shuffle=True)
+    case("plain", plain, "32-true", cfg["plain_steps"], channels_last=False)
+    workers = usable_cpus()
+    tuned = DataLoader(plain_image_folder(root, size), batch_size=bs, shuffle=True, num_workers=workers,
+                       pin_memory=gpu, persistent_workers=True, prefetch_factor=4)  # fmt: skip
+    case("hand_tuned", tuned, fast, steps)
+    del tuned
+    boosted = dict(
+        image_size=size, batch_size=bs, num_workers="auto", auto_budget_s=args.auto_budget, prefetch=True
+    )
+    case("boosted_cpu", ImageFolderDataModule(str(root), **boosted), fast, steps)
+    pack = None
+    if module_available("lmdb"):
+        from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+        from lightning_gpu_boost.datamodules.lmdb import LMDBDataModule
+
+        pack = Path(f"{root}.lmdb")
+        if not pack.exists():
+            pack_image_folder(root, pack, progress=False)
+        case("lmdb", LMDBDataModule(str(pack), **boosted), fast, steps)
+    else:
+        skipped["lmdb"] = "lmdb is not installed (pip install 'lightning-gpu-boost[lmdb]')"
+    if module_available("nvidia.dali"):
+        from lightning_gpu_boost.datamodules.dali import DALIDataModule
+
+        dali = dict(batch_size=bs, image_size=size, dtype="bfloat16" if fast == "bf16-mixed" else "float32",
+                    channels_last=gpu)  # fmt: skip
+        case("dali_folder", DALIDataModule(str(root), **dali), fast, steps)
+        if pack is not None:
+            case("dali_lmdb", DALIDataModule(str(pack), **dali), fast, steps)
+    else:
+        skipped["dali"] = "DALI is not installed (the extra `dali`, or `dali-cuda13` for CUDA 13 torch)"
+
+    rate = {name: r["samples_per_s"] for name, r in results.items()}
+    for name, r in results.items():
+        r["of_ceiling"] = rate[name] / rate["ceiling"]
+        r["vs_plain"] = rate[name] / rate["plain"]
+    boosted_best = max(v for k, v in rate.items() if k not in ("ceiling", "plain", "hand_tuned"))
+    bars = {
+        "boosted_cpu_vs_hand_tuned": bar(rate["boosted_cpu"] / rate["hand_tuned"], 1.2, "x"),
+        "boosted_best_vs_plain": bar(boosted_best / rate["plain"], 10.0, "x"),
+    }
+    if "dali_folder" in rate:
+        bars["dali_folder_of_ceiling"] = bar(results["dali_folder"]["of_ceiling"], 0.95, "ratio")
+    if "dali_lmdb" in rate:
+        bars["dali_lmdb_of_ceiling"] = bar(results["dali_lmdb"]["of_ceiling"], 0.90, "ratio")
+    print("\n| case | img/s | of ceiling | vs plain |\n|---|---|---|---|")
+    for name, r in results.items():
+        print(f"| {name} | {rate[name]:,.0f} | {100 * r['of_ceiling']:.0f} % | {r['vs_plain']:.1f}x |")
+    for name, why in skipped.items():
+        print(f"(skipped {name}: {why})")
+    figures = {"config": cfg, "usable_cpus": usable_cpus(), "cases": results, "skipped": skipped}
+    path = write_result("bench", figures, bars, args.out)
+    print(f"wrote {path}")
+    if module_available("matplotlib"):
+        _chart(results, path.with_suffix(".png"))
+        print(f"wrote {path.with_suffix('.png')}")
+    return 0
+
+
+def _chart(results: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    names = list(results)
+    values = [results[n]["samples_per_s"] for n in names]
+    fig = Figure(figsize=(8, 3.5))
+    ax = fig.add_subplot()
+    bars = ax.barh(names[::-1], values[::-1], color="#4c72b0")
+    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values[::-1]], padding=3)
+    ax.set_xlim(0, 1.15 * max(values))
+    ax.set_xlabel("training images/s")
+    ax.set_title("lightning-gpu-boost bench")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
