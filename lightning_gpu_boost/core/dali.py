@@ -3,8 +3,8 @@
 :class:`DALILoader` feeds a DALI pipeline through ``fn.external_source`` with a batch callable, so Python decides
 which samples each epoch holds: every epoch covers this rank's shard exactly once, even after an epoch that was
 stopped early (the few batches DALI computed ahead are discarded, the pipeline is reset, the next epoch starts at
-its beginning). Encoded files or LMDB records are read ahead by threads; decoding, cropping, flipping and
-normalizing run in DALI (on the GPU with ``device_id`` set, on the CPU with ``device_id=None``). Every batch is
+its beginning). For folders Python sends file paths and DALI's threads read the files (``fn.io.file.read``); LMDB
+records are read ahead by Python threads. Decoding, cropping, flipping and normalizing run in DALI (on the GPU with ``device_id`` set, on the CPU with ``device_id=None``). Every batch is
 copied out of DALI's buffers into its own torch tensor, so batches held ahead are never overwritten.
 
 DALI is an optional dependency (extra ``dali`` for CUDA 12 torch builds, ``dali-cuda13`` for CUDA 13), imported
@@ -281,7 +281,8 @@ class DALILoader:
 
     Args:
         source: an object with ``__len__`` and ``read(index) -> (encoded uint8 array, label)``
-            (:class:`FolderSource`, :class:`PackSource`).
+            (:class:`PackSource`), or ``path(index) -> (UTF-8 path as a uint8 array, label)`` for files that DALI
+            reads itself (:class:`FolderSource` has both and is read through ``path``).
         graph: ``graph(encoded) -> images`` builds the DALI operators that turn encoded bytes into images
             (e.g. :func:`classification_graph` with ``functools.partial``).
         batch_size: samples per batch.
