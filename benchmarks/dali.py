@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--variants", nargs="+", default=[],
-                        help="extra folder runs as HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH, e.g. 0.99:2 0.65:4")  # fmt: skip
+                        help="extra folder runs: HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH (e.g. 0.65:4), or gil-default")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/dali.py needs a CUDA GPU.")
@@ -86,6 +86,7 @@ def main() -> None:
         result = fit(dm, args, args.warmup)
         result |= {"of_ceiling": result["samples_per_s"] / ceiling["samples_per_s"], "options": options,
                    "hw_decoder_load": dm.hw_decoder_load, "prefetch_queue_depth": dm.prefetch_queue_depth,
+                   "gil_switch_interval": dm.gil_switch_interval,
                    "dali_cpu_cores": result["process_cpu_cores"] - ceiling["process_cpu_cores"]}  # fmt: skip
         print(f"DALI from {source}: {result['samples_per_s']:,.0f} img/s = {100 * result['of_ceiling']:.1f} % of the "
               f"ceiling, {result['process_cpu_cores']:.1f} CPU cores busy, data wait {result['data_wait_frac']:.2f} "
@@ -96,6 +97,9 @@ def main() -> None:
     lmdb = dali(str(pack))
     variants = []
     for variant in args.variants:
+        if variant == "gil-default":  # Python's own 5 ms switch interval
+            variants.append(dali(str(root), gil_switch_interval=None))
+            continue
         load, depth = variant.split(":")
         variants.append(dali(str(root), hw_decoder_load=float(load), prefetch_queue_depth=int(depth)))
     figures = {

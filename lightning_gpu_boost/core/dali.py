@@ -17,6 +17,7 @@ import contextlib
 import math
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections import deque
@@ -293,6 +294,9 @@ class DALILoader:
         prefetch_queue_depth: batches DALI computes ahead.
         dtype: the output dtype, converted in torch where DALI lacks it (``bfloat16``).
         channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
+        gil_switch_interval: while an epoch is iterated, Python's thread switch interval is lowered to this many
+            seconds (``sys.setswitchinterval``; restored after the epoch), so that the producer thread gets the GIL
+            from a busy training loop in time; ``None`` leaves it alone.
 
     Raises:
         ValueError: a bad argument.
@@ -317,6 +321,7 @@ class DALILoader:
         prefetch_queue_depth: int = 2,
         dtype: Dtype = "float32",
         channels_last: bool = False,
+        gil_switch_interval: float | None = 0.001,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
@@ -332,6 +337,9 @@ class DALILoader:
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = rank, world_size
         self.prefetch_queue_depth, self.dtype, self.channels_last = prefetch_queue_depth, dtype, channels_last
+        if gil_switch_interval is not None and not gil_switch_interval > 0:
+            raise ValueError(f"gil_switch_interval must be None or > 0 seconds, got {gil_switch_interval!r}.")
+        self.gil_switch_interval = gil_switch_interval
         self.device = torch.device("cpu") if device_id is None else torch.device("cuda", device_id)
         self.sampler = _EpochSetter(self)
         self.epoch = 0
@@ -446,11 +454,19 @@ class DALILoader:
         # A thread runs the pipeline and copies its outputs: the training loop only picks up finished batches.
         producer = self._producer = _Producer(self, length)
         producer.start()
-        for _ in range(length):
-            item = producer.queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield self._hand_over(item)
+        # The training loop holds the GIL most of the time; with Python's default 5 ms switch interval the
+        # producer, which needs the GIL several times per batch, falls behind. Shorter turns while this runs.
+        interval = sys.getswitchinterval()
+        if self.gil_switch_interval is not None:
+            sys.setswitchinterval(min(interval, self.gil_switch_interval))
+        try:
+            for _ in range(length):
+                item = producer.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield self._hand_over(item)
+        finally:
+            sys.setswitchinterval(interval)
         producer.join()
         self._producer = None
         self._stream.popleft()

@@ -58,6 +58,8 @@ class DALIDataModule(pl.LightningDataModule):
         seed: seed of the shuffle and of DALI's random augmentation (plus the rank).
         drop_last: drop the short last training batch.
         check_crc: verify LMDB records as they are read.
+        gil_switch_interval: Python's thread switch interval while an epoch runs (``None``: unchanged); see
+            ``DALILoader``.
 
     Raises:
         ValueError: a bad argument.
@@ -98,6 +100,7 @@ class DALIDataModule(pl.LightningDataModule):
         seed: int = 0,
         drop_last: bool = False,
         check_crc: bool = False,
+        gil_switch_interval: float | None = 0.001,
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("image_size", image_size),
@@ -131,6 +134,7 @@ class DALIDataModule(pl.LightningDataModule):
         self.device, self.hw_decoder_load, self.num_threads = device, hw_decoder_load, num_threads
         self.read_threads, self.prefetch_queue_depth = read_threads, prefetch_queue_depth
         self.shuffle, self.seed, self.drop_last, self.check_crc = shuffle, seed, drop_last, check_crc
+        self.gil_switch_interval = gil_switch_interval
         self._loaders: dict[str, DALILoader] = {}
         self.classes: list[str] = []
 
@@ -194,6 +198,7 @@ class DALIDataModule(pl.LightningDataModule):
             prefetch_queue_depth=self.prefetch_queue_depth,
             dtype=self.dtype,
             channels_last=self.channels_last,
+            gil_switch_interval=self.gil_switch_interval,
         )
         where = "CPU (decode on the CPU)" if device_id is None else f"cuda:{device_id} (decode: mixed, hw_decoder_load={self.hw_decoder_load})"  # fmt: skip
         rank_zero_info(
