@@ -294,9 +294,10 @@ class DALILoader:
         prefetch_queue_depth: batches DALI computes ahead.
         dtype: the output dtype, converted in torch where DALI lacks it (``bfloat16``).
         channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
-        gil_switch_interval: while an epoch is iterated, Python's thread switch interval is lowered to this many
+        gil_switch_interval: while an epoch is iterated, lower Python's thread switch interval to this many
             seconds (``sys.setswitchinterval``; restored after the epoch), so that the producer thread gets the GIL
-            from a busy training loop in time; ``None`` leaves it alone.
+            from a busy training loop sooner. ``None`` (default) leaves it alone. An experiment, not yet measured
+            on a GPU (``benchmarks/dali.py --variants gil-1ms``).
 
     Raises:
         ValueError: a bad argument.
@@ -321,7 +322,7 @@ class DALILoader:
         prefetch_queue_depth: int = 2,
         dtype: Dtype = "float32",
         channels_last: bool = False,
-        gil_switch_interval: float | None = 0.001,
+        gil_switch_interval: float | None = None,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),

@@ -58,8 +58,8 @@ class DALIDataModule(pl.LightningDataModule):
         seed: seed of the shuffle and of DALI's random augmentation (plus the rank).
         drop_last: drop the short last training batch.
         check_crc: verify LMDB records as they are read.
-        gil_switch_interval: Python's thread switch interval while an epoch runs (``None``: unchanged); see
-            ``DALILoader``.
+        gil_switch_interval: Python's thread switch interval while an epoch runs (``None``: unchanged; an
+            unmeasured experiment, see ``DALILoader``).
 
     Raises:
         ValueError: a bad argument.
@@ -100,7 +100,7 @@ class DALIDataModule(pl.LightningDataModule):
         seed: int = 0,
         drop_last: bool = False,
         check_crc: bool = False,
-        gil_switch_interval: float | None = 0.001,
+        gil_switch_interval: float | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("image_size", image_size),
