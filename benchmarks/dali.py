@@ -22,23 +22,11 @@ from _common import demo_tree, parser_for
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.cpus import usable_cpus
+from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.core.lmdb_format import pack_image_folder
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
 from lightning_gpu_boost.models import ImageClassifier
-
-
-class ResidentBatches:
-    """One GPU batch, yielded ``length`` times per epoch: the ceiling's loader."""
-
-    def __init__(self, batch: tuple[torch.Tensor, torch.Tensor], length: int) -> None:
-        self.batch, self.length = batch, length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __iter__(self):
-        return (self.batch for _ in range(self.length))
 
 
 def fit(data, args, meter_warmup: int) -> dict:

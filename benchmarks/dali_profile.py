@@ -12,9 +12,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from _common import demo_tree, parser_for
-from dali import ResidentBatches
 from torch.profiler import ProfilerActivity, profile
 
+from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
 from lightning_gpu_boost.models import ImageClassifier
 

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning_gpu_boost.baselines import plain_image_folder
     from lightning_gpu_boost.cli.demo import _fit
     from lightning_gpu_boost.core.cpus import usable_cpus
-    from lightning_gpu_boost.core.doctor import _ResidentBatches
+    from lightning_gpu_boost.core.doctor import ResidentBatches
     from lightning_gpu_boost.core.images import make_jpeg_folder
     from lightning_gpu_boost.core.results import bar, write_result
     from lightning_gpu_boost.datamodules import ImageFolderDataModule
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda" if gpu else "cpu")
     batch = (torch.randint(0, 256, (bs, 3, size, size), dtype=torch.uint8, device=device),
              torch.randint(0, cfg["classes"], (bs,), device=device))  # fmt: skip
-    case("ceiling", _ResidentBatches(batch, 10**6), fast, steps)
+    case("ceiling", ResidentBatches(batch, 10**6), fast, steps)
     del batch
     plain = DataLoader(plain_image_folder(root, size), batch_size=bs, shuffle=True)
     case("plain", plain, "32-true", cfg["plain_steps"], channels_last=False)

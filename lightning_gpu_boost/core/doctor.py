@@ -71,8 +71,8 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-class _ResidentBatches:
-    """The same batch ``length`` times: a loader that costs nothing, for the ceiling."""
+class ResidentBatches:
+    """The same batch ``length`` times per epoch: a loader that costs nothing (the ceiling's loader)."""
 
     def __init__(self, batch: Any, length: int) -> None:
         self.batch, self.length = batch, length
@@ -124,7 +124,7 @@ def measure_step_ms(model: Any, batch: Any, steps: int = 10, warmup: int = 3, **
               "limit_val_batches": 0, **trainer_kwargs}  # fmt: skip
     trainer = pl.Trainer(max_steps=warmup + steps, callbacks=[meter], **kwargs)
     device = trainer.strategy.root_device
-    trainer.fit(model, _ResidentBatches(_move(batch, device), warmup + steps + 1))
+    trainer.fit(model, ResidentBatches(_move(batch, device), warmup + steps + 1))
     return meter.summary()["step_ms"]
 
 
