@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_gpu_boost.core.doctor import batch_size_of
 from lightning_gpu_boost.core.nvml import NVMLSampler
-
-
-def _batch_size(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, dict):
-        return _batch_size(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0])
-    return 1
 
 
 class ThroughputMeter(Callback):
@@ -82,7 +72,7 @@ class ThroughputMeter(Callback):
         self._seen += 1
         if self._t0 is not None:
             self.steps += 1
-            self.samples += _batch_size(batch)
+            self.samples += batch_size_of(batch)
             self._last_end = time.perf_counter()
         elif self._seen == self.warmup:
             # the window opens at the end of the last warm-up step, so it includes fetching the next batch

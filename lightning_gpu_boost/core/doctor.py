@@ -90,13 +90,14 @@ def _move(batch: Any, device: torch.device) -> Any:
     return move_data_to_device(batch, device)
 
 
-def _batch_size(batch: Any) -> int:
+def batch_size_of(batch: Any) -> int:
+    """Samples in ``batch``: the first dimension of its first tensor (in a tensor, list, tuple or dict)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.ndim else 1
     if isinstance(batch, dict) and batch:
-        return _batch_size(next(iter(batch.values())))
+        return batch_size_of(next(iter(batch.values())))
     if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0])
+        return batch_size_of(batch[0])
     return 1
 
 
@@ -168,7 +169,7 @@ def diagnose(
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
     first = next(iter(loader))
-    batch_size = _batch_size(first)
+    batch_size = batch_size_of(first)
     if isinstance(loader, DataLoader):
         workers = loader.num_workers
         table: dict[int, float] = {}
