@@ -5,7 +5,7 @@
 ResNet-50, bf16-mixed, batch 256, channels_last, in a Lightning Trainer. Ceiling: the same Trainer and step with
 one batch already on the GPU, yielded again and again. DALI: ``DALIDataModule`` with its defaults except the
 dtype (bfloat16) and layout (channels_last) of the ceiling's batch; ``--variants`` adds folder runs with other
-``hw_decoder_load`` / ``prefetch_queue_depth`` values. The timed steps (60 after 10 of warm-up) cross epoch
+``hw_decoder_load`` / ``prefetch_queue_depth`` / ``gil_switch_interval`` values. The timed steps (60 after 10 of warm-up) cross epoch
 boundaries (32 batches per epoch). CPU use is this process's CPU time per
 second (DALI's threads and the training loop); the ceiling's shows what the training loop alone uses.
 Bars (issue 7): DALI from the folder >= 95 % of the ceiling, from LMDB >= 90 %.
@@ -49,7 +49,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--variants", nargs="+", default=[],
-                        help="extra folder runs: HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH (e.g. 0.65:4), or gil-1ms")  # fmt: skip
+                        help="extra runs: HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH (e.g. 0.65:4), gil-<ms>ms (e.g. gil-1ms) or "
+                             "default, from the folder; with an lmdb- prefix, from the pack")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/dali.py needs a CUDA GPU.")
@@ -85,10 +86,15 @@ def main() -> None:
     lmdb = dali(str(pack))
     variants = []
     for variant in args.variants:
-        if variant == "gil-1ms":  # Python's thread switch interval at 1 ms instead of 5 while an epoch runs
-            variants.append(dali(str(root), gil_switch_interval=0.001))
+        source = str(pack) if variant.startswith("lmdb-") else str(root)
+        name = variant.removeprefix("lmdb-")
+        if name == "default":  # the defaults again: run-to-run spread
+            variants.append(dali(source))
             continue
-        load, depth = variant.split(":")
+        if name.startswith("gil-") and name.endswith("ms"):  # Python's thread switch interval (default 5 ms)
+            variants.append(dali(source, gil_switch_interval=float(name[4:-2]) / 1000))
+            continue
+        load, depth = name.split(":")
         variants.append(dali(str(root), hw_decoder_load=float(load), prefetch_queue_depth=int(depth)))
     figures = {
         "config": vars(args), "usable_cpus": usable_cpus(), "pack_s": pack_s, "ceiling": ceiling,

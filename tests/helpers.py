@@ -194,7 +194,9 @@ class VectorDataset(Dataset):
 class VectorDataModule(pl.LightningDataModule):
     """A DataModule over :class:`VectorDataset` for ``lightning-gpu-boost doctor``."""
 
-    def __init__(self, n: int = 256, delay_s: float = 0.0, batch_size: int = 32, num_workers: int = 0) -> None:
+    def __init__(
+        self, n: int = 256, delay_s: float = 0.0, batch_size: int = 32, num_workers: int = 0
+    ) -> None:
         super().__init__()
         self.n, self.delay_s, self.batch_size, self.num_workers = n, delay_s, batch_size, num_workers
 
@@ -222,3 +224,79 @@ class VectorModel(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+# ------------------------------------------------------------- torchvision stand-ins (torchvision is not in CI)
+def _tv(cls: type, module: str) -> type:
+    cls.__module__ = module
+    return cls
+
+
+TV_TRANSFORMS = "torchvision.transforms.transforms"
+
+
+@lambda c: _tv(c, TV_TRANSFORMS)
+class Compose:
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, x):
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+
+@lambda c: _tv(c, TV_TRANSFORMS)
+class ToTensor:
+    """torchvision's ToTensor for PIL images and HWC uint8 / float arrays."""
+
+    def __call__(self, pic):
+        import numpy as np
+
+        arr = np.array(pic)
+        x = torch.from_numpy(arr if arr.ndim == 3 else arr[:, :, None]).permute(2, 0, 1).contiguous()
+        return x.float().div(255) if x.dtype == torch.uint8 else x.float()
+
+
+@lambda c: _tv(c, TV_TRANSFORMS)
+class Normalize:
+    def __init__(self, mean, std):
+        self.mean, self.std = mean, std
+
+    def __call__(self, x):
+        mean, std = torch.tensor(self.mean).view(-1, 1, 1), torch.tensor(self.std).view(-1, 1, 1)
+        return (x - mean) / std
+
+
+@lambda c: _tv(c, TV_TRANSFORMS)
+class Flip:
+    def __call__(self, img):
+        from PIL import Image
+
+        return img.transpose(Image.FLIP_LEFT_RIGHT)
+
+
+@lambda c: _tv(c, "torchvision.datasets.folder")
+class FakeImageFolder(Dataset):
+    """torchvision-style ``(transform(image), label)`` over random 8-bit PIL images."""
+
+    def __init__(self, n: int = 12, size: int = 8, transform=None, mode: str = "RGB"):
+        import numpy as np
+        from PIL import Image
+
+        rng = np.random.default_rng(0)
+        channels = {"RGB": 3, "L": 1}[mode]
+        self.images = [
+            Image.fromarray(rng.integers(0, 256, (size, size, channels), dtype=np.uint8).squeeze(), mode)
+            for _ in range(n)
+        ]
+        self.transform = transform
+        self.produced: list = []
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        out = self.transform(self.images[i]) if self.transform else self.images[i]
+        self.produced.append(getattr(out, "dtype", None))  # what the (in-process) workers produced
+        return out, i % 3

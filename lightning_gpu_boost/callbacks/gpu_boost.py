@@ -43,6 +43,9 @@ class GPUBoost(Callback):
         normalize_dtype: dtype of normalized images.
         workers_budget_s: time budget of the worker probe.
         on_starvation: the watchdog's ``"warn"``, ``"raise"`` or ``"ignore"``.
+        gpu_normalize: move a torchvision dataset's trailing ``ToTensor(), Normalize(mean, std)`` to the GPU
+            (``StreamPrefetch(move_normalize=True)``): workers send uint8, the model gets the same normalized
+            float32 images. Ignored when ``normalize`` is given.
 
     Raises:
         ValueError: bad arguments of its parts (the parts' messages).
@@ -65,16 +68,18 @@ class GPUBoost(Callback):
         normalize_dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         workers_budget_s: float = 30.0,
         on_starvation: Literal["warn", "raise", "ignore"] = "warn",
+        gpu_normalize: bool = True,
     ) -> None:
         self.parts: dict[str, Callback] = {}
-        if auto_workers:
-            self.parts["auto_workers"] = AutoNumWorkers(budget_s=workers_budget_s)
-        if prefetch:
+        if prefetch:  # first: its uint8 rewrite must precede AutoNumWorkers' probe
             self.parts["prefetch"] = StreamPrefetch(
                 normalize=normalize,
                 dtype=normalize_dtype,
                 channels_last=channels_last and normalize is not None,
+                move_normalize=gpu_normalize,
             )
+        if auto_workers:
+            self.parts["auto_workers"] = AutoNumWorkers(budget_s=workers_budget_s)
         if watchdog:
             self.parts["watchdog"] = GPUUtilWatchdog(on_starvation=on_starvation)
         self.tf32 = tf32
@@ -95,6 +100,8 @@ class GPUBoost(Callback):
         if self.channels_last and cuda and any(isinstance(m, torch.nn.Conv2d) for m in pl_module.modules()):
             pl_module.to(memory_format=torch.channels_last)
             applied["channels_last"] = True
+            if "prefetch" in self.parts:  # images normalized on the GPU come out in the model's layout
+                self.parts["prefetch"].channels_last = True
         best = recommended_precision(trainer.strategy.root_device)
         if cuda and str(trainer.precision) == "32-true" and best != "32-true":
             rank_zero_warn(f"GPUBoost: training in 32-true on a GPU that supports {best}; pass precision='{best}' "

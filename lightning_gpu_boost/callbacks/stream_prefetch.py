@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -11,7 +12,13 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
-from lightning_gpu_boost.core.prefetch import GPUNormalize, StreamPrefetcher, check_normalize
+from lightning_gpu_boost.core.prefetch import (
+    GPUNormalize,
+    StreamPrefetcher,
+    check_normalize,
+    move_normalize,
+    restore_normalize,
+)
 
 _USER_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device")
 
@@ -42,6 +49,12 @@ class StreamPrefetch(Callback):
         depth: batches copied ahead, ``>= 1``.
         cpu_lookahead: without CUDA, still wrap the loaders and look ahead (no copy), e.g. to test that a
             pipeline behaves the same with the wrapper; by default the callback is a no-op without CUDA.
+        move_normalize: where a loader's dataset is a torchvision dataset whose ``transform`` ends in
+            ``ToTensor(), Normalize(mean, std)`` (or the v2 ``ToImage(), ToDtype(torch.float32, scale=True),
+            Normalize(...)``), drop those two from the workers' transform and do them on the GPU instead: the
+            workers send uint8 images (less CPU per image, 4x fewer bytes to collate, pin and copy) and the
+            model receives the same normalized float32 images (one info line per loader). Ignored when
+            ``normalize`` is given. ``GPUBoost`` turns it on.
 
     Raises:
         ValueError: bad ``normalize``, ``dtype`` or ``depth``.
@@ -70,6 +83,7 @@ class StreamPrefetch(Callback):
         channels_last: bool = False,
         depth: int = 1,
         cpu_lookahead: bool = False,
+        move_normalize: bool = False,
     ) -> None:
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
             raise ValueError(f"depth must be an int >= 1, got {depth!r}.")
@@ -81,6 +95,11 @@ class StreamPrefetch(Callback):
             self.normalize = GPUNormalize(mean, std, dtype=dtype, channels_last=channels_last, key=image_key)
         self.depth = depth
         self.cpu_lookahead = cpu_lookahead
+        self.move_normalize = move_normalize
+        self.channels_last = channels_last
+        self._moved: weakref.WeakKeyDictionary[DataLoader, GPUNormalize] = weakref.WeakKeyDictionary()
+        #: the stages whose dataset's ToTensor + Normalize were moved to the GPU (``move_normalize``)
+        self.moved_normalize: list[str] = []
         self._strategy: Any = None
         self.active = False
 
@@ -109,6 +128,17 @@ class StreamPrefetch(Callback):
             return
         strategy = trainer.strategy
 
+        def to_uint8(dataloader: object, stage: str | None) -> object:
+            # before AutoNumWorkers' probe (registered first by GPUBoost), so it measures the uint8 workers
+            if isinstance(dataloader, DataLoader) and dataloader not in self._moved:
+                stats = move_normalize(dataloader.dataset)
+                if stats is not None:
+                    self._moved[dataloader] = GPUNormalize(*stats, channels_last=self.channels_last, key=0)
+                    self.moved_normalize.append(stage or "?")
+                    rank_zero_info(f"StreamPrefetch: the {stage or ''} dataset's ToTensor + Normalize(mean="
+                                   f"{stats[0]}, std={stats[1]}) now run on the GPU; workers send uint8 images.")  # fmt: skip
+            return dataloader
+
         def wrap(dataloader: object, stage: str | None) -> object:
             if isinstance(dataloader, StreamPrefetcher) or getattr(dataloader, "batches_on_device", False):
                 return dataloader  # already wrapped, or a loader that yields GPU batches (DALILoader)
@@ -116,8 +146,15 @@ class StreamPrefetch(Callback):
                 # pinning in the DataLoader's own thread is cheaper than pinning each batch in the training loop
                 dataloader.pin_memory = True
                 rank_zero_info(f"StreamPrefetch: set pin_memory=True on the {stage or ''} loader.")
-            return StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=self.normalize)
+            normalize = (
+                self._moved.get(dataloader, self.normalize)
+                if isinstance(dataloader, DataLoader)
+                else self.normalize
+            )
+            return StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=normalize)
 
+        if self.move_normalize and self.normalize is None:
+            add_dataloader_hook(strategy, f"StreamPrefetch-uint8-{id(self)}", to_uint8, before=True)
         add_dataloader_hook(strategy, f"StreamPrefetch-{id(self)}", wrap, before=False)
         self._strategy = strategy
         self.active = True
@@ -125,5 +162,9 @@ class StreamPrefetch(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         strategy, self._strategy = self._strategy, None
         self.active = False
+        for loader in list(self._moved):
+            restore_normalize(loader.dataset)
+        self._moved.clear()
         if strategy is not None:
+            remove_dataloader_hook(strategy, f"StreamPrefetch-uint8-{id(self)}")
             remove_dataloader_hook(strategy, f"StreamPrefetch-{id(self)}")

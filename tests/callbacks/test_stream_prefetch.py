@@ -163,6 +163,46 @@ def test_ddp_shards_are_disjoint_complete_and_reshuffled(tmp_path):
     assert results[0][0] != results[0][1]  # the sampler's epoch was set: a new order each epoch
 
 
+class _FirstBatch(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 2)
+        self.batches = []
+
+    def training_step(self, batch, batch_idx):
+        self.batches.append([t.cpu() for t in batch])
+        return self.layer(batch[0].float().mean((2, 3))).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_move_normalize_same_images_uint8_workers_transform_restored(trainer_kwargs, caplog):
+    from lightning_gpu_boost.core.prefetch import Uint8Transform
+    from tests.core.test_prefetch import _imagenet_tf
+    from tests.helpers import FakeImageFolder
+
+    def fit(callbacks):
+        ds = FakeImageFolder(n=8, transform=_imagenet_tf())
+        model = _FirstBatch()
+        pl.Trainer(callbacks=callbacks, max_epochs=1, **trainer_kwargs).fit(
+            model, DataLoader(torch.utils.data.Subset(ds, range(8)), batch_size=4)
+        )
+        assert not isinstance(ds.transform, Uint8Transform)  # restored in teardown
+        return model.batches, set(ds.produced)
+
+    plain, plain_seen = fit([])
+    with caplog.at_level(logging.INFO):
+        moved, moved_seen = fit([StreamPrefetch(move_normalize=True, cpu_lookahead=True)])
+    assert "now run on the GPU" in caplog.text
+    assert plain_seen == {torch.float32} and moved_seen == {torch.uint8}
+    assert len(moved) == len(plain) == 2
+    for (xm, ym), (xp, yp) in zip(moved, plain, strict=True):
+        assert xm.dtype == torch.float32
+        torch.testing.assert_close(xm, xp, atol=1e-6, rtol=0)
+        assert torch.equal(ym, yp)
+
+
 # ---------------------------------------------------------------------------------------------------- GPU
 
 
@@ -192,3 +232,27 @@ def test_gpu_trainer_receives_prefetched_normalized_batches(tmp_path):
                          enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(model, DataLoader(data, batch_size=8, pin_memory=True))
     assert model.dtypes == {torch.bfloat16}
+
+
+@pytest.mark.gpu
+def test_gpu_move_normalize_with_real_torchvision(tmp_path):
+    datasets = pytest.importorskip("torchvision.datasets")
+    from torchvision import transforms
+
+    from lightning_gpu_boost.callbacks import GPUBoost
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+
+    root = make_jpeg_folder(tmp_path / "jpeg", n=16, num_classes=2)
+    tf = transforms.Compose([transforms.CenterCrop(64), transforms.ToTensor(),
+                             transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])  # fmt: skip
+    ds = datasets.ImageFolder(str(root), tf)
+    expected = torch.stack([ds[i][0] for i in range(4)])
+    model = _FirstBatch()
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, default_root_dir=tmp_path,
+                         callbacks=[GPUBoost(auto_workers=False, watchdog=False, channels_last=False)])  # fmt: skip
+    trainer.fit(model, DataLoader(ds, batch_size=4))
+    x = model.batches[0][0]
+    assert x.dtype == torch.float32
+    torch.testing.assert_close(x, expected, atol=1e-5, rtol=0)
+    assert ds.transform is tf
