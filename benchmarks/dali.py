@@ -47,13 +47,26 @@ def fit(data, args, meter_warmup: int) -> dict:
     return meter.summary()
 
 
+def _value(text: str) -> object:
+    """``true``/``false``, a number, or the string itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def main() -> None:
     parser = parser_for(__doc__)
     parser.add_argument("--warmup", type=int, default=32, help="untimed steps (default: one epoch)")
     parser.add_argument("--steps", type=int, default=64, help="timed steps (default: two epochs)")
     parser.add_argument("--variants", nargs="+", default=[],
-                        help="extra runs: HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH (e.g. 0.65:4), gil-<ms>ms (e.g. gil-1ms) or "
-                             "default, from the folder; with an lmdb- prefix, from the pack")  # fmt: skip
+                        help="extra runs: HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH (e.g. 0.65:4), gil-<ms>ms (e.g. gil-1ms), "
+                             "default, or DALIDataModule options (dtype=float16,channels_last=false), from the "
+                             "folder; with an lmdb- prefix, from the pack")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/dali.py needs a CUDA GPU.")
@@ -75,9 +88,7 @@ def main() -> None:
           f"in one endless epoch: {one_epoch['samples_per_s']:,.0f} img/s")  # fmt: skip
 
     def dali(source: str, **options) -> dict:
-        dm = DALIDataModule(
-            source, batch_size=args.batch_size, dtype="bfloat16", channels_last=True, **options
-        )
+        dm = DALIDataModule(source, batch_size=args.batch_size, **{"dtype": "bfloat16", "channels_last": True, **options})
         result = fit(dm, args, args.warmup)
         result |= {"of_ceiling": result["samples_per_s"] / ceiling["samples_per_s"], "options": options,
                    "hw_decoder_load": dm.hw_decoder_load, "prefetch_queue_depth": dm.prefetch_queue_depth,
@@ -99,6 +110,10 @@ def main() -> None:
             continue
         if name.startswith("gil-") and name.endswith("ms"):  # Python's thread switch interval (default 5 ms)
             variants.append(dali(source, gil_switch_interval=float(name[4:-2]) / 1000))
+            continue
+        if "=" in name:  # DALIDataModule options, e.g. dtype=float16,channels_last=false
+            options = dict(item.split("=", 1) for item in name.split(","))
+            variants.append(dali(source, **{k: _value(v) for k, v in options.items()}))
             continue
         load, depth = name.split(":")
         variants.append(dali(str(root), hw_decoder_load=float(load), prefetch_queue_depth=int(depth)))

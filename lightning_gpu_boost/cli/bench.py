@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     def case(name: str, data: Any, precision: str, timed: int, channels_last: bool = gpu) -> None:
         print(f"bench: {name} ...", flush=True)
         results[name] = {**_fit(model(channels_last), data, precision, timed, warmup), "precision": precision}
+        probes = getattr(data, "auto_probes", None)  # num_workers="auto": what the probe chose
+        if probes:
+            results[name]["num_workers"] = {stage: probe.num_workers for stage, probe in probes.items()}
         print(f"bench: {name}: {results[name]['samples_per_s']:,.0f} img/s", flush=True)
 
     device = torch.device("cuda" if gpu else "cpu")

@@ -179,8 +179,11 @@ class PackWriter:
         self._pending_bytes = 0
 
     def add(self, payload: bytes, label: int = -1, codec: str = "raw") -> None:
+        self.add_value(encode_record(payload, label, codec))
+
+    def add_value(self, value: bytes | bytearray) -> None:
+        """Add an already encoded record value (:func:`encode_record`)."""
         index = self.next_index + len(self._pending)
-        value = encode_record(payload, label, codec)
         self._pending.append((key(index), value))
         self._pending_bytes += len(value)
         if len(self._pending) >= self.commit_every or self._pending_bytes >= self.commit_bytes:
@@ -414,9 +417,24 @@ def source_fingerprint(root: str | os.PathLike, files: list[str]) -> str:
     return digest.hexdigest()[:32]
 
 
-def _read(path: str) -> bytes:
+def _read_record(path: str, label: int) -> bytearray:
+    """The record value of a file, built where it is read (a reading thread): header space, then the bytes
+    read straight into place, then the header with the CRC32 (zlib releases the GIL on large buffers)."""
     with open(path, "rb") as f:
-        return f.read()
+        size = os.fstat(f.fileno()).st_size
+        value = bytearray(HEADER.size + size)
+        view = memoryview(value)
+        got = f.readinto(view[HEADER.size :])
+        while got < size:  # short reads (network filesystems)
+            n = f.readinto(view[HEADER.size + got :])
+            if not n:
+                raise OSError(f"{path!r} shrank while it was read ({got} of {size} bytes).")
+            got += n
+        extra = f.read()  # grew while it was read
+    if extra:
+        return bytearray(encode_record(bytes(view[HEADER.size :]) + extra, label, "raw"))
+    HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, zlib.crc32(view[HEADER.size :]))
+    return value
 
 
 def pack_image_folder(
@@ -489,12 +507,17 @@ def _pack_files(
                 total=len(samples), initial=start, desc=f"pack {dst}", unit="img", disable=not progress
             ) as bar,
         ):
-            for lo in range(start, len(samples), commit_every):
-                window = samples[lo : lo + commit_every]
-                for data, (_, label) in zip(pool.map(_read, [p for p, _ in window]), window, strict=True):
-                    writer.add(data, label, "raw")
+            def submit(lo: int) -> list:
+                return [pool.submit(_read_record, p, label) for p, label in samples[lo : lo + commit_every]]
+
+            windows = range(start, len(samples), commit_every)
+            ahead = submit(windows[0]) if windows else []
+            for lo in windows:
+                current, ahead = ahead, (submit(lo + commit_every) if lo + commit_every < len(samples) else [])
+                for future in current:  # the next window is read while this one is stored and committed
+                    writer.add_value(future.result())
                 writer.commit()
-                bar.update(len(window))
+                bar.update(len(current))
     except BaseException:
         writer.close()
         raise
