@@ -110,12 +110,13 @@ def main() -> None:
                 pack_runs.append(time.perf_counter() - start)
                 os.sync()
                 start = time.perf_counter()
-                subprocess.run(["cp", "-r", str(src), str(Path(tmp) / f"copy-{name}")], check=True)
+                subprocess.run(["cp", "-r", str(src), str(Path(tmp) / f"copy-{name}-{k}")], check=True)
                 cp_runs.append(time.perf_counter() - start)
-                shutil.rmtree(Path(tmp) / f"copy-{name}")
+            for k in range(3):  # deleted only now: neither side pays for the other's deletions (discards)
+                shutil.rmtree(Path(tmp) / f"copy-{name}-{k}")
                 if k < 2:
-                    close_readers(pack)
-                    os.remove(pack)
+                    close_readers(Path(tmp) / f"{name}-{k}.lmdb")
+                    os.remove(Path(tmp) / f"{name}-{k}.lmdb")
             pack_s, cp_s = statistics.median(pack_runs), statistics.median(cp_runs)
             # records are in sorted-path order in both, so index i is the same sample
             order = random.Random(1).sample(range(n), min(args.reads, n))  # distinct records, random order
