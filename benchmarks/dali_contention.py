@@ -1,0 +1,118 @@
+"""Diagnosis: does a busy GPU slow DALIDataModule's pipeline down, and how are the training loop's waits spread?
+
+    python benchmarks/dali_contention.py
+
+1. The train loader alone (no training): img/s.
+2. The same while another thread keeps the GPU's SMs busy with bf16 matmuls on its own stream: img/s.
+3. ResNet-50 training on it in a Lightning Trainer: each step's wait for its batch (percentiles, and the steps
+   that waited longest), against the ceiling's step time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import lightning.pytorch as pl
+import torch
+from _common import demo_tree, parser_for
+
+from lightning_gpu_boost.core.results import write_result
+from lightning_gpu_boost.datamodules.dali import DALIDataModule
+from lightning_gpu_boost.models import ImageClassifier
+
+
+def loader_rate(dm: DALIDataModule, batches: int) -> float:
+    loader = dm.train_dataloader()
+    it = iter(loader)
+    for _ in range(8):
+        next(it)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        try:
+            next(it)
+        except StopIteration:
+            it = iter(loader)
+            next(it)
+    torch.cuda.synchronize()
+    return batches * dm.batch_size / (time.perf_counter() - t0)
+
+
+class GPUHog(threading.Thread):
+    """bf16 matmuls on a side stream until stopped (a stand-in for a training step's kernels)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.kernels = 0
+
+    def run(self) -> None:
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            while not self.stop.is_set():
+                for _ in range(8):
+                    a @ a
+                self.kernels += 8
+                stream.synchronize()
+
+
+class Waits(pl.Callback):
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self._end: float | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._end is not None:
+            self.waits.append(1000 * (time.perf_counter() - self._end))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._end = time.perf_counter()
+
+
+def main() -> None:
+    parser = parser_for(__doc__)
+    parser.add_argument("--batches", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=96)
+    args = parser.parse_args()
+    root = demo_tree(args)
+
+    def datamodule() -> DALIDataModule:
+        return DALIDataModule(str(root), batch_size=args.batch_size, dtype="bfloat16", channels_last=True)
+
+    dm = datamodule()
+    alone = loader_rate(dm, args.batches)
+    dm.teardown("fit")
+    hog = GPUHog()
+    hog.start()
+    time.sleep(1.0)
+    dm = datamodule()
+    k0, t0 = hog.kernels, time.perf_counter()
+    busy = loader_rate(dm, args.batches)
+    hog_rate = (hog.kernels - k0) / (time.perf_counter() - t0)
+    hog.stop.set()
+    hog.join()
+    dm.teardown("fit")
+    print(f"DALI loader alone {alone:,.0f} img/s; with the GPU busy {busy:,.0f} img/s ({hog_rate:.0f} matmuls/s)")
+
+    waits = Waits()
+    trainer = pl.Trainer(max_steps=args.steps, precision="bf16-mixed", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[waits])  # fmt: skip
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    trainer.fit(ImageClassifier("resnet50", num_classes=100, channels_last=True), datamodule=datamodule())
+    w = waits.waits[32:]  # after the first epoch
+    q = statistics.quantiles(w, n=20)
+    longest = sorted(range(len(w)), key=lambda i: -w[i])[:8]
+    print(f"training: waits per step after the first epoch: median {statistics.median(w):.1f} ms, p90 {q[17]:.1f}, "
+          f"p95 {q[18]:.1f}, max {max(w):.1f}; longest at steps {[32 + 1 + i for i in longest]}")  # fmt: skip
+    figures = {"config": vars(args), "loader_alone_img_s": alone, "loader_gpu_busy_img_s": busy,
+               "hog_matmuls_s": hog_rate, "waits_ms": w, "wait_median_ms": statistics.median(w),
+               "wait_p90_ms": q[17], "wait_p95_ms": q[18], "wall_s": time.perf_counter() - t0}  # fmt: skip
+    print(f"wrote {write_result('dali_contention', figures, {}, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
