@@ -17,6 +17,7 @@ import time
 import lightning.pytorch as pl
 import torch
 from _common import demo_tree, parser_for
+from dali import _value
 
 from lightning_gpu_boost.core.results import write_result
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
@@ -76,26 +77,38 @@ def main() -> None:
     parser = parser_for(__doc__)
     parser.add_argument("--batches", type=int, default=64)
     parser.add_argument("--steps", type=int, default=96)
+    parser.add_argument("--variants", nargs="*", default=[], help="DALIDataModule options, e.g. hw_decoder_load=0.65")
+    parser.add_argument("--no-train", dest="train", action="store_false", help="skip the training part")
     args = parser.parse_args()
     root = demo_tree(args)
 
-    def datamodule() -> DALIDataModule:
-        return DALIDataModule(str(root), batch_size=args.batch_size, dtype="bfloat16", channels_last=True)
+    def datamodule(**options) -> DALIDataModule:
+        return DALIDataModule(str(root), batch_size=args.batch_size, **{"dtype": "bfloat16", "channels_last": True, **options})
 
-    dm = datamodule()
-    alone = loader_rate(dm, args.batches)
-    dm.teardown("fit")
-    hog = GPUHog()
-    hog.start()
-    time.sleep(1.0)
-    dm = datamodule()
-    k0, t0 = hog.kernels, time.perf_counter()
-    busy = loader_rate(dm, args.batches)
-    hog_rate = (hog.kernels - k0) / (time.perf_counter() - t0)
-    hog.stop.set()
-    hog.join()
-    dm.teardown("fit")
-    print(f"DALI loader alone {alone:,.0f} img/s; with the GPU busy {busy:,.0f} img/s ({hog_rate:.0f} matmuls/s)")
+    def rates(**options) -> dict:
+        dm = datamodule(**options)
+        alone = loader_rate(dm, args.batches)
+        dm.teardown("fit")
+        hog = GPUHog()
+        hog.start()
+        time.sleep(1.0)
+        dm = datamodule(**options)
+        k0, t0 = hog.kernels, time.perf_counter()
+        busy = loader_rate(dm, args.batches)
+        hog_rate = (hog.kernels - k0) / (time.perf_counter() - t0)
+        hog.stop.set()
+        hog.join()
+        dm.teardown("fit")
+        print(f"DALI loader {options or 'defaults'}: alone {alone:,.0f} img/s; with the GPU busy {busy:,.0f} img/s "
+              f"({hog_rate:.0f} matmuls/s)")  # fmt: skip
+        return {"options": options, "alone_img_s": alone, "gpu_busy_img_s": busy, "hog_matmuls_s": hog_rate}
+
+    loaders = [rates()]
+    for variant in args.variants:
+        loaders.append(rates(**{k: _value(v) for k, v in (item.split("=", 1) for item in variant.split(","))}))
+    if not args.train:
+        print(f"wrote {write_result('dali_contention', {'config': vars(args), 'loaders': loaders}, {}, args.out)}")
+        return
 
     waits = Waits()
     trainer = pl.Trainer(max_steps=args.steps, precision="bf16-mixed", logger=False, enable_checkpointing=False,
@@ -108,8 +121,7 @@ def main() -> None:
     longest = sorted(range(len(w)), key=lambda i: -w[i])[:8]
     print(f"training: waits per step after the first epoch: median {statistics.median(w):.1f} ms, p90 {q[17]:.1f}, "
           f"p95 {q[18]:.1f}, max {max(w):.1f}; longest at steps {[32 + 1 + i for i in longest]}")  # fmt: skip
-    figures = {"config": vars(args), "loader_alone_img_s": alone, "loader_gpu_busy_img_s": busy,
-               "hog_matmuls_s": hog_rate, "waits_ms": w, "wait_median_ms": statistics.median(w),
+    figures = {"config": vars(args), "loaders": loaders, "waits_ms": w, "wait_median_ms": statistics.median(w),
                "wait_p90_ms": q[17], "wait_p95_ms": q[18], "wall_s": time.perf_counter() - t0}  # fmt: skip
     print(f"wrote {write_result('dali_contention', figures, {}, args.out)}")
 

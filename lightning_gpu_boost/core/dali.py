@@ -258,10 +258,11 @@ class _Producer(threading.Thread):
 
     def run(self) -> None:
         try:
-            for _ in range(self.count):
+            pipes = self.loader._pipes
+            for j in range(self.count):
                 if self.stop.is_set():
                     return
-                outputs = self.loader._pipe.run()
+                outputs = pipes[j % len(pipes)].run()  # batch j of the epoch went to pipeline j % P
                 self.loader._pos += 1
                 self._put(self.loader._to_torch(outputs))
         except BaseException as err:  # handed to the training loop, which raises it
@@ -296,8 +297,10 @@ class DALILoader:
         channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
         gil_switch_interval: while an epoch is iterated, lower Python's thread switch interval to this many
             seconds (``sys.setswitchinterval``; restored after the epoch), so that the producer thread gets the GIL
-            from a busy training loop sooner. ``None`` (default) leaves it alone. An experiment, not yet measured
-            on a GPU (``benchmarks/dali.py --variants gil-1ms``).
+            from a busy training loop sooner. ``None`` (default) leaves it alone. Measured on an H100
+            (``benchmarks/dali.py --variants gil-1ms gil-0.2ms``): no effect.
+        pipelines: DALI pipelines that decode alternate batches side by side (batch ``j`` of an epoch goes to
+            pipeline ``j % pipelines``), each with ``num_threads // pipelines`` CPU threads.
 
     Raises:
         ValueError: a bad argument.
@@ -323,10 +326,11 @@ class DALILoader:
         dtype: Dtype = "float32",
         channels_last: bool = False,
         gil_switch_interval: float | None = None,
+        pipelines: int = 1,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
-                            ("world_size", world_size)):  # fmt: skip
+                            ("world_size", world_size), ("pipelines", pipelines)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
         if dtype not in DTYPES:
@@ -348,18 +352,22 @@ class DALILoader:
         self._started = False
         self._stream: deque[tuple[int, int]] = deque()  # epochs planned into the pipeline: (epoch, batches)
         self._pos = 0  # batches of the first planned epoch already handed out
-        self._pipe: Any = None
+        self.pipelines = pipelines
+        self._pipes: list[Any] = []
         self._producer: _Producer | None = None
         self._copy_stream: Any = None
         #: files are read by DALI's CPU threads (``fn.io.file.read``) when the source can name them
         self.reads_in_dali = callable(getattr(source, "path", None))
-        self._feeder = _Feeder(
-            source,
-            read_threads,
-            read_ahead=max(2, prefetch_queue_depth + 1),
-            keep=prefetch_queue_depth + 3,
-            paths=self.reads_in_dali,
-        )
+        self._feeders = [
+            _Feeder(
+                source,
+                read_threads,
+                read_ahead=max(2, prefetch_queue_depth + 1),
+                keep=prefetch_queue_depth + 3,
+                paths=self.reads_in_dali,
+            )
+            for _ in range(pipelines)
+        ]
         _LIVE.add(self)
         #: batches discarded because an epoch stopped early or another epoch came next (DALI computed them ahead)
         self.discarded = 0
@@ -379,43 +387,48 @@ class DALILoader:
             batches.pop()
         return batches
 
-    def _build(self) -> Any:
-        if self._pipe is None:
-            dali = require("nvidia.dali")
-            pipe = dali.Pipeline(
-                batch_size=self.batch_size,
-                num_threads=self.num_threads,
-                device_id=self.device_id,
-                seed=self.seed + 7919 * self.rank,
-                prefetch_queue_depth=self.prefetch_queue_depth,
-            )
-            with pipe:
-                encoded, labels = dali.fn.external_source(
-                    source=self._feeder, num_outputs=2, batch=True, batch_info=True, no_copy=True,
-                    dtype=[dali.types.UINT8, dali.types.INT64],
-                )  # fmt: skip
-                if self.reads_in_dali:  # the feeder sent paths: DALI's threads read the files, not Python
-                    encoded = dali.fn.io.file.read(encoded, dont_use_mmap=True)
-                pipe.set_outputs(self.graph(encoded), labels)
-            pipe.build()
-            self._pipe = pipe
-        return self._pipe
+    def _build(self) -> list[Any]:
+        if not self._pipes:
+            self._pipes = [self._build_one(k, feeder) for k, feeder in enumerate(self._feeders)]
+        return self._pipes
+
+    def _build_one(self, k: int, feeder: _Feeder) -> Any:
+        dali = require("nvidia.dali")
+        pipe = dali.Pipeline(
+            batch_size=self.batch_size,
+            num_threads=max(1, self.num_threads // self.pipelines),
+            device_id=self.device_id,
+            seed=self.seed + 7919 * self.rank + 104729 * k,
+            prefetch_queue_depth=self.prefetch_queue_depth,
+        )
+        with pipe:
+            encoded, labels = dali.fn.external_source(
+                source=feeder, num_outputs=2, batch=True, batch_info=True, no_copy=True,
+                dtype=[dali.types.UINT8, dali.types.INT64],
+            )  # fmt: skip
+            if self.reads_in_dali:  # the feeder sent paths: DALI's threads read the files, not Python
+                encoded = dali.fn.io.file.read(encoded, dont_use_mmap=True)
+            pipe.set_outputs(self.graph(encoded), labels)
+        pipe.build()
+        return pipe
 
     def _plan(self, epoch: int) -> None:
         batches = self.epoch_batches(epoch)
-        self._feeder.extend(batches)
+        for k, feeder in enumerate(self._feeders):  # batch j to pipeline j % P: they decode side by side
+            feeder.extend(batches[k :: self.pipelines])
         self._stream.append((epoch, len(batches)))
 
     def _restart(self) -> None:
         """Discard what DALI computed ahead (an epoch stopped early, or an unexpected epoch), then reset."""
-        self._feeder.stop()
-        try:
-            while True:
-                self._pipe.run()
-                self.discarded += 1
-        except StopIteration:
-            pass
-        self._pipe.reset()
+        for feeder, pipe in zip(self._feeders, self._pipes, strict=True):
+            feeder.stop()
+            try:
+                while True:
+                    pipe.run()
+                    self.discarded += 1
+            except StopIteration:
+                pass
+            pipe.reset()
         self._stream.clear()
         self._pos = 0
 
@@ -510,8 +523,9 @@ class DALILoader:
     def close(self) -> None:
         """Stop the threads and free the pipeline (its GPU memory)."""
         self._stop_producer()
-        self._feeder.close()
-        self._pipe, self._pos = None, 0
+        for feeder in self._feeders:
+            feeder.close()
+        self._pipes, self._pos = [], 0
         self._stream.clear()
 
     def __getstate__(self) -> dict[str, Any]:

@@ -58,8 +58,11 @@ class DALIDataModule(pl.LightningDataModule):
         seed: seed of the shuffle and of DALI's random augmentation (plus the rank).
         drop_last: drop the short last training batch.
         check_crc: verify LMDB records as they are read.
-        gil_switch_interval: Python's thread switch interval while an epoch runs (``None``: unchanged; an
-            unmeasured experiment, see ``DALILoader``).
+        gil_switch_interval: Python's thread switch interval while an epoch runs (``None``: unchanged; measured
+            on an H100: no effect, see ``docs/dali.md``).
+        pipelines: DALI pipelines decoding alternate batches side by side (each with its share of the CPU
+            threads). While the GPU trains, each pipeline's GPU work waits behind the training kernels, so one
+            pipeline delivers far fewer batches than it does alone; two overlap those waits.
 
     Raises:
         ValueError: a bad argument.
@@ -101,10 +104,12 @@ class DALIDataModule(pl.LightningDataModule):
         drop_last: bool = False,
         check_crc: bool = False,
         gil_switch_interval: float | None = None,
+        pipelines: int = 1,
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("image_size", image_size),
-                            ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth)):  # fmt: skip
+                            ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
+                            ("pipelines", pipelines)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
         for name, value in (("val_batch_size", val_batch_size), ("num_threads", num_threads)):
@@ -134,7 +139,7 @@ class DALIDataModule(pl.LightningDataModule):
         self.device, self.hw_decoder_load, self.num_threads = device, hw_decoder_load, num_threads
         self.read_threads, self.prefetch_queue_depth = read_threads, prefetch_queue_depth
         self.shuffle, self.seed, self.drop_last, self.check_crc = shuffle, seed, drop_last, check_crc
-        self.gil_switch_interval = gil_switch_interval
+        self.gil_switch_interval, self.pipelines = gil_switch_interval, pipelines
         self._loaders: dict[str, DALILoader] = {}
         self.classes: list[str] = []
 
@@ -199,6 +204,7 @@ class DALIDataModule(pl.LightningDataModule):
             dtype=self.dtype,
             channels_last=self.channels_last,
             gil_switch_interval=self.gil_switch_interval,
+            pipelines=self.pipelines,
         )
         where = "CPU (decode on the CPU)" if device_id is None else f"cuda:{device_id} (decode: mixed, hw_decoder_load={self.hw_decoder_load})"  # fmt: skip
         rank_zero_info(

@@ -164,3 +164,17 @@ def test_gil_switch_interval_is_lowered_only_while_an_epoch_runs(jpeg_tree):
     assert sys.getswitchinterval() == before
     with pytest.raises(ValueError, match="gil_switch_interval must be None or > 0 seconds, got 0"):
         loader(jpeg_tree, gil_switch_interval=0)
+
+
+@pytest.mark.parametrize("pipelines", [2, 3])
+def test_several_pipelines_keep_the_order_exact_epochs_and_early_stops(jpeg_tree, pipelines):
+    dl = loader(jpeg_tree, batch_size=5, pipelines=pipelines)
+    assert len(dl._build()) == pipelines
+    for epoch in range(2):  # 5 batches: an odd count, so epochs end on different pipelines
+        batches = [labels.tolist() for _, labels in dl]
+        assert [len(b) for b in batches] == [5, 5, 5, 5, 4]
+        assert sum(batches, []) == rank_indices(24, epoch)
+    it = iter(dl)
+    assert sum((next(it)[1].tolist() for _ in range(3)), []) == rank_indices(24, 2)[:15]  # stopped early
+    assert sum((labels.tolist() for _, labels in dl), []) == rank_indices(24, 3)
+    dl.close()

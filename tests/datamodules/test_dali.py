@@ -20,10 +20,10 @@ def epochs_of(seen: list[list[int]], per_epoch: int) -> list[list[int]]:
     return [sum(seen[i : i + per_epoch], []) for i in range(0, len(seen), per_epoch)]
 
 
-@pytest.mark.parametrize("limit", [None, 2])
-def test_three_epochs_exact_sizes_and_each_sample_once(jpeg_tree, trainer_kwargs, limit):
+@pytest.mark.parametrize("limit, pipelines", [(None, 1), (2, 1), (None, 2), (2, 2)])
+def test_three_epochs_exact_sizes_and_each_sample_once(jpeg_tree, trainer_kwargs, limit, pipelines):
     model = ImageIdModel()
-    dm = id_dali_datamodule(str(jpeg_tree), batch_size=5, image_size=16)
+    dm = id_dali_datamodule(str(jpeg_tree), batch_size=5, image_size=16, pipelines=pipelines)
     trainer = pl.Trainer(max_epochs=3, limit_train_batches=limit, **trainer_kwargs)
     trainer.fit(model, dm)
     per_epoch = limit or 5
