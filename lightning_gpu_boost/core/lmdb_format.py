@@ -421,10 +421,17 @@ def source_fingerprint(root: str | os.PathLike, files: list[str]) -> str:
     import hashlib
 
     digest = hashlib.sha256()
+    prefix = os.path.join(str(root), "")
     for path in files:
         stat = os.stat(path)
-        digest.update(f"{os.path.relpath(path, root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        # the relative path (a slice where it is under root: relpath per file costs more than the stat)
+        rel = path[len(prefix) :] if path.startswith(prefix) and ".." not in path else os.path.relpath(path, root)
+        digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:32]
+
+
+def _read_records(items: list[tuple[str, int]]) -> list[bytearray]:
+    return [_read_record(path, label) for path, label in items]
 
 
 def _read_record(path: str, label: int) -> bytearray:
@@ -517,17 +524,24 @@ def _pack_files(
                 total=len(samples), initial=start, desc=f"pack {dst}", unit="img", disable=not progress
             ) as bar,
         ):
+            # one task per chunk of files: a future per small file costs more than reading it
+            chunk = max(1, min(64, commit_every // (4 * (workers or usable_cpus()))))
+
             def submit(lo: int) -> list:
-                return [pool.submit(_read_record, p, label) for p, label in samples[lo : lo + commit_every]]
+                window = samples[lo : min(lo + commit_every, len(samples))]
+                return [pool.submit(_read_records, window[i : i + chunk]) for i in range(0, len(window), chunk)]
 
             windows = range(start, len(samples), commit_every)
             ahead = submit(windows[0]) if windows else []
             for lo in windows:
                 current, ahead = ahead, (submit(lo + commit_every) if lo + commit_every < len(samples) else [])
+                done = 0
                 for future in current:  # the next window is read while this one is stored and committed
-                    writer.add_value(future.result())
+                    for value in future.result():
+                        writer.add_value(value)
+                        done += 1
                 writer.commit()
-                bar.update(len(current))
+                bar.update(done)
     except BaseException:
         writer.close()
         raise
