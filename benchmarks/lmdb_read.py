@@ -8,7 +8,8 @@ Cold cache: `echo 3 > /proc/sys/vm/drop_caches` where permitted (root, not in mo
 file's pages are dropped with posix_fadvise(DONTNEED), which evicts clean unmapped pages: the JSON says which.
 
 Packing vs `cp -r`: medians of 3 alternating runs, each after `os.sync()`; the pack's time includes its own
-fsync before the atomic rename (`cp -r` leaves its data in the page cache).
+fsync before the atomic rename (`cp -r` leaves its data in the page cache; `cp_r_then_sync_s` adds the `sync`
+that makes the copy durable, for reference). End to end: 3 alternating runs of each DataModule, medians.
 
 Bars (issue 6): LMDB >= files in every cell and >= 2x files with ~4 KB records; packing at least as fast as
 `cp -r`; LMDBDataModule >= ImageFolderDataModule images/s at the same workers.
@@ -73,14 +74,15 @@ def read_pack(path: str, order: list[int]) -> float:
 
 
 def loader_images_per_s(dm, batches: int) -> float:
-    it = iter(dm.train_dataloader())
+    loader = dm.train_dataloader()  # one loader: its persistent workers serve every epoch
+    it = iter(loader)
     next(it)
     start, seen = time.perf_counter(), 0
     for _ in range(batches):
         try:
             seen += len(next(it)[1])
         except StopIteration:
-            it = iter(dm.train_dataloader())
+            it = iter(loader)
     return seen / (time.perf_counter() - start)
 
 
@@ -92,7 +94,7 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=None, help="DataLoader workers (default: usable CPUs - 1)"
     )
-    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--batches", type=int, default=100, help="batches per end-to-end run")
     args = parser.parse_args()
     figures: dict = {"config": vars(args), "reads": {}}
     bars = {}
@@ -102,7 +104,7 @@ def main() -> None:
             files = sorted(str(p) for p in src.rglob("*.jpg"))
             # pack and `cp -r` alternate 3 times (medians), each after an `os.sync()` so that neither pays
             # for writing back the other's dirty pages
-            pack_runs, cp_runs = [], []
+            pack_runs, cp_runs, sync_runs = [], [], []
             for k in range(3):
                 os.sync()
                 start = time.perf_counter()
@@ -112,6 +114,8 @@ def main() -> None:
                 start = time.perf_counter()
                 subprocess.run(["cp", "-r", str(src), str(Path(tmp) / f"copy-{name}-{k}")], check=True)
                 cp_runs.append(time.perf_counter() - start)
+                os.sync()  # what making the copy durable costs on top (the pack's time includes its fsync)
+                sync_runs.append(time.perf_counter() - start - cp_runs[-1])
             for k in range(3):  # deleted only now: neither side pays for the other's deletions (discards)
                 shutil.rmtree(Path(tmp) / f"copy-{name}-{k}")
                 if k < 2:
@@ -140,18 +144,24 @@ def main() -> None:
                 print(f"{name} {cache}: files {cells[cache]['files_items_s']:,.0f}/s, LMDB "
                       f"{cells[cache]['lmdb_items_s']:,.0f}/s ({ratio:.2f}x, {how})")  # fmt: skip
             figures["reads"][name] = {**cells, "pack_s": pack_s, "cp_r_s": cp_s, "pack_runs_s": pack_runs,
-                                      "cp_r_runs_s": cp_runs}  # fmt: skip
+                                      "cp_r_runs_s": cp_runs, "sync_after_cp_r_runs_s": sync_runs,
+                                      "cp_r_then_sync_s": statistics.median(c + y for c, y in zip(cp_runs, sync_runs, strict=True))}  # fmt: skip
             bars[f"pack_vs_cp_r_{name}"] = bar(cp_s / pack_s, 1.0, "x")
-            print(f"{name}: pack {pack_s:.2f} s, cp -r {cp_s:.2f} s")
+            print(f"{name}: pack {pack_s:.2f} s, cp -r {cp_s:.2f} s (then sync: {figures['reads'][name]['cp_r_then_sync_s']:.2f} s)")
             close_readers(pack)
 
         root = demo_tree(args)
         pack = str(pack_image_folder(root, Path(tmp) / "demo.lmdb", progress=False))
         workers = args.workers if args.workers is not None else max(0, (os.cpu_count() or 2) - 1)
         common = {"image_size": 224, "batch_size": args.batch_size, "num_workers": workers}
-        folder_ips = loader_images_per_s(ImageFolderDataModule(str(root), **common), args.batches)
-        lmdb_ips = loader_images_per_s(LMDBDataModule(pack, **common), args.batches)
-        figures["end_to_end"] = {"workers": workers, "image_folder_img_s": folder_ips, "lmdb_img_s": lmdb_ips}
+        # alternating, 3 each, medians: one short window moves by several percent
+        folder_runs, lmdb_runs = [], []
+        for _ in range(3):
+            folder_runs.append(loader_images_per_s(ImageFolderDataModule(str(root), **common), args.batches))
+            lmdb_runs.append(loader_images_per_s(LMDBDataModule(pack, **common), args.batches))
+        folder_ips, lmdb_ips = statistics.median(folder_runs), statistics.median(lmdb_runs)
+        figures["end_to_end"] = {"workers": workers, "image_folder_img_s": folder_ips, "lmdb_img_s": lmdb_ips,
+                                 "image_folder_runs": folder_runs, "lmdb_runs": lmdb_runs}  # fmt: skip
         bars["lmdb_datamodule_vs_image_folder"] = bar(lmdb_ips / folder_ips, 1.0, "x")
         print(f"end to end ({workers} workers): ImageFolderDataModule {folder_ips:,.0f} img/s, LMDBDataModule "
               f"{lmdb_ips:,.0f} img/s")  # fmt: skip
