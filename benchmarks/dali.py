@@ -7,7 +7,7 @@ one batch already on the GPU, yielded again and again, in epochs of the same num
 both pay Lightning's epoch boundaries); ``ceiling_one_epoch`` (never crossing an epoch boundary) is reported
 too. DALI: ``DALIDataModule`` with its defaults except the dtype (bfloat16) and layout (channels_last) of the
 ceiling's batch; ``--variants`` adds runs with other ``hw_decoder_load`` / ``prefetch_queue_depth`` /
-``gil_switch_interval`` values. Steady state: one epoch of warm-up (DALI's memory pools and the hardware decoder
+``pipelines`` values. Steady state: one epoch of warm-up (DALI's memory pools and the hardware decoder
 settle during the first epoch), then two timed epochs (8,000 images, 32 batches per epoch). CPU use is this
 process's CPU time per second (DALI's threads and the training loop); the ceiling's shows what the training loop
 alone uses.
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=32, help="untimed steps (default: one epoch)")
     parser.add_argument("--steps", type=int, default=64, help="timed steps (default: two epochs)")
     parser.add_argument("--variants", nargs="+", default=[],
-                        help="extra runs: HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH (e.g. 0.65:4), gil-<ms>ms (e.g. gil-1ms), "
+                        help="extra runs: HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH (e.g. 0.65:4), "
                              "default, or DALIDataModule options (dtype=float16,channels_last=false), from the "
                              "folder; with an lmdb- prefix, from the pack")  # fmt: skip
     args = parser.parse_args()
@@ -92,7 +92,6 @@ def main() -> None:
         result = fit(dm, args, args.warmup)
         result |= {"of_ceiling": result["samples_per_s"] / ceiling["samples_per_s"], "options": options,
                    "hw_decoder_load": dm.hw_decoder_load, "prefetch_queue_depth": dm.prefetch_queue_depth,
-                   "gil_switch_interval": dm.gil_switch_interval,
                    "dali_cpu_cores": result["process_cpu_cores"] - ceiling["process_cpu_cores"]}  # fmt: skip
         print(f"DALI from {source}: {result['samples_per_s']:,.0f} img/s = {100 * result['of_ceiling']:.1f} % of the "
               f"ceiling, {result['process_cpu_cores']:.1f} CPU cores busy, data wait {result['data_wait_frac']:.2f} "
@@ -107,9 +106,6 @@ def main() -> None:
         name = variant.removeprefix("lmdb-")
         if name == "default":  # the defaults again: run-to-run spread
             variants.append(dali(source))
-            continue
-        if name.startswith("gil-") and name.endswith("ms"):  # Python's thread switch interval (default 5 ms)
-            variants.append(dali(source, gil_switch_interval=float(name[4:-2]) / 1000))
             continue
         if "=" in name:  # DALIDataModule options, e.g. dtype=float16,channels_last=false
             options = dict(item.split("=", 1) for item in name.split(","))

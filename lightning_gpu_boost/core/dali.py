@@ -17,7 +17,6 @@ import contextlib
 import math
 import os
 import queue
-import sys
 import threading
 import weakref
 from collections import deque
@@ -295,10 +294,6 @@ class DALILoader:
         prefetch_queue_depth: batches DALI computes ahead.
         dtype: the output dtype, converted in torch where DALI lacks it (``bfloat16``).
         channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
-        gil_switch_interval: while an epoch is iterated, lower Python's thread switch interval to this many
-            seconds (``sys.setswitchinterval``; restored after the epoch), so that the producer thread gets the GIL
-            from a busy training loop sooner. ``None`` (default) leaves it alone. Measured on an H100
-            (``benchmarks/dali.py --variants gil-1ms gil-0.2ms``): no effect.
         pipelines: DALI pipelines that decode alternate batches side by side (batch ``j`` of an epoch goes to
             pipeline ``j % pipelines``), each with ``num_threads // pipelines`` CPU threads.
 
@@ -325,7 +320,6 @@ class DALILoader:
         prefetch_queue_depth: int = 2,
         dtype: Dtype = "float32",
         channels_last: bool = False,
-        gil_switch_interval: float | None = None,
         pipelines: int = 1,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
@@ -342,9 +336,6 @@ class DALILoader:
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = rank, world_size
         self.prefetch_queue_depth, self.dtype, self.channels_last = prefetch_queue_depth, dtype, channels_last
-        if gil_switch_interval is not None and not gil_switch_interval > 0:
-            raise ValueError(f"gil_switch_interval must be None or > 0 seconds, got {gil_switch_interval!r}.")
-        self.gil_switch_interval = gil_switch_interval
         self.device = torch.device("cpu") if device_id is None else torch.device("cuda", device_id)
         self.sampler = _EpochSetter(self)
         self.epoch = 0
@@ -468,19 +459,11 @@ class DALILoader:
         # A thread runs the pipeline and copies its outputs: the training loop only picks up finished batches.
         producer = self._producer = _Producer(self, length)
         producer.start()
-        # The training loop holds the GIL most of the time; with Python's default 5 ms switch interval the
-        # producer, which needs the GIL several times per batch, falls behind. Shorter turns while this runs.
-        interval = sys.getswitchinterval()
-        if self.gil_switch_interval is not None:
-            sys.setswitchinterval(min(interval, self.gil_switch_interval))
-        try:
-            for _ in range(length):
-                item = producer.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield self._hand_over(item)
-        finally:
-            sys.setswitchinterval(interval)
+        for _ in range(length):
+            item = producer.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield self._hand_over(item)
         producer.join()
         self._producer = None
         self._stream.popleft()

@@ -58,8 +58,6 @@ class DALIDataModule(pl.LightningDataModule):
         seed: seed of the shuffle and of DALI's random augmentation (plus the rank).
         drop_last: drop the short last training batch.
         check_crc: verify LMDB records as they are read.
-        gil_switch_interval: Python's thread switch interval while an epoch runs (``None``: unchanged; measured
-            on an H100: no effect, see ``docs/dali.md``).
         pipelines: DALI pipelines decoding alternate batches side by side (each with its share of the CPU
             threads); default: 2 for GPU pipelines, 1 for CPU pipelines. While the GPU trains, each pipeline's
             GPU work waits behind the training kernels, so one pipeline delivers far fewer batches than it does
@@ -105,7 +103,6 @@ class DALIDataModule(pl.LightningDataModule):
         seed: int = 0,
         drop_last: bool = False,
         check_crc: bool = False,
-        gil_switch_interval: float | None = None,
         pipelines: int | None = None,
     ) -> None:
         super().__init__()
@@ -141,7 +138,7 @@ class DALIDataModule(pl.LightningDataModule):
         self.device, self.hw_decoder_load, self.num_threads = device, hw_decoder_load, num_threads
         self.read_threads, self.prefetch_queue_depth = read_threads, prefetch_queue_depth
         self.shuffle, self.seed, self.drop_last, self.check_crc = shuffle, seed, drop_last, check_crc
-        self.gil_switch_interval, self.pipelines = gil_switch_interval, pipelines
+        self.pipelines = pipelines
         self._loaders: dict[str, DALILoader] = {}
         self.classes: list[str] = []
 
@@ -205,7 +202,6 @@ class DALIDataModule(pl.LightningDataModule):
             prefetch_queue_depth=self.prefetch_queue_depth,
             dtype=self.dtype,
             channels_last=self.channels_last,
-            gil_switch_interval=self.gil_switch_interval,
             pipelines=self.pipelines or (1 if device_id is None else 2),
         )
         where = "CPU (decode on the CPU)" if device_id is None else f"cuda:{device_id} (decode: mixed, hw_decoder_load={self.hw_decoder_load})"  # fmt: skip

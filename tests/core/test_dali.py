@@ -152,20 +152,6 @@ def test_whole_epochs_flow_across_boundaries_without_discarding(jpeg_tree):
     assert dl.discarded == 0  # the next epoch was read and decoded ahead, and it was the one asked for
 
 
-def test_gil_switch_interval_is_lowered_only_while_an_epoch_runs(jpeg_tree):
-    import sys
-
-    before = sys.getswitchinterval()
-    dl = loader(jpeg_tree, batch_size=8, gil_switch_interval=0.0007)
-    it = iter(dl)
-    next(it)
-    assert sys.getswitchinterval() == pytest.approx(0.0007)
-    list(it)
-    assert sys.getswitchinterval() == before
-    with pytest.raises(ValueError, match="gil_switch_interval must be None or > 0 seconds, got 0"):
-        loader(jpeg_tree, gil_switch_interval=0)
-
-
 @pytest.mark.parametrize("pipelines", [2, 3])
 def test_several_pipelines_keep_the_order_exact_epochs_and_early_stops(jpeg_tree, pipelines):
     dl = loader(jpeg_tree, batch_size=5, pipelines=pipelines)
