@@ -184,3 +184,17 @@ def test_shards_with_a_manifest_read_like_one_pack(tree, tmp_path):
     lf.pack_image_folder(tree, sharded, shard_size=10, resume=True, progress=False)
     assert lf.shard_path(sharded, 0).stat().st_mtime_ns == mtime and lf.verify(sharded)["ok"]
     assert main(["verify", str(sharded)]) == 0
+
+
+def test_small_packs_are_read_ahead_whole_at_open(tree, tmp_path, monkeypatch):
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    advised = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(advice) or real(fd, offset, length, advice))
+    lf.close_readers(path)
+    lf.PackReader(path, readahead=False).read(0)
+    assert advised == []  # readahead=False: the caller expects random reads of a large pack
+    lf.close_readers(path)
+    lf.PackReader(path).read(0)
+    assert advised == [os.POSIX_FADV_WILLNEED]
+    lf.close_readers(path)
