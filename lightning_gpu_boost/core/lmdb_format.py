@@ -470,15 +470,14 @@ def _read_record(path: str, label: int) -> bytearray:
         size = os.fstat(f.fileno()).st_size
         value = bytearray(HEADER.size + size)
         view = memoryview(value)
-        got = f.readinto(view[HEADER.size :])
-        while got < size:  # short reads (network filesystems)
+        got = 0
+        while got < size:  # a loop: network filesystems may return short reads
             n = f.readinto(view[HEADER.size + got :])
             if not n:
-                raise OSError(f"{path!r} shrank while it was read ({got} of {size} bytes).")
+                break
             got += n
-        extra = f.read()  # grew while it was read
-    if extra:
-        return bytearray(encode_record(bytes(view[HEADER.size :]) + extra, label, "raw"))
+        if got != size or f.read(1):
+            raise OSError(f"{path!r} changed while it was packed ({size} bytes at open); pack a quiet source.")
     HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, zlib.crc32(view[HEADER.size :]))
     return value
 
@@ -555,7 +554,7 @@ def _pack_files(
             chunk = max(1, min(64, commit_every // (4 * (workers or DEFAULT_PACK_WORKERS))))
 
             def submit(lo: int) -> list:
-                window = samples[lo : min(lo + commit_every, len(samples))]
+                window = samples[lo : lo + commit_every]
                 return [pool.submit(_read_records, window[i : i + chunk]) for i in range(0, len(window), chunk)]
 
             windows = range(start, len(samples), commit_every)
