@@ -243,9 +243,8 @@ def _unwrap_subsets(dataset: Any) -> Any:
 
 def _set_transform(dataset: Any, old: Any, new: Any) -> None:
     dataset.transform = new
-    joint = getattr(
-        dataset, "transforms", None
-    )  # VisionDataset's StandardTransform(transform, target_transform)
+    # VisionDataset also keeps StandardTransform(transform, target_transform) as ``transforms``
+    joint = getattr(dataset, "transforms", None)
     if getattr(joint, "transform", None) is old:
         joint.transform = new
 
