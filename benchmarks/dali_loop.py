@@ -123,9 +123,12 @@ def main() -> None:
         for item in filter(None, options.split(",")):
             key, value = item.split("=", 1)
             kwargs[key] = int(value) if value.isdigit() else value
+        threaded = kwargs.pop("threaded", 1)  # threaded=0: no producer thread, copies on the training stream
         dm = DALIDataModule(str(root), batch_size=args.batch_size, **kwargs)
         dm.setup("fit")
-        return dm.train_dataloader()
+        loader = dm.train_dataloader()
+        loader._threaded = bool(threaded)
+        return loader
 
     rounds: dict[str, list[float]] = {}
     for _ in range(args.repeat):

@@ -347,6 +347,7 @@ class DALILoader:
         self._pipes: list[Any] = []
         self._producer: _Producer | None = None
         self._copy_stream: Any = None
+        self._threaded = True  # False: no producer thread (diagnosis, benchmarks/dali_loop.py)
         #: files are read by DALI's CPU threads (``fn.io.file.read``) when the source can name them
         self.reads_in_dali = callable(getattr(source, "path", None))
         self._feeders = [
@@ -456,6 +457,14 @@ class DALILoader:
             # instead of draining and refilling; a different next epoch (or an early stop) discards it.
             self._plan(epoch + 1)
         length = self._stream[0][1]
+        if not self._threaded:  # the training loop runs the pipeline and copies on its own stream
+            for j in range(length):
+                outputs = self._pipes[j % len(self._pipes)].run()
+                self._pos += 1
+                yield self._to_torch(outputs, same_stream=True)[:2]
+            self._stream.popleft()
+            self._pos = 0
+            return
         # A thread runs the pipeline and copies its outputs: the training loop only picks up finished batches.
         producer = self._producer = _Producer(self, length)
         producer.start()
@@ -469,18 +478,22 @@ class DALILoader:
         self._stream.popleft()
         self._pos = 0
 
-    def _to_torch(self, outputs: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """Copy DALI's outputs (it reuses its buffers) into new tensors, on a side stream on CUDA."""
+    def _to_torch(self, outputs: Any, same_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Copy DALI's outputs (it reuses its buffers) into new tensors, on a side stream on CUDA (on the current
+        stream with ``same_stream``)."""
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
         images, labels = outputs
         dense = images.as_tensor()
-        cuda = self.device.type == "cuda"
+        cuda = self.device.type == "cuda" and not same_stream
         if cuda and self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(self._copy_stream) if cuda else contextlib.nullcontext():
             out = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=self.device)
-            feed_ndarray(dense, out, cuda_stream=self._copy_stream)
+            stream = self._copy_stream if cuda else None
+            if same_stream and self.device.type == "cuda":
+                stream = torch.cuda.current_stream(self.device)
+            feed_ndarray(dense, out, cuda_stream=stream)
             if self.dtype == "bfloat16":
                 out = out.to(torch.bfloat16)
             if self.channels_last:
