@@ -95,7 +95,14 @@ def main() -> None:
     parser = parser_for(__doc__)
     parser.add_argument("--warmup", type=int, default=32)
     parser.add_argument("--steps", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=8, help="DALI CPU threads of the reference pipelines")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[8],
+        help="DALI CPU threads of the file-reader pipelines (one run each)",
+    )
+    parser.add_argument("--no-reference", action="store_true", help="skip NVIDIA's recipe")
     parser.add_argument("--reference-hw", type=float, default=0.65)
     parser.add_argument(
         "--options", nargs="*", default=[""], help="DALILoader variants: k=v,k=v (one per run)"
@@ -135,11 +142,16 @@ def main() -> None:
         run("ceiling", lambda: ResidentBatches(batch, per_epoch))
         for options in args.options:
             run(f"loader[{options}]", functools.partial(loader, options))
-        run("reference", lambda: Generic(root, functools.partial(reference_graph, hw=args.reference_hw),
-                                         args.batch_size, args.threads, False))  # fmt: skip
+        reference = functools.partial(reference_graph, hw=args.reference_hw)
         graph = functools.partial(classification_graph, train=True, gpu=True, dtype="float16", channels_last=True,
                                   hw_decoder_load=0.99)  # fmt: skip
-        run("graph", functools.partial(Generic, root, graph, args.batch_size, args.threads, True))
+        for threads in args.threads:
+            if not args.no_reference:
+                run(
+                    f"reference[{threads}]",
+                    functools.partial(Generic, root, reference, args.batch_size, threads, False),
+                )
+            run(f"graph[{threads}]", functools.partial(Generic, root, graph, args.batch_size, threads, True))
     ceiling = sum(rounds["ceiling"]) / len(rounds["ceiling"])
     of_ceiling = {name: [v / ceiling for v in values] for name, values in rounds.items()}
     for name, values in of_ceiling.items():
