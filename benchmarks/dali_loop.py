@@ -55,24 +55,55 @@ def plain_loop(batches, steps: int, warmup: int) -> float:
     return seen / (time.perf_counter() - t0)
 
 
-class Generic:
-    """``DALIGenericIterator`` over a pipeline built by ``build(pipe)`` (which returns the images and labels)."""
+class _Paths:
+    """An ``external_source`` batch callable: file paths (UTF-8 bytes) and labels, shuffled, cycling forever."""
 
-    def __init__(self, root, build, batch_size: int, threads: int, channels_last: bool) -> None:
-        from nvidia.dali import Pipeline, fn
+    def __init__(self, root, batch_size: int) -> None:
+        import numpy as np
+
+        from lightning_gpu_boost.core.images import scan_image_folder
+
+        samples = scan_image_folder(root)[0]
+        order = np.random.default_rng(0).permutation(len(samples))
+        self.items = [(np.frombuffer(str(samples[i][0]).encode(), np.uint8), samples[i][1]) for i in order]
+        self.batch_size, self.np = batch_size, np
+
+    def __call__(self, info):
+        start = (info.iteration * self.batch_size) % (len(self.items) - self.batch_size)
+        items = self.items[start : start + self.batch_size]
+        return [p for p, _ in items], self.np.array([label for _, label in items], dtype=self.np.int64)
+
+
+class Generic:
+    """``DALIGenericIterator`` over a pipeline whose images come from ``build(encoded)``. ``source``: ``file``
+    (``fn.readers.file``, shuffled), ``ext`` (an ``external_source`` of paths read by ``fn.io.file.read`` without
+    mmap, as DALILoader does), ``ext-mmap`` (the same with mmap)."""
+
+    def __init__(
+        self, root, build, batch_size: int, threads: int, channels_last: bool, source: str = "file"
+    ) -> None:
+        from nvidia.dali import Pipeline, fn, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         pipe = Pipeline(
             batch_size=batch_size, num_threads=threads, device_id=0, seed=0, prefetch_queue_depth=2
         )
         with pipe:
-            encoded, labels = fn.readers.file(file_root=str(root), random_shuffle=True, name="Reader")
+            if source == "file":
+                encoded, labels = fn.readers.file(file_root=str(root), random_shuffle=True, name="Reader")
+            else:
+                paths, labels = fn.external_source(
+                    source=_Paths(root, batch_size), num_outputs=2, batch=True, batch_info=True,
+                    dtype=[types.UINT8, types.INT64],
+                )  # fmt: skip
+                encoded = fn.io.file.read(paths, dont_use_mmap=source == "ext")
             pipe.set_outputs(build(encoded), labels.gpu())
         pipe.build()
         self.channels_last = channels_last
         self.it = DALIGenericIterator(
-            pipe, ["x", "y"], reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
-        )
+            pipe, ["x", "y"], **({"reader_name": "Reader"} if source == "file" else {"size": -1}),
+            last_batch_policy=LastBatchPolicy.DROP, auto_reset=True,
+        )  # fmt: skip
 
     def __iter__(self):
         for out in self.it:
@@ -103,6 +134,9 @@ def main() -> None:
         help="DALI CPU threads of the file-reader pipelines (one run each)",
     )
     parser.add_argument("--no-reference", action="store_true", help="skip NVIDIA's recipe")
+    parser.add_argument(
+        "--sources", nargs="+", default=["file"], help="sources of the graph runs: file ext ext-mmap"
+    )
     parser.add_argument("--reference-hw", type=float, default=0.65)
     parser.add_argument(
         "--options", nargs="*", default=[""], help="DALILoader variants: k=v,k=v (one per run)"
@@ -151,7 +185,9 @@ def main() -> None:
                     f"reference[{threads}]",
                     functools.partial(Generic, root, reference, args.batch_size, threads, False),
                 )
-            run(f"graph[{threads}]", functools.partial(Generic, root, graph, args.batch_size, threads, True))
+            for source in args.sources:
+                name = f"graph[{threads}]" if source == "file" else f"graph[{threads},{source}]"
+                run(name, functools.partial(Generic, root, graph, args.batch_size, threads, True, source))
     ceiling = sum(rounds["ceiling"]) / len(rounds["ceiling"])
     of_ceiling = {name: [v / ceiling for v in values] for name, values in rounds.items()}
     for name, values in of_ceiling.items():
