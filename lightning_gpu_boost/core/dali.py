@@ -400,7 +400,8 @@ class DALILoader:
             )  # fmt: skip
             if self.reads_in_dali:  # the feeder sent paths: DALI's threads read the files, not Python
                 encoded = dali.fn.io.file.read(encoded, dont_use_mmap=True)
-            pipe.set_outputs(self.graph(encoded), labels)
+            # Labels go to the GPU inside the pipeline: a copy from pageable memory would synchronize the stream.
+            pipe.set_outputs(self.graph(encoded), labels.gpu() if self.device_id is not None else labels)
         pipe.build()
         return pipe
 
@@ -498,9 +499,10 @@ class DALILoader:
                 out = out.to(torch.bfloat16)
             if self.channels_last:
                 out = out.permute(0, 3, 1, 2)
-            target = (
-                torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(self.device, non_blocking=True)
-            )
+            labels = labels.as_tensor()
+            target = torch.empty(labels.shape(), dtype=torch.int64, device=self.device)
+            feed_ndarray(labels, target, cuda_stream=stream)
+            target = target.reshape(-1)
             event = None
             if cuda:
                 event = torch.cuda.Event()
