@@ -30,21 +30,31 @@ from lightning_gpu_boost.datamodules.dali import DALIDataModule
 from lightning_gpu_boost.models import ImageClassifier
 
 
-def plain_loop(batches, steps: int, warmup: int) -> float:
-    """img/s of a hand-written bf16 training loop over ``batches`` (an iterable of GPU batches)."""
+def plain_loop(batches, steps: int, warmup: int, lookahead: bool = False) -> float:
+    """img/s of a hand-written bf16 training loop over ``batches`` (an iterable of GPU batches). ``lookahead``:
+    fetch batch N+1 before running step N, as Lightning's training loop does."""
     torch.manual_seed(0)
     model = ImageClassifier("resnet50", num_classes=100, channels_last=True).cuda()
     opt = model.configure_optimizers()
     it, seen, t0 = iter(batches), 0, 0.0
+
+    def fetch():
+        nonlocal it
+        try:
+            return next(it)
+        except StopIteration:
+            it = iter(batches)
+            return next(it)
+
+    pending = fetch() if lookahead else None
     for i in range(warmup + steps):
         if i == warmup:
             torch.cuda.synchronize()
             t0, seen = time.perf_counter(), 0
-        try:
-            x, y = next(it)
-        except StopIteration:
-            it = iter(batches)
-            x, y = next(it)
+        if lookahead:
+            (x, y), pending = pending, fetch()
+        else:
+            x, y = fetch()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -135,6 +145,9 @@ def main() -> None:
     )
     parser.add_argument("--no-reference", action="store_true", help="skip NVIDIA's recipe")
     parser.add_argument(
+        "--lookahead", action="store_true", help="fetch batch N+1 before step N (as Lightning)"
+    )
+    parser.add_argument(
         "--sources", nargs="+", default=["file"], help="sources of the graph runs: file ext ext-mmap"
     )
     parser.add_argument("--reference-hw", type=float, default=0.65)
@@ -153,7 +166,7 @@ def main() -> None:
 
     def run(name: str, make) -> None:
         data = make()
-        value = plain_loop(data, args.steps, args.warmup)
+        value = plain_loop(data, args.steps, args.warmup, args.lookahead)
         if hasattr(data, "close"):
             data.close()
         rounds.setdefault(name, []).append(value)

@@ -246,7 +246,7 @@ class _Producer(threading.Thread):
     def __init__(self, loader: DALILoader, count: int) -> None:
         super().__init__(name="dali-producer", daemon=True)
         self.loader, self.count = loader, count
-        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        self.queue: queue.Queue = queue.Queue(maxsize=loader.ready_batches)
         self.stop = threading.Event()
 
     def _put(self, item: Any) -> None:
@@ -296,6 +296,7 @@ class DALILoader:
         channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
         pipelines: DALI pipelines that decode alternate batches side by side (batch ``j`` of an epoch goes to
             pipeline ``j % pipelines``), each with ``num_threads // pipelines`` CPU threads.
+        ready_batches: finished batches (copied out of DALI) kept ready for the training loop.
 
     Raises:
         ValueError: a bad argument.
@@ -321,10 +322,12 @@ class DALILoader:
         dtype: Dtype = "float32",
         channels_last: bool = False,
         pipelines: int = 1,
+        ready_batches: int = 2,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
-                            ("world_size", world_size), ("pipelines", pipelines)):  # fmt: skip
+                            ("world_size", world_size), ("pipelines", pipelines),
+                            ("ready_batches", ready_batches)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
         if dtype not in DTYPES:
@@ -343,7 +346,7 @@ class DALILoader:
         self._started = False
         self._stream: deque[tuple[int, int]] = deque()  # epochs planned into the pipeline: (epoch, batches)
         self._pos = 0  # batches of the first planned epoch already handed out
-        self.pipelines = pipelines
+        self.pipelines, self.ready_batches = pipelines, ready_batches
         self._pipes: list[Any] = []
         self._producer: _Producer | None = None
         self._copy_stream: Any = None
