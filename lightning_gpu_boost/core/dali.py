@@ -147,6 +147,10 @@ class _Feeder:
         self._plan.extend(batches)
         self._fill()
 
+    def has_work(self) -> bool:
+        """Batches are planned that DALI has not asked for yet."""
+        return bool(self._pending or self._plan)
+
     def stop(self) -> None:
         """Forget the rest of the plan: the next call raises ``StopIteration``."""
         self._plan.clear()
@@ -261,9 +265,9 @@ class _Producer(threading.Thread):
             for j in range(self.count):
                 if self.stop.is_set():
                     return
-                outputs = pipes[j % len(pipes)].run()  # batch j of the epoch went to pipeline j % P
+                item = self.loader._take(pipes[j % len(pipes)])  # batch j of the epoch went to pipeline j % P
                 self.loader._pos += 1
-                self._put(self.loader._to_torch(outputs))
+                self._put(item)
         except BaseException as err:  # handed to the training loop, which raises it
             self._put(err)
 
@@ -351,6 +355,12 @@ class DALILoader:
         self._producer: _Producer | None = None
         self._copy_stream: Any = None
         self._threaded = True  # False: no producer thread (diagnosis, benchmarks/dali_loop.py)
+        # how outputs are taken from DALI: "run" (pipe.run()), "sync" (schedule_run / share_outputs /
+        # release_outputs, as DALIGenericIterator), "async" (the same with outputs bound to the copy stream)
+        self._protocol = os.environ.get("LGB_DALI_PROTOCOL", "run")
+        self._primed: set[int] = set()  # pipelines whose first schedule_run (DALI's prefetch) happened
+        self._owed: dict[int, int] = {}  # pipeline -> schedule_run calls held back while its plan was empty
+        self._alive: deque[tuple[Any, Any]] = deque()  # (copy event, DALI outputs) until the copy is done
         #: files are read by DALI's CPU threads (``fn.io.file.read``) when the source can name them
         self.reads_in_dali = callable(getattr(source, "path", None))
         self._feeders = [
@@ -418,12 +428,24 @@ class DALILoader:
         """Discard what DALI computed ahead (an epoch stopped early, or an unexpected epoch), then reset."""
         for feeder, pipe in zip(self._feeders, self._pipes, strict=True):
             feeder.stop()
-            try:
-                while True:
-                    pipe.run()
-                    self.discarded += 1
-            except StopIteration:
-                pass
+            if self._protocol == "run":
+                try:
+                    while True:
+                        pipe.run()
+                        self.discarded += 1
+                except StopIteration:
+                    pass
+            elif id(pipe) in self._primed:
+                pipe.schedule_run()  # the stopped feeder raises StopIteration: DALI marks the end
+                try:
+                    while True:
+                        pipe.share_outputs()
+                        pipe.release_outputs()
+                        self.discarded += 1
+                except StopIteration:
+                    pass
+            self._primed.discard(id(pipe))
+            self._owed.pop(id(pipe), None)
             pipe.reset()
         self._stream.clear()
         self._pos = 0
@@ -463,9 +485,9 @@ class DALILoader:
         length = self._stream[0][1]
         if not self._threaded:  # the training loop runs the pipeline and copies on its own stream
             for j in range(length):
-                outputs = self._pipes[j % len(self._pipes)].run()
+                item = self._take(self._pipes[j % len(self._pipes)], same_stream=True)
                 self._pos += 1
-                yield self._to_torch(outputs, same_stream=True)[:2]
+                yield item[:2]
             self._stream.popleft()
             self._pos = 0
             return
@@ -481,6 +503,36 @@ class DALILoader:
         self._producer = None
         self._stream.popleft()
         self._pos = 0
+
+    def _take(self, pipe: Any, same_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """The next batch of ``pipe``, copied into torch tensors."""
+        if self._protocol == "run":
+            return self._to_torch(pipe.run(), same_stream)
+        feeder = self._feeders[self._pipes.index(pipe)]
+        if id(pipe) not in self._primed:
+            pipe.schedule_run()  # the first call schedules prefetch_queue_depth iterations
+            self._primed.add(id(pipe))
+        while self._owed.get(id(pipe)) and feeder.has_work():  # runs not scheduled while the plan was empty
+            pipe.schedule_run()
+            self._owed[id(pipe)] -= 1
+        stream = None
+        if self._protocol == "async" and self.device.type == "cuda":
+            if same_stream:
+                stream = torch.cuda.current_stream(self.device)
+            else:
+                if self._copy_stream is None:
+                    self._copy_stream = torch.cuda.Stream(self.device)
+                stream = self._copy_stream
+        outputs = pipe.share_outputs(cuda_stream=stream)  # None: waits until DALI finished the batch
+        item = self._to_torch(outputs, same_stream)
+        if item[2] is not None:
+            self._alive.append((item[2], outputs))  # DALI's buffers stay referenced until the copy is done
+        pipe.release_outputs()
+        if feeder.has_work():
+            pipe.schedule_run()  # keep prefetch_queue_depth iterations in flight
+        else:  # the next epoch is not planned yet: schedule when it is (an empty feeder would end DALI's epoch)
+            self._owed[id(pipe)] = self._owed.get(id(pipe), 0) + 1
+        return item
 
     def _to_torch(self, outputs: Any, same_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Copy DALI's outputs (it reuses its buffers) into new tensors, on a side stream on CUDA (on the current
@@ -514,6 +566,8 @@ class DALILoader:
 
     def _hand_over(self, item: tuple[torch.Tensor, torch.Tensor, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         out, target, event = item
+        while self._alive and self._alive[0][0].query():
+            self._alive.popleft()
         if event is not None:  # the training stream waits for the copy, and owns the memory from now on
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)
