@@ -355,9 +355,10 @@ class DALILoader:
         self._producer: _Producer | None = None
         self._copy_stream: Any = None
         self._threaded = True  # False: no producer thread (diagnosis, benchmarks/dali_loop.py)
-        # how outputs are taken from DALI: "run" (pipe.run()), "sync" (schedule_run / share_outputs /
-        # release_outputs, as DALIGenericIterator), "async" (the same with outputs bound to the copy stream)
-        self._protocol = os.environ.get("LGB_DALI_PROTOCOL", "run")
+        # Outputs are taken as DALIGenericIterator does (schedule_run / share_outputs / release_outputs), which kept
+        # 2-3 points more of the ceiling than ``pipe.run()`` (benchmarks/dali_loop.py). "sync": share_outputs waits
+        # until DALI finished the batch; "async": the outputs are bound to the copy stream (no host wait).
+        self._protocol = os.environ.get("LGB_DALI_PROTOCOL", "sync")
         self._primed: set[int] = set()  # pipelines whose first schedule_run (DALI's prefetch) happened
         self._owed: dict[int, int] = {}  # pipeline -> schedule_run calls held back while its plan was empty
         self._alive: deque[tuple[Any, Any]] = deque()  # (copy event, DALI outputs) until the copy is done
@@ -428,14 +429,7 @@ class DALILoader:
         """Discard what DALI computed ahead (an epoch stopped early, or an unexpected epoch), then reset."""
         for feeder, pipe in zip(self._feeders, self._pipes, strict=True):
             feeder.stop()
-            if self._protocol == "run":
-                try:
-                    while True:
-                        pipe.run()
-                        self.discarded += 1
-                except StopIteration:
-                    pass
-            elif id(pipe) in self._primed:
+            if id(pipe) in self._primed:
                 pipe.schedule_run()  # the stopped feeder raises StopIteration: DALI marks the end
                 try:
                     while True:
@@ -506,8 +500,6 @@ class DALILoader:
 
     def _take(self, pipe: Any, same_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """The next batch of ``pipe``, copied into torch tensors."""
-        if self._protocol == "run":
-            return self._to_torch(pipe.run(), same_stream)
         feeder = self._feeders[self._pipes.index(pipe)]
         if id(pipe) not in self._primed:
             pipe.schedule_run()  # the first call schedules prefetch_queue_depth iterations
