@@ -178,12 +178,10 @@ def main() -> None:
             key, value = item.split("=", 1)
             kwargs[key] = int(value) if value.isdigit() else value
         threaded = kwargs.pop("threaded", 1)  # threaded=0: no producer thread, copies on the training stream
-        protocol = kwargs.pop("protocol", "sync")  # sync or async: see DALILoader._take
         dm = DALIDataModule(str(root), batch_size=args.batch_size, **kwargs)
         dm.setup("fit")
         loader = dm.train_dataloader()
         loader._threaded = bool(threaded)
-        loader._protocol = protocol
         return loader
 
     rounds: dict[str, list[float]] = {}

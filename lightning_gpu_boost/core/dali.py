@@ -184,11 +184,6 @@ class _EpochSetter:
         self._loader.set_epoch(epoch)
 
 
-#: nvJPEG buffer paddings of NVIDIA's DALI ResNet-50 examples: decoder buffers grow in large steps instead of being
-#: reallocated as larger images arrive (each reallocation stalls the pipeline).
-NVJPEG_PADDING = {"device_memory_padding": 211025920, "host_memory_padding": 140544512}
-
-
 def classification_graph(
     encoded: Any,
     *,
@@ -213,8 +208,6 @@ def classification_graph(
     fn, types = dali.fn, dali.types
     decode_device = "mixed" if gpu else "cpu"
     hw = {"hw_decoder_load": hw_decoder_load} if gpu else {}
-    if gpu and os.environ.get("LGB_DALI_PADDING", "0") == "1":
-        hw |= NVJPEG_PADDING
     if train:
         images = fn.decoders.image_random_crop(
             encoded, device=decode_device, output_type=types.RGB, random_area=list(scale),
@@ -257,7 +250,7 @@ class _Producer(threading.Thread):
     def __init__(self, loader: DALILoader, count: int) -> None:
         super().__init__(name="dali-producer", daemon=True)
         self.loader, self.count = loader, count
-        self.queue: queue.Queue = queue.Queue(maxsize=loader.ready_batches)
+        self.queue: queue.Queue = queue.Queue(maxsize=2)
         self.stop = threading.Event()
 
     def _put(self, item: Any) -> None:
@@ -307,7 +300,6 @@ class DALILoader:
         channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
         pipelines: DALI pipelines that decode alternate batches side by side (batch ``j`` of an epoch goes to
             pipeline ``j % pipelines``), each with ``num_threads // pipelines`` CPU threads.
-        ready_batches: finished batches (copied out of DALI) kept ready for the training loop.
 
     Raises:
         ValueError: a bad argument.
@@ -333,12 +325,10 @@ class DALILoader:
         dtype: Dtype = "float32",
         channels_last: bool = False,
         pipelines: int = 1,
-        ready_batches: int = 2,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
-                            ("world_size", world_size), ("pipelines", pipelines),
-                            ("ready_batches", ready_batches)):  # fmt: skip
+                            ("world_size", world_size), ("pipelines", pipelines)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
         if dtype not in DTYPES:
@@ -357,15 +347,11 @@ class DALILoader:
         self._started = False
         self._stream: deque[tuple[int, int]] = deque()  # epochs planned into the pipeline: (epoch, batches)
         self._pos = 0  # batches of the first planned epoch already handed out
-        self.pipelines, self.ready_batches = pipelines, ready_batches
+        self.pipelines = pipelines
         self._pipes: list[Any] = []
         self._producer: _Producer | None = None
         self._copy_stream: Any = None
         self._threaded = True  # False: no producer thread (diagnosis, benchmarks/dali_loop.py)
-        # Outputs are taken as DALIGenericIterator does (schedule_run / share_outputs / release_outputs), which kept
-        # 2-3 points more of the ceiling than ``pipe.run()`` (benchmarks/dali_loop.py). "sync": share_outputs waits
-        # until DALI finished the batch; "async": the outputs are bound to the copy stream (no host wait).
-        self._protocol = os.environ.get("LGB_DALI_PROTOCOL", "sync")
         self._primed: set[int] = set()  # pipelines whose first schedule_run (DALI's prefetch) happened
         self._owed: dict[int, int] = {}  # pipeline -> schedule_run calls held back while its plan was empty
         self._alive: deque[tuple[Any, Any]] = deque()  # (copy event, DALI outputs) until the copy is done
@@ -506,7 +492,10 @@ class DALILoader:
         self._pos = 0
 
     def _take(self, pipe: Any, same_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """The next batch of ``pipe``, copied into torch tensors."""
+        """The next batch of ``pipe``, copied into torch tensors. Outputs are taken as DALIGenericIterator takes
+        them (``schedule_run`` / ``share_outputs`` / ``release_outputs``, which keeps ``prefetch_queue_depth``
+        iterations in flight): on the H100 that kept 2-3 points more of the ceiling than ``pipe.run()`` in a plain
+        training loop (``benchmarks/dali_loop.py``)."""
         feeder = self._feeders[self._pipes.index(pipe)]
         if id(pipe) not in self._primed:
             pipe.schedule_run()  # the first call schedules prefetch_queue_depth iterations
@@ -514,15 +503,7 @@ class DALILoader:
         while self._owed.get(id(pipe)) and feeder.has_work():  # runs not scheduled while the plan was empty
             pipe.schedule_run()
             self._owed[id(pipe)] -= 1
-        stream = None
-        if self._protocol == "async" and self.device.type == "cuda":
-            if same_stream:
-                stream = torch.cuda.current_stream(self.device)
-            else:
-                if self._copy_stream is None:
-                    self._copy_stream = torch.cuda.Stream(self.device)
-                stream = self._copy_stream
-        outputs = pipe.share_outputs(cuda_stream=stream)  # None: waits until DALI finished the batch
+        outputs = pipe.share_outputs()  # waits until DALI finished the batch
         item = self._to_torch(outputs, same_stream)
         if item[2] is not None:
             self._alive.append((item[2], outputs))  # DALI's buffers stay referenced until the copy is done

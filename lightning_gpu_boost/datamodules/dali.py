@@ -63,7 +63,6 @@ class DALIDataModule(pl.LightningDataModule):
             GPU work waits behind the training kernels, so one pipeline delivers far fewer batches than it does
             alone (H100: 22,809 img/s alone, 2,459 with the GPU busy); side by side they overlap those waits
             (2: 3,661, 3: 4,634 with the GPU busy). See ``docs/dali.md``.
-        ready_batches: finished batches (copied out of DALI's buffers) kept ready for the training loop.
 
     Raises:
         ValueError: a bad argument.
@@ -105,12 +104,10 @@ class DALIDataModule(pl.LightningDataModule):
         drop_last: bool = False,
         check_crc: bool = False,
         pipelines: int | None = None,
-        ready_batches: int = 2,
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("image_size", image_size),
-                            ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
-                            ("ready_batches", ready_batches)):  # fmt: skip
+                            ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
         for name, value in (("val_batch_size", val_batch_size), ("num_threads", num_threads),
@@ -141,7 +138,7 @@ class DALIDataModule(pl.LightningDataModule):
         self.device, self.hw_decoder_load, self.num_threads = device, hw_decoder_load, num_threads
         self.read_threads, self.prefetch_queue_depth = read_threads, prefetch_queue_depth
         self.shuffle, self.seed, self.drop_last, self.check_crc = shuffle, seed, drop_last, check_crc
-        self.pipelines, self.ready_batches = pipelines, ready_batches
+        self.pipelines = pipelines
         self._loaders: dict[str, DALILoader] = {}
         self.classes: list[str] = []
 
@@ -206,7 +203,6 @@ class DALIDataModule(pl.LightningDataModule):
             dtype=self.dtype,
             channels_last=self.channels_last,
             pipelines=self.pipelines or (1 if device_id is None else 2),
-            ready_batches=self.ready_batches,
         )
         where = "CPU (decode on the CPU)" if device_id is None else f"cuda:{device_id} (decode: mixed, hw_decoder_load={self.hw_decoder_load})"  # fmt: skip
         where += f", {loader.pipelines} pipeline(s)"
