@@ -101,14 +101,18 @@ def main() -> None:
     parser = parser_for(__doc__)
     parser.add_argument("--batches", type=int, default=64)
     parser.add_argument("--steps", type=int, default=96)
-    parser.add_argument("--variants", nargs="*", default=[], help="DALIDataModule options, e.g. hw_decoder_load=0.65")
+    parser.add_argument(
+        "--variants", nargs="*", default=[], help="DALIDataModule options, e.g. hw_decoder_load=0.65"
+    )
     parser.add_argument("--no-train", dest="train", action="store_false", help="skip the training part")
     parser.add_argument("--train-only", action="store_true", help="skip the loader rates")
     args = parser.parse_args()
     root = demo_tree(args)
 
     def datamodule(**options) -> DALIDataModule:
-        return DALIDataModule(str(root), batch_size=args.batch_size, **{"dtype": "bfloat16", "channels_last": True, **options})
+        return DALIDataModule(
+            str(root), batch_size=args.batch_size, **{"dtype": "bfloat16", "channels_last": True, **options}
+        )
 
     def rates(**options) -> dict:
         dm = datamodule(**options)
@@ -130,9 +134,13 @@ def main() -> None:
 
     loaders = [] if args.train_only else [rates()]
     for variant in [] if args.train_only else args.variants:
-        loaders.append(rates(**{k: _value(v) for k, v in (item.split("=", 1) for item in variant.split(","))}))
+        loaders.append(
+            rates(**{k: _value(v) for k, v in (item.split("=", 1) for item in variant.split(","))})
+        )
     if not args.train:
-        print(f"wrote {write_result('dali_contention', {'config': vars(args), 'loaders': loaders}, {}, args.out)}")
+        print(
+            f"wrote {write_result('dali_contention', {'config': vars(args), 'loaders': loaders}, {}, args.out)}"
+        )
         return
 
     def train(data) -> Waits:
@@ -148,9 +156,14 @@ def main() -> None:
         return waits
 
     x = torch.randn(args.batch_size, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
-    batch = (x.contiguous(memory_format=torch.channels_last), torch.randint(0, 100, (args.batch_size,), device="cuda"))
+    batch = (
+        x.contiguous(memory_format=torch.channels_last),
+        torch.randint(0, 100, (args.batch_size,), device="cuda"),
+    )
     ceiling = train(ResidentBatches(batch, -(-args.images // args.batch_size))).gpu(32)
-    print(f"ceiling: GPU gaps {ceiling['gap_ms_sum']:.1f} ms in all, busy {ceiling['busy_ms_mean']:.2f} ms per step")
+    print(
+        f"ceiling: GPU gaps {ceiling['gap_ms_sum']:.1f} ms in all, busy {ceiling['busy_ms_mean']:.2f} ms per step"
+    )
     t0 = time.perf_counter()
     waits = train(datamodule())
     gpu = waits.gpu(32)

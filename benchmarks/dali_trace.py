@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from _common import demo_tree, parser_for
+from dali_loop import plain_loop
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.doctor import ResidentBatches
@@ -125,31 +125,6 @@ def fit(data, args, callbacks) -> None:
         trainer.fit(model, datamodule=data)
     else:
         trainer.fit(model, data)
-
-
-def plain_loop(batches, steps: int, warmup: int) -> float:
-    """img/s of a hand-written bf16 training loop over ``batches`` (an iterable of GPU batches), no Lightning."""
-    torch.manual_seed(0)
-    model = ImageClassifier("resnet50", num_classes=100, channels_last=True).cuda()
-    opt = model.configure_optimizers()
-    it, seen, t0 = iter(batches), 0, 0.0
-    for i in range(warmup + steps):
-        if i == warmup:
-            torch.cuda.synchronize()
-            t0, seen = time.perf_counter(), 0
-        try:
-            x, y = next(it)
-        except StopIteration:
-            it = iter(batches)
-            x, y = next(it)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        seen += x.shape[0]
-    torch.cuda.synchronize()
-    return seen / (time.perf_counter() - t0)
 
 
 def main() -> None:
