@@ -152,6 +152,16 @@ def test_whole_epochs_flow_across_boundaries_without_discarding(jpeg_tree):
     assert dl.discarded == 0  # the next epoch was read and decoded ahead, and it was the one asked for
 
 
+def test_without_the_producer_thread_epochs_stay_exact(jpeg_tree):
+    dl = loader(jpeg_tree, batch_size=5, pipelines=2)
+    dl._threaded = False  # the training loop runs the pipelines itself (benchmarks/dali_loop.py threaded=0)
+    assert sum((labels.tolist() for _, labels in dl), []) == rank_indices(24, 0)
+    it = iter(dl)
+    assert next(it)[1].tolist() == rank_indices(24, 1)[:5]  # stopped early: the rest of the epoch is discarded
+    assert sum((labels.tolist() for _, labels in dl), []) == rank_indices(24, 2)
+    dl.close()
+
+
 @pytest.mark.parametrize("pipelines", [2, 3])
 def test_several_pipelines_keep_the_order_exact_epochs_and_early_stops(jpeg_tree, pipelines):
     dl = loader(jpeg_tree, batch_size=5, pipelines=pipelines)
