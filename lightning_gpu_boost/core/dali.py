@@ -151,6 +151,10 @@ class _Feeder:
         """Batches are planned that DALI has not asked for yet."""
         return bool(self._pending or self._plan)
 
+    def planned(self) -> int:
+        """Batches planned that DALI has not asked for yet."""
+        return len(self._pending) + len(self._plan)
+
     def stop(self) -> None:
         """Forget the rest of the plan: the next call raises ``StopIteration``."""
         self._plan.clear()
@@ -470,6 +474,13 @@ class DALILoader:
             # instead of draining and refilling; a different next epoch (or an early stop) discards it.
             self._plan(epoch + 1)
         length = self._stream[0][1]
+        # DALI's first schedule_run asks a pipeline for prefetch_queue_depth batches at once, and a feeder that runs
+        # dry there ends DALI's epoch for good: with short epochs, plan further epochs ahead until none would.
+        for _ in range(self.prefetch_queue_depth):
+            if all(k >= length or id(pipe) in self._primed or feeder.planned() >= self.prefetch_queue_depth
+                   for k, (pipe, feeder) in enumerate(zip(self._pipes, self._feeders, strict=True))):  # fmt: skip
+                break
+            self._plan(self._stream[-1][0] + 1)
         if not self._threaded:  # the training loop runs the pipeline and copies on its own stream
             for j in range(length):
                 item = self._take(self._pipes[j % len(self._pipes)], same_stream=True)
@@ -558,6 +569,8 @@ class DALILoader:
     def close(self) -> None:
         """Stop the threads and free the pipeline (its GPU memory)."""
         self._stop_producer()
+        while self._alive:  # copies out of DALI's buffers still running
+            self._alive.popleft()[0].synchronize()
         for feeder in self._feeders:
             feeder.close()
         self._pipes, self._pos = [], 0

@@ -152,6 +152,17 @@ def test_whole_epochs_flow_across_boundaries_without_discarding(jpeg_tree):
     assert dl.discarded == 0  # the next epoch was read and decoded ahead, and it was the one asked for
 
 
+@pytest.mark.parametrize("depth", [3, 4])
+@pytest.mark.parametrize("batch_size", [24, 12])
+def test_epochs_shorter_than_the_prefetch_queue(jpeg_tree, depth, batch_size):
+    # one or two batches per epoch, while DALI's first run asks for `depth` batches at once
+    dl = loader(jpeg_tree, batch_size=batch_size, prefetch_queue_depth=depth)
+    for epoch in range(4):
+        assert sum((labels.tolist() for _, labels in dl), []) == rank_indices(24, epoch)
+    assert dl.discarded == 0
+    dl.close()
+
+
 def test_without_the_producer_thread_epochs_stay_exact(jpeg_tree):
     dl = loader(jpeg_tree, batch_size=5, pipelines=2)
     dl._threaded = False  # the training loop runs the pipelines itself (benchmarks/dali_loop.py threaded=0)
