@@ -21,3 +21,23 @@ def parser_for(doc: str | None) -> argparse.ArgumentParser:
 def demo_tree(args: argparse.Namespace) -> Path:
     """The demo JPEG tree for ``args.images`` images (generated once, then reused)."""
     return make_jpeg_folder(f"{args.data}/jpeg-{args.images}-100", n=args.images, num_classes=100)
+
+
+def fit_resnet50(data, max_steps: int, callbacks: list) -> None:
+    """Train ResNet-50 (100 classes, bf16-mixed, channels_last) on ``data`` (a DataModule or a loader) for
+    ``max_steps`` in a quiet Lightning Trainer: the training run every DALI benchmark measures."""
+    import lightning.pytorch as pl
+    import torch
+
+    from lightning_gpu_boost.models import ImageClassifier
+
+    torch.manual_seed(0)
+    trainer = pl.Trainer(
+        max_steps=max_steps, precision="bf16-mixed", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, callbacks=callbacks,
+    )  # fmt: skip
+    model = ImageClassifier("resnet50", num_classes=100, channels_last=True)
+    if isinstance(data, pl.LightningDataModule):
+        trainer.fit(model, datamodule=data)
+    else:
+        trainer.fit(model, data)

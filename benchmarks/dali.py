@@ -19,9 +19,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import lightning.pytorch as pl
 import torch
-from _common import demo_tree, parser_for
+from _common import demo_tree, fit_resnet50, parser_for
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.cpus import usable_cpus
@@ -29,21 +28,11 @@ from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.core.lmdb_format import pack_image_folder
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
-from lightning_gpu_boost.models import ImageClassifier
 
 
 def fit(data, args, meter_warmup: int) -> dict:
-    torch.manual_seed(0)
     meter = ThroughputMeter(warmup=meter_warmup)
-    trainer = pl.Trainer(
-        max_steps=args.warmup + args.steps, precision="bf16-mixed", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, callbacks=[meter],
-    )  # fmt: skip
-    model = ImageClassifier("resnet50", num_classes=100, channels_last=True)
-    if isinstance(data, pl.LightningDataModule):
-        trainer.fit(model, datamodule=data)
-    else:
-        trainer.fit(model, data)
+    fit_resnet50(data, args.warmup + args.steps, [meter])
     return meter.summary()
 
 
@@ -88,7 +77,9 @@ def main() -> None:
           f"in one endless epoch: {one_epoch['samples_per_s']:,.0f} img/s")  # fmt: skip
 
     def dali(source: str, **options) -> dict:
-        dm = DALIDataModule(source, batch_size=args.batch_size, **{"dtype": "bfloat16", "channels_last": True, **options})
+        dm = DALIDataModule(
+            source, batch_size=args.batch_size, **{"dtype": "bfloat16", "channels_last": True, **options}
+        )
         result = fit(dm, args, args.warmup)
         result |= {"of_ceiling": result["samples_per_s"] / ceiling["samples_per_s"], "options": options,
                    "hw_decoder_load": dm.hw_decoder_load, "prefetch_queue_depth": dm.prefetch_queue_depth,

@@ -16,14 +16,13 @@ import time
 
 import lightning.pytorch as pl
 import torch
-from _common import demo_tree, parser_for
+from _common import demo_tree, fit_resnet50, parser_for
 from dali import _value
 
 from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.core.results import write_result
 from lightning_gpu_boost.core.step_timer import StepTimer
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
-from lightning_gpu_boost.models import ImageClassifier
 
 
 def loader_rate(dm: DALIDataModule, batches: int) -> float:
@@ -145,14 +144,7 @@ def main() -> None:
 
     def train(data) -> Waits:
         waits = Waits()
-        trainer = pl.Trainer(max_steps=args.steps, precision="bf16-mixed", logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, callbacks=[waits])  # fmt: skip
-        torch.manual_seed(0)
-        model = ImageClassifier("resnet50", num_classes=100, channels_last=True)
-        if isinstance(data, pl.LightningDataModule):
-            trainer.fit(model, datamodule=data)
-        else:
-            trainer.fit(model, data)
+        fit_resnet50(data, args.steps, [waits])
         return waits
 
     x = torch.randn(args.batch_size, 3, 224, 224, device="cuda", dtype=torch.bfloat16)

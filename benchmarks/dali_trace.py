@@ -21,14 +21,13 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from _common import demo_tree, parser_for
+from _common import demo_tree, fit_resnet50, parser_for
 from dali_loop import plain_loop
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.core.results import write_result
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
-from lightning_gpu_boost.models import ImageClassifier
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -113,20 +112,6 @@ def summarize(path: Path, steps: int) -> dict:
     }
 
 
-def fit(data, args, callbacks) -> None:
-    torch.manual_seed(0)
-    trainer = pl.Trainer(
-        max_steps=args.warmup + args.trace_steps + 4, precision="bf16-mixed", logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        callbacks=callbacks,
-    )  # fmt: skip
-    model = ImageClassifier("resnet50", num_classes=100, channels_last=True)
-    if isinstance(data, pl.LightningDataModule):
-        trainer.fit(model, datamodule=data)
-    else:
-        trainer.fit(model, data)
-
-
 def main() -> None:
     parser = parser_for(__doc__)
     parser.add_argument("--warmup", type=int, default=32, help="untimed steps (default: one epoch)")
@@ -173,7 +158,9 @@ def main() -> None:
     ):
         meter = ThroughputMeter(warmup=args.warmup)
         path = out / f"dali_trace-{name}.json.gz"
-        fit(data, args, [meter, Trace(args.warmup, args.trace_steps, path)])
+        fit_resnet50(
+            data, args.warmup + args.trace_steps + 4, [meter, Trace(args.warmup, args.trace_steps, path)]
+        )
         figures[name] = {"meter": meter.summary(), "trace": summarize(path, args.trace_steps)}
         print(name, json.dumps(figures[name], indent=1)[:4000])
     figures["lightning_of_ceiling"] = (
