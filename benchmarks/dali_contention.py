@@ -4,8 +4,10 @@
 
 1. The train loader alone (no training): img/s.
 2. The same while another thread keeps the GPU's SMs busy with bf16 matmuls on its own stream: img/s.
-3. ResNet-50 training on it in a Lightning Trainer: each step's wait for its batch (percentiles, and the steps
-   that waited longest), against the ceiling's step time.
+3. ResNet-50 training in a Lightning Trainer, first on the ceiling's resident batch, then on DALIDataModule: each
+   step's host wait for its batch (percentiles, the steps that waited longest) and, from CUDA events at the step's
+   edges, the GPU's idle gap before each step and its busy time (gaps at epoch boundaries are not counted).
+   ``--train-only`` skips 1 and 2.
 """
 
 from __future__ import annotations
