@@ -5,14 +5,17 @@
 ResNet-50, bf16 autocast, channels_last model, batch 256, one epoch of warm-up and two timed epochs per variant:
 
 - ``ceiling``: one batch already on the GPU;
-- ``loader``: :class:`DALILoader` as DALIDataModule builds it (``--options`` changes it, e.g. ``pipelines=1``);
+- ``loader``: :class:`DALILoader` as DALIDataModule builds it (``--options`` changes it, e.g. ``pipelines=1``;
+  ``threaded=0`` runs it without its producer thread);
 - ``reference``: NVIDIA's recipe as the anchor ran it: ``fn.readers.file`` → ``fn.decoders.image_random_crop``
   (mixed) → ``fn.resize`` → ``fn.crop_mirror_normalize`` (float16, CHW), consumed by ``DALIGenericIterator``
   (``hw_decoder_load`` given by ``--reference-hw``, DALI's default 0.65);
-- ``graph``: our :func:`classification_graph` (float16, HWC, hw_decoder_load 0.99) behind ``fn.readers.file``,
-  consumed by ``DALIGenericIterator``: our operators without our loader.
+- ``graph``: our :func:`classification_graph` (float16, HWC, hw_decoder_load 0.99) behind ``fn.readers.file``
+  (``--sources ext``: behind an external source of paths, as DALILoader feeds it), consumed by
+  ``DALIGenericIterator``: our operators without our loader (one run per ``--threads`` value).
 
-The gap between ``reference`` and ``loader`` is what our loader costs.
+The gap between ``graph`` and ``loader`` is what our loader costs. ``--lookahead`` fetches batch N+1 before step N
+runs, as Lightning's training loop does. ``--repeat`` rounds of every variant show the run-to-run spread.
 """
 
 from __future__ import annotations
