@@ -147,10 +147,6 @@ class _Feeder:
         self._plan.extend(batches)
         self._fill()
 
-    def has_work(self) -> bool:
-        """Batches are planned that DALI has not asked for yet."""
-        return bool(self._pending or self._plan)
-
     def planned(self) -> int:
         """Batches planned that DALI has not asked for yet."""
         return len(self._pending) + len(self._plan)
@@ -357,7 +353,6 @@ class DALILoader:
         self._copy_stream: Any = None
         self._threaded = True  # False: no producer thread (diagnosis, benchmarks/dali_loop.py)
         self._primed: set[int] = set()  # pipelines whose first schedule_run (DALI's prefetch) happened
-        self._owed: dict[int, int] = {}  # pipeline -> schedule_run calls held back while its plan was empty
         self._alive: deque[tuple[Any, Any]] = deque()  # (copy event, DALI outputs) until the copy is done
         #: files are read by DALI's CPU threads (``fn.io.file.read``) when the source can name them
         self.reads_in_dali = callable(getattr(source, "path", None))
@@ -436,7 +431,6 @@ class DALILoader:
                 except StopIteration:
                     pass
             self._primed.discard(id(pipe))
-            self._owed.pop(id(pipe), None)
             pipe.reset()
         self._stream.clear()
         self._pos = 0
@@ -474,11 +468,12 @@ class DALILoader:
             # instead of draining and refilling; a different next epoch (or an early stop) discards it.
             self._plan(epoch + 1)
         length = self._stream[0][1]
-        # DALI's first schedule_run asks a pipeline for prefetch_queue_depth batches at once, and a feeder that runs
-        # dry there ends DALI's epoch for good: with short epochs, plan further epochs ahead until none would.
-        for _ in range(self.prefetch_queue_depth):
-            if all(k >= length or id(pipe) in self._primed or feeder.planned() >= self.prefetch_queue_depth
-                   for k, (pipe, feeder) in enumerate(zip(self._pipes, self._feeders, strict=True))):  # fmt: skip
+        # DALI keeps prefetch_queue_depth iterations of each pipeline in flight, and a feeder that runs dry ends
+        # DALI's epoch for good: keep that many batches planned beyond this epoch's (short epochs: several epochs).
+        depth = self.prefetch_queue_depth
+        for _ in range(depth):
+            if all(feeder.planned() >= depth + len(range(k, length, self.pipelines))
+                   for k, feeder in enumerate(self._feeders) if k < length):  # fmt: skip
                 break
             self._plan(self._stream[-1][0] + 1)
         if not self._threaded:  # the training loop runs the pipeline and copies on its own stream
@@ -507,22 +502,15 @@ class DALILoader:
         them (``schedule_run`` / ``share_outputs`` / ``release_outputs``, which keeps ``prefetch_queue_depth``
         iterations in flight): on the H100 that kept 2-3 points more of the ceiling than ``pipe.run()`` in a plain
         training loop (``benchmarks/dali_loop.py``)."""
-        feeder = self._feeders[self._pipes.index(pipe)]
         if id(pipe) not in self._primed:
             pipe.schedule_run()  # the first call schedules prefetch_queue_depth iterations
             self._primed.add(id(pipe))
-        while self._owed.get(id(pipe)) and feeder.has_work():  # runs not scheduled while the plan was empty
-            pipe.schedule_run()
-            self._owed[id(pipe)] -= 1
         outputs = pipe.share_outputs()  # waits until DALI finished the batch
         item = self._to_torch(outputs, same_stream)
         if item[2] is not None:
             self._alive.append((item[2], outputs))  # DALI's buffers stay referenced until the copy is done
         pipe.release_outputs()
-        if feeder.has_work():
-            pipe.schedule_run()  # keep prefetch_queue_depth iterations in flight
-        else:  # the next epoch is not planned yet: schedule when it is (an empty feeder would end DALI's epoch)
-            self._owed[id(pipe)] = self._owed.get(id(pipe), 0) + 1
+        pipe.schedule_run()  # keep prefetch_queue_depth iterations in flight (_run keeps the feeders ahead)
         return item
 
     def _to_torch(self, outputs: Any, same_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
@@ -532,14 +520,14 @@ class DALILoader:
 
         images, labels = outputs
         dense = images.as_tensor()
-        cuda = self.device.type == "cuda" and not same_stream
+        cuda = self.device.type == "cuda" and not same_stream  # copies on the side stream
         if cuda and self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(self.device)
+        stream = None  # CPU: a plain copy
+        if self.device.type == "cuda":
+            stream = self._copy_stream if cuda else torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._copy_stream) if cuda else contextlib.nullcontext():
             out = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=self.device)
-            stream = self._copy_stream if cuda else None
-            if same_stream and self.device.type == "cuda":
-                stream = torch.cuda.current_stream(self.device)
             feed_ndarray(dense, out, cuda_stream=stream)
             if self.dtype == "bfloat16":
                 out = out.to(torch.bfloat16)
