@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from _common import demo_tree, fit_resnet50, parser_for
+from lightning.pytorch.callbacks import Callback
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.cpus import usable_cpus
@@ -30,10 +31,35 @@ from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
 
 
+class HighPriorityStream(Callback):
+    """Diagnosis (``--priority``): training kernels on a high-priority stream, DALI's on default-priority ones."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.previous = torch.cuda.current_stream()
+        self.stream = torch.cuda.Stream(priority=-100)
+        self.stream.wait_stream(self.previous)
+        torch.cuda.set_stream(self.stream)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self.previous.wait_stream(self.stream)
+        torch.cuda.set_stream(self.previous)
+
+
 def fit(data, args, meter_warmup: int) -> dict:
     meter = ThroughputMeter(warmup=meter_warmup)
-    fit_resnet50(data, args.warmup + args.steps, [meter])
+    fit_resnet50(data, args.warmup + args.steps, [meter] + ([HighPriorityStream()] if args.priority else []))
     return meter.summary()
+
+
+def _options(text: str) -> dict:
+    """``k=v,k=v`` as DALIDataModule options; ``decoder.k=v`` and ``pipeline.k=v`` go to ``decoder_options`` and
+    ``pipeline_options``."""
+    options: dict = {}
+    for key, value in (item.split("=", 1) for item in text.split(",") if item):
+        group, _, name = key.rpartition(".")
+        target = options.setdefault(f"{group}_options", {}) if group else options
+        target[name] = _value(value)
+    return options
 
 
 def _value(text: str) -> object:
@@ -56,6 +82,14 @@ def main() -> None:
                         help="extra runs: HW_DECODER_LOAD:PREFETCH_QUEUE_DEPTH (e.g. 0.65:4), "
                              "default, or DALIDataModule options (dtype=float16,channels_last=false), from the "
                              "folder; with an lmdb- prefix, from the pack")  # fmt: skip
+    parser.add_argument("--quick", action="store_true",
+                        help="diagnosis: no endless-epoch ceiling and no LMDB run (no bars)")
+    parser.add_argument("--options", default="",
+                        help="DALIDataModule options of the bar runs, e.g. roi_decode=false,pipelines=3")
+    parser.add_argument("--priority", action="store_true",
+                        help="every run trains on a high-priority CUDA stream (ceiling included)")
+    parser.add_argument("--prealloc", default="",
+                        help="DEVICE_MB:PINNED_MB preallocated in DALI's memory pools before the DALI runs")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/dali.py needs a CUDA GPU.")
@@ -72,9 +106,15 @@ def main() -> None:
     )
     per_epoch = -(-args.images // args.batch_size)
     ceiling = fit(ResidentBatches(batch, per_epoch), args, args.warmup)
-    one_epoch = fit(ResidentBatches(batch, 10**6), args, args.warmup)
+    one_epoch = None if args.quick else fit(ResidentBatches(batch, 10**6), args, args.warmup)
     print(f"ceiling (batch on the GPU, {per_epoch} batches per epoch): {ceiling['samples_per_s']:,.0f} img/s; "
-          f"in one endless epoch: {one_epoch['samples_per_s']:,.0f} img/s")  # fmt: skip
+          f"in one endless epoch: {one_epoch['samples_per_s'] if one_epoch else float('nan'):,.0f} img/s")  # fmt: skip
+    if args.prealloc:
+        from nvidia.dali import backend
+
+        device_mb, pinned_mb = (int(v) for v in args.prealloc.split(":"))
+        backend.PreallocateDeviceMemory(device_mb << 20, torch.cuda.current_device())
+        backend.PreallocatePinnedMemory(pinned_mb << 20)
 
     def dali(source: str, **options) -> dict:
         dm = DALIDataModule(
@@ -89,8 +129,8 @@ def main() -> None:
               f"(hw_decoder_load={dm.hw_decoder_load}, prefetch_queue_depth={dm.prefetch_queue_depth})")  # fmt: skip
         return result
 
-    folder = dali(str(root))  # the defaults: the bar's run
-    lmdb = dali(str(pack))
+    folder = dali(str(root), **_options(args.options))  # the defaults: the bar's run
+    lmdb = None if args.quick else dali(str(pack), **_options(args.options))
     variants = []
     for variant in args.variants:
         source = str(pack) if variant.startswith("lmdb-") else str(root)
@@ -99,8 +139,7 @@ def main() -> None:
             variants.append(dali(source))
             continue
         if "=" in name:  # DALIDataModule options, e.g. dtype=float16,channels_last=false
-            options = dict(item.split("=", 1) for item in name.split(","))
-            variants.append(dali(source, **{k: _value(v) for k, v in options.items()}))
+            variants.append(dali(source, **_options(name)))
             continue
         load, depth = name.split(":")
         variants.append(dali(str(root), hw_decoder_load=float(load), prefetch_queue_depth=int(depth)))
@@ -109,7 +148,7 @@ def main() -> None:
         "ceiling_one_epoch": one_epoch, "batches_per_epoch": per_epoch,
         "dali_folder": folder, "dali_lmdb": lmdb, "dali_folder_variants": variants,
     }  # fmt: skip
-    bars = {
+    bars = {} if args.quick else {
         "dali_folder_of_ceiling": bar(folder["of_ceiling"], 0.95, "ratio"),
         "dali_lmdb_of_ceiling": bar(lmdb["of_ceiling"], 0.90, "ratio"),
     }

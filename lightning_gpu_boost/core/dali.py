@@ -198,22 +198,34 @@ def classification_graph(
     dtype: Dtype = "float32",
     channels_last: bool = False,
     hw_decoder_load: float = 0.65,
+    decoder_options: dict[str, Any] | None = None,
+    roi_decode: bool = True,
 ) -> Any:
     """The image half of an ImageNet-style DALI pipeline. Training: decode with a random-resized crop (area
     ``scale``, aspect ``ratio``), resize to ``image_size``, random horizontal flip. Validation: decode, resize the
     shorter side to ``val_resize`` (default ``image_size / 0.875``), center crop. Both then normalize with
     ``(mean, std)`` on the 0-1 scale (``None``: keep 0-255) into ``dtype`` (``bfloat16`` leaves DALI as
-    ``float16``; the loader converts it), layout ``CHW`` (``HWC`` with ``channels_last``)."""
+    ``float16``; the loader converts it), layout ``CHW`` (``HWC`` with ``channels_last``). ``decoder_options`` go to
+    the DALI decoder as they are (e.g. ``preallocate_width_hint``). ``roi_decode=False`` decodes whole images and
+    crops afterwards (``fn.random_resized_crop``) instead of decoding only the crop."""
     dali = require("nvidia.dali")
     fn, types = dali.fn, dali.types
     decode_device = "mixed" if gpu else "cpu"
     hw = {"hw_decoder_load": hw_decoder_load} if gpu else {}
-    if train:
+    hw.update(decoder_options or {})
+    if train and roi_decode:
         images = fn.decoders.image_random_crop(
             encoded, device=decode_device, output_type=types.RGB, random_area=list(scale),
             random_aspect_ratio=list(ratio), num_attempts=10, **hw,
         )  # fmt: skip
         images = fn.resize(images, resize_x=image_size, resize_y=image_size)
+    if train and not roi_decode:
+        images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **hw)
+        images = fn.random_resized_crop(
+            images, size=[image_size, image_size], random_area=list(scale), random_aspect_ratio=list(ratio),
+            num_attempts=10,
+        )  # fmt: skip
+    if train:
         mirror = fn.random.coin_flip(probability=0.5) if flip else 0
         crop = {}
     else:
@@ -300,6 +312,7 @@ class DALILoader:
         channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
         pipelines: DALI pipelines that decode alternate batches side by side (batch ``j`` of an epoch goes to
             pipeline ``j % pipelines``), each with ``num_threads // pipelines`` CPU threads.
+        pipeline_options: more ``nvidia.dali.Pipeline`` arguments (e.g. ``exec_dynamic=False``).
 
     Raises:
         ValueError: a bad argument.
@@ -325,6 +338,7 @@ class DALILoader:
         dtype: Dtype = "float32",
         channels_last: bool = False,
         pipelines: int = 1,
+        pipeline_options: dict[str, Any] | None = None,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
@@ -347,7 +361,7 @@ class DALILoader:
         self._started = False
         self._stream: deque[tuple[int, int]] = deque()  # epochs planned into the pipeline: (epoch, batches)
         self._pos = 0  # batches of the first planned epoch already handed out
-        self.pipelines = pipelines
+        self.pipelines, self.pipeline_options = pipelines, dict(pipeline_options or {})
         self._pipes: list[Any] = []
         self._producer: _Producer | None = None
         self._copy_stream: Any = None
@@ -398,6 +412,7 @@ class DALILoader:
             device_id=self.device_id,
             seed=self.seed + 7919 * self.rank + 104729 * k,
             prefetch_queue_depth=self.prefetch_queue_depth,
+            **self.pipeline_options,
         )
         with pipe:
             encoded, labels = dali.fn.external_source(

@@ -104,6 +104,9 @@ class DALIDataModule(pl.LightningDataModule):
         drop_last: bool = False,
         check_crc: bool = False,
         pipelines: int | None = None,
+        decoder_options: dict[str, Any] | None = None,
+        roi_decode: bool = True,
+        pipeline_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("image_size", image_size),
@@ -138,7 +141,8 @@ class DALIDataModule(pl.LightningDataModule):
         self.device, self.hw_decoder_load, self.num_threads = device, hw_decoder_load, num_threads
         self.read_threads, self.prefetch_queue_depth = read_threads, prefetch_queue_depth
         self.shuffle, self.seed, self.drop_last, self.check_crc = shuffle, seed, drop_last, check_crc
-        self.pipelines = pipelines
+        self.pipelines, self.decoder_options, self.roi_decode = pipelines, dict(decoder_options or {}), roi_decode
+        self.pipeline_options = dict(pipeline_options or {})
         self._loaders: dict[str, DALILoader] = {}
         self.classes: list[str] = []
 
@@ -153,6 +157,7 @@ class DALIDataModule(pl.LightningDataModule):
             encoded, train=train, gpu=gpu, image_size=self.image_size, val_resize=self.val_resize,
             scale=self.scale, ratio=self.ratio, flip=self.flip, normalize=self.normalize, dtype=self.dtype,
             channels_last=self.channels_last, hw_decoder_load=self.hw_decoder_load,
+            decoder_options=self.decoder_options, roi_decode=self.roi_decode,
         )  # fmt: skip
 
     # -- Lightning ----------------------------------------------------------------------------------------------
@@ -203,6 +208,7 @@ class DALIDataModule(pl.LightningDataModule):
             dtype=self.dtype,
             channels_last=self.channels_last,
             pipelines=self.pipelines or (1 if device_id is None else 2),
+            pipeline_options=self.pipeline_options,
         )
         where = "CPU (decode on the CPU)" if device_id is None else f"cuda:{device_id} (decode: mixed, hw_decoder_load={self.hw_decoder_load})"  # fmt: skip
         where += f", {loader.pipelines} pipeline(s)"

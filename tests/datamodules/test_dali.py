@@ -58,6 +58,14 @@ def test_float_batches_train_a_real_model(jpeg_tree, trainer_kwargs):
     assert torch.isfinite(trainer.callback_metrics["val_loss"])
 
 
+@pytest.mark.parametrize("options", [{"roi_decode": False}, {"decoder_options": {"use_fast_idct": True}}, {"pipeline_options": {"exec_dynamic": False}}])
+def test_decode_options_reach_the_pipeline(jpeg_tree, options):
+    dm = DALIDataModule(str(jpeg_tree), batch_size=8, image_size=32, device="cpu", **options)
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (8, 3, 32, 32) and images.dtype == torch.float32 and labels.shape == (8,)
+    dm.teardown("fit")
+
+
 def test_lmdb_source_in_a_trainer(jpeg_tree, tmp_path, trainer_kwargs):
     pytest.importorskip("lmdb")
     from lightning_gpu_boost.core.lmdb_format import pack_image_folder
