@@ -200,6 +200,7 @@ def classification_graph(
     hw_decoder_load: float = 0.65,
     decoder_options: dict[str, Any] | None = None,
     roi_decode: bool = True,
+    decoder_device: Literal["mixed", "cpu"] = "mixed",
 ) -> Any:
     """The image half of an ImageNet-style DALI pipeline. Training: decode with a random-resized crop (area
     ``scale``, aspect ``ratio``), resize to ``image_size``, random horizontal flip. Validation: decode, resize the
@@ -207,22 +208,26 @@ def classification_graph(
     ``(mean, std)`` on the 0-1 scale (``None``: keep 0-255) into ``dtype`` (``bfloat16`` leaves DALI as
     ``float16``; the loader converts it), layout ``CHW`` (``HWC`` with ``channels_last``). ``decoder_options`` go to
     the DALI decoder as they are (e.g. ``preallocate_width_hint``). ``roi_decode=False`` decodes whole images and
-    crops afterwards (``fn.random_resized_crop``) instead of decoding only the crop."""
+    crops afterwards (``fn.random_resized_crop``) instead of decoding only the crop. ``decoder_device="cpu"`` in a
+    GPU pipeline decodes on DALI's CPU threads and resizes and normalizes on the GPU."""
     dali = require("nvidia.dali")
     fn, types = dali.fn, dali.types
-    decode_device = "mixed" if gpu else "cpu"
-    hw = {"hw_decoder_load": hw_decoder_load} if gpu else {}
+    if decoder_device not in ("mixed", "cpu"):
+        raise ValueError(f"decoder_device must be 'mixed' or 'cpu', got {decoder_device!r}.")
+    decode_device = "mixed" if gpu and decoder_device == "mixed" else "cpu"
+    hw = {"hw_decoder_load": hw_decoder_load} if decode_device == "mixed" else {}
     hw.update(decoder_options or {})
+    upload = gpu and decode_device == "cpu"  # CPU-decoded images go to the GPU for the rest
     if train and roi_decode:
         images = fn.decoders.image_random_crop(
             encoded, device=decode_device, output_type=types.RGB, random_area=list(scale),
             random_aspect_ratio=list(ratio), num_attempts=10, **hw,
         )  # fmt: skip
-        images = fn.resize(images, resize_x=image_size, resize_y=image_size)
+        images = fn.resize(images.gpu() if upload else images, resize_x=image_size, resize_y=image_size)
     if train and not roi_decode:
         images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **hw)
         images = fn.random_resized_crop(
-            images, size=[image_size, image_size], random_area=list(scale), random_aspect_ratio=list(ratio),
+            images.gpu() if upload else images, size=[image_size, image_size], random_area=list(scale), random_aspect_ratio=list(ratio),
             num_attempts=10,
         )  # fmt: skip
     if train:
@@ -230,7 +235,7 @@ def classification_graph(
         crop = {}
     else:
         images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **hw)
-        images = fn.resize(images, resize_shorter=val_resize or round(image_size / 0.875))
+        images = fn.resize(images.gpu() if upload else images, resize_shorter=val_resize or round(image_size / 0.875))
         mirror, crop = 0, {"crop": (image_size, image_size)}
     mean, std = normalize if normalize is not None else ((0.0,) * 3, (1 / 255,) * 3)
     out_type = {

@@ -107,6 +107,7 @@ class DALIDataModule(pl.LightningDataModule):
         decoder_options: dict[str, Any] | None = None,
         roi_decode: bool = True,
         pipeline_options: dict[str, Any] | None = None,
+        decoder_device: Literal["mixed", "cpu"] = "mixed",
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("image_size", image_size),
@@ -142,7 +143,7 @@ class DALIDataModule(pl.LightningDataModule):
         self.read_threads, self.prefetch_queue_depth = read_threads, prefetch_queue_depth
         self.shuffle, self.seed, self.drop_last, self.check_crc = shuffle, seed, drop_last, check_crc
         self.pipelines, self.decoder_options, self.roi_decode = pipelines, dict(decoder_options or {}), roi_decode
-        self.pipeline_options = dict(pipeline_options or {})
+        self.pipeline_options, self.decoder_device = dict(pipeline_options or {}), decoder_device
         self._loaders: dict[str, DALILoader] = {}
         self.classes: list[str] = []
 
@@ -157,7 +158,7 @@ class DALIDataModule(pl.LightningDataModule):
             encoded, train=train, gpu=gpu, image_size=self.image_size, val_resize=self.val_resize,
             scale=self.scale, ratio=self.ratio, flip=self.flip, normalize=self.normalize, dtype=self.dtype,
             channels_last=self.channels_last, hw_decoder_load=self.hw_decoder_load,
-            decoder_options=self.decoder_options, roi_decode=self.roi_decode,
+            decoder_options=self.decoder_options, roi_decode=self.roi_decode, decoder_device=self.decoder_device,
         )  # fmt: skip
 
     # -- Lightning ----------------------------------------------------------------------------------------------
