@@ -6,8 +6,8 @@ ResNet-50, bf16-mixed, batch 256, channels_last, in a Lightning Trainer. Ceiling
 one batch already on the GPU, yielded again and again, in epochs of the same number of batches as DALI's (so
 both pay Lightning's epoch boundaries); ``ceiling_one_epoch`` (never crossing an epoch boundary) is reported
 too. DALI: ``DALIDataModule`` with its defaults except the dtype (bfloat16) and layout (channels_last) of the
-ceiling's batch; ``--variants`` adds runs with other ``hw_decoder_load`` / ``prefetch_queue_depth`` /
-``pipelines`` values. Steady state: one epoch of warm-up (DALI's memory pools and the hardware decoder
+ceiling's batch (``decoder_device="auto"``: CPU decoding from 8 DALI threads per process, so on a 16-core
+machine); ``--variants`` adds runs with other options, e.g. ``decoder_device=mixed`` (GPU decoding). Steady state: one epoch of warm-up (DALI's memory pools and the hardware decoder
 settle during the first epoch), then two timed epochs (8,000 images, 32 batches per epoch). CPU use is this
 process's CPU time per second (DALI's threads and the training loop); the ceiling's shows what the training loop
 alone uses.
@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 from _common import demo_tree, fit_resnet50, parser_for
-from lightning.pytorch.callbacks import Callback
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.cpus import usable_cpus
@@ -31,23 +30,9 @@ from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
 
 
-class HighPriorityStream(Callback):
-    """Diagnosis (``--priority``): training kernels on a high-priority stream, DALI's on default-priority ones."""
-
-    def on_fit_start(self, trainer, pl_module) -> None:
-        self.previous = torch.cuda.current_stream()
-        self.stream = torch.cuda.Stream(priority=-100)
-        self.stream.wait_stream(self.previous)
-        torch.cuda.set_stream(self.stream)
-
-    def on_fit_end(self, trainer, pl_module) -> None:
-        self.previous.wait_stream(self.stream)
-        torch.cuda.set_stream(self.previous)
-
-
 def fit(data, args, meter_warmup: int) -> dict:
     meter = ThroughputMeter(warmup=meter_warmup)
-    fit_resnet50(data, args.warmup + args.steps, [meter] + ([HighPriorityStream()] if args.priority else []))
+    fit_resnet50(data, args.warmup + args.steps, [meter])
     return meter.summary()
 
 
@@ -85,11 +70,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="diagnosis: no endless-epoch ceiling and no LMDB run (no bars)")
     parser.add_argument("--options", default="",
-                        help="DALIDataModule options of the bar runs, e.g. roi_decode=false,pipelines=3")
-    parser.add_argument("--priority", action="store_true",
-                        help="every run trains on a high-priority CUDA stream (ceiling included)")
-    parser.add_argument("--prealloc", default="",
-                        help="DEVICE_MB:PINNED_MB preallocated in DALI's memory pools before the DALI runs")
+                        help="DALIDataModule options of the bar runs, e.g. decoder_device=mixed,pipelines=3")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/dali.py needs a CUDA GPU.")
@@ -109,12 +90,6 @@ def main() -> None:
     one_epoch = None if args.quick else fit(ResidentBatches(batch, 10**6), args, args.warmup)
     print(f"ceiling (batch on the GPU, {per_epoch} batches per epoch): {ceiling['samples_per_s']:,.0f} img/s; "
           f"in one endless epoch: {one_epoch['samples_per_s'] if one_epoch else float('nan'):,.0f} img/s")  # fmt: skip
-    if args.prealloc:
-        from nvidia.dali import backend
-
-        device_mb, pinned_mb = (int(v) for v in args.prealloc.split(":"))
-        backend.PreallocateDeviceMemory(device_mb << 20, torch.cuda.current_device())
-        backend.PreallocatePinnedMemory(pinned_mb << 20)
 
     def dali(source: str, **options) -> dict:
         dm = DALIDataModule(
@@ -122,11 +97,13 @@ def main() -> None:
         )
         result = fit(dm, args, args.warmup)
         result |= {"of_ceiling": result["samples_per_s"] / ceiling["samples_per_s"], "options": options,
+                   "decoder": dm.decoder_in_use,
                    "hw_decoder_load": dm.hw_decoder_load, "prefetch_queue_depth": dm.prefetch_queue_depth,
                    "dali_cpu_cores": result["process_cpu_cores"] - ceiling["process_cpu_cores"]}  # fmt: skip
         print(f"DALI from {source}: {result['samples_per_s']:,.0f} img/s = {100 * result['of_ceiling']:.1f} % of the "
               f"ceiling, {result['process_cpu_cores']:.1f} CPU cores busy, data wait {result['data_wait_frac']:.2f} "
-              f"(hw_decoder_load={dm.hw_decoder_load}, prefetch_queue_depth={dm.prefetch_queue_depth})")  # fmt: skip
+              f"(decoder {dm.decoder_in_use}, hw_decoder_load={dm.hw_decoder_load}, "
+              f"prefetch_queue_depth={dm.prefetch_queue_depth})")  # fmt: skip
         return result
 
     folder = dali(str(root), **_options(args.options))  # the defaults: the bar's run

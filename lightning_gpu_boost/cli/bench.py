@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         probes = getattr(data, "auto_probes", None)  # num_workers="auto": what the probe chose
         if probes:
             results[name]["num_workers"] = {stage: probe.num_workers for stage, probe in probes.items()}
+        if hasattr(data, "decoder_in_use"):  # DALIDataModule: where "auto" decoded
+            results[name]["decoder"] = data.decoder_in_use
         print(f"bench: {name}: {results[name]['samples_per_s']:,.0f} img/s", flush=True)
 
     device = torch.device("cuda" if gpu else "cpu")

@@ -199,17 +199,16 @@ def classification_graph(
     channels_last: bool = False,
     hw_decoder_load: float = 0.65,
     decoder_options: dict[str, Any] | None = None,
-    roi_decode: bool = True,
     decoder_device: Literal["mixed", "cpu"] = "mixed",
 ) -> Any:
     """The image half of an ImageNet-style DALI pipeline. Training: decode with a random-resized crop (area
     ``scale``, aspect ``ratio``), resize to ``image_size``, random horizontal flip. Validation: decode, resize the
     shorter side to ``val_resize`` (default ``image_size / 0.875``), center crop. Both then normalize with
     ``(mean, std)`` on the 0-1 scale (``None``: keep 0-255) into ``dtype`` (``bfloat16`` leaves DALI as
-    ``float16``; the loader converts it), layout ``CHW`` (``HWC`` with ``channels_last``). ``decoder_options`` go to
-    the DALI decoder as they are (e.g. ``preallocate_width_hint``). ``roi_decode=False`` decodes whole images and
-    crops afterwards (``fn.random_resized_crop``) instead of decoding only the crop. ``decoder_device="cpu"`` in a
-    GPU pipeline decodes on DALI's CPU threads and resizes and normalizes on the GPU."""
+    ``float16``; the loader converts it), layout ``CHW`` (``HWC`` with ``channels_last``). On the GPU
+    (``gpu=True``) images are decoded by nvJPEG (``decoder_device="mixed"``, ``hw_decoder_load`` of them by the
+    hardware decoder) or by DALI's CPU threads (``"cpu"``; the crop is decoded, then uploaded); resizing and
+    normalizing run on the GPU either way. ``decoder_options`` go to the DALI decoder as they are."""
     dali = require("nvidia.dali")
     fn, types = dali.fn, dali.types
     if decoder_device not in ("mixed", "cpu"):
@@ -218,25 +217,19 @@ def classification_graph(
     hw = {"hw_decoder_load": hw_decoder_load} if decode_device == "mixed" else {}
     hw.update(decoder_options or {})
     upload = gpu and decode_device == "cpu"  # CPU-decoded images go to the GPU for the rest
-    if train and roi_decode:
+    if train:
         images = fn.decoders.image_random_crop(
             encoded, device=decode_device, output_type=types.RGB, random_area=list(scale),
             random_aspect_ratio=list(ratio), num_attempts=10, **hw,
         )  # fmt: skip
-        images = fn.resize(images.gpu() if upload else images, resize_x=image_size, resize_y=image_size)
-    if train and not roi_decode:
-        images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **hw)
-        images = fn.random_resized_crop(
-            images.gpu() if upload else images, size=[image_size, image_size], random_area=list(scale), random_aspect_ratio=list(ratio),
-            num_attempts=10,
-        )  # fmt: skip
-    if train:
+        resize = {"resize_x": image_size, "resize_y": image_size}
         mirror = fn.random.coin_flip(probability=0.5) if flip else 0
         crop = {}
     else:
         images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **hw)
-        images = fn.resize(images.gpu() if upload else images, resize_shorter=val_resize or round(image_size / 0.875))
+        resize = {"resize_shorter": val_resize or round(image_size / 0.875)}
         mirror, crop = 0, {"crop": (image_size, image_size)}
+    images = fn.resize(images.gpu() if upload else images, **resize)
     mean, std = normalize if normalize is not None else ((0.0,) * 3, (1 / 255,) * 3)
     out_type = {
         "float32": types.FLOAT,

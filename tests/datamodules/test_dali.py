@@ -58,7 +58,7 @@ def test_float_batches_train_a_real_model(jpeg_tree, trainer_kwargs):
     assert torch.isfinite(trainer.callback_metrics["val_loss"])
 
 
-@pytest.mark.parametrize("options", [{"roi_decode": False}, {"decoder_options": {"use_fast_idct": True}}, {"pipeline_options": {"exec_dynamic": False}}])
+@pytest.mark.parametrize("options", [{"decoder_options": {"use_fast_idct": True}}, {"pipeline_options": {"exec_dynamic": False}}])
 def test_decode_options_reach_the_pipeline(jpeg_tree, options):
     dm = DALIDataModule(str(jpeg_tree), batch_size=8, image_size=32, device="cpu", **options)
     images, labels = next(iter(dm.train_dataloader()))
@@ -144,10 +144,21 @@ def test_argument_errors(jpeg_tree):
         DALIDataModule(str(jpeg_tree), hw_decoder_load=2)
     with pytest.raises(ValueError, match="device must be 'auto' or 'cpu', got 'gpu'"):
         DALIDataModule(str(jpeg_tree), device="gpu")
+    with pytest.raises(ValueError, match="decoder_device must be 'auto', 'mixed' or 'cpu', got 'gpu'"):
+        DALIDataModule(str(jpeg_tree), decoder_device="gpu")
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
         DALIDataModule(str(jpeg_tree), batch_size=0)
     with pytest.raises(FileNotFoundError):
         DALIDataModule("/no/such/dir").train_dataloader()
+
+
+@pytest.mark.parametrize("threads, expected", [(4, "mixed"), (8, "cpu")])
+def test_auto_decoder_device_follows_the_cpu_threads(jpeg_tree, threads, expected):
+    dm = DALIDataModule(str(jpeg_tree), batch_size=8, image_size=32, num_threads=threads)
+    dm.train_dataloader()
+    assert dm.decoder_in_use == expected
+    dm.teardown("fit")
+    assert DALIDataModule(str(jpeg_tree), decoder_device="mixed", num_threads=15).decoder_in_use == "mixed"
 
 
 def test_missing_dali_names_the_extra(jpeg_tree, monkeypatch):
@@ -162,18 +173,21 @@ def test_missing_dali_names_the_extra(jpeg_tree, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_decoding_is_close_to_cpu_decoding(jpeg_tree):
+@pytest.mark.parametrize("decoder_device", ["mixed", "cpu"])
+def test_gpu_pipeline_images_are_close_to_cpu_pipeline_images(jpeg_tree, decoder_device):
     def first_batch(device):
         dm = DALIDataModule(
-            str(jpeg_tree), val_root=str(jpeg_tree), val_batch_size=24, image_size=64, device=device
-        )
+            str(jpeg_tree), val_root=str(jpeg_tree), val_batch_size=24, image_size=64, device=device,
+            decoder_device=decoder_device,
+        )  # fmt: skip
         return next(iter(dm.val_dataloader()))
 
     cpu_images, cpu_labels = first_batch("cpu")
     gpu_images, gpu_labels = first_batch("auto")
     assert gpu_images.device.type == "cuda" and gpu_labels.device == gpu_images.device
     assert torch.equal(cpu_labels, gpu_labels.cpu())
-    # nvJPEG and libjpeg-turbo differ in IDCT rounding and chroma upsampling: a few levels of 255
+    # nvJPEG and libjpeg-turbo differ in IDCT rounding and chroma upsampling, GPU and CPU resizing in rounding:
+    # a few levels of 255
     diff = (gpu_images.cpu() - cpu_images).abs().mean() * 0.226 * 255
     assert diff < 3, f"mean difference {diff:.2f} of 255"
 
