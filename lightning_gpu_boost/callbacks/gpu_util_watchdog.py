@@ -284,7 +284,7 @@ class GPUUtilWatchdog(Callback):
                         if uint8
                         else ["ship uint8 images and normalize on the GPU (ImageFolderDataModule)"]
                     ),
-                    *(["decode on the GPU (NVIDIA DALI)"] if cuda else []),
+                    *(["decode with NVIDIA DALI (DALIDataModule)"] if cuda else []),
                     "make each sample cheaper to load (smaller files, fewer CPU transforms)",
                 ]
                 choices = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
@@ -303,9 +303,10 @@ class GPUUtilWatchdog(Callback):
                 f"{dali.read_threads}, prefetch_queue_depth={dali.prefetch_queue_depth}."
             )
             advice.append(
-                "the DALI pipeline cannot keep up: raise num_threads (CPU-side JPEG parsing), hw_decoder_load "
-                "(hardware JPEG decoder on A100/H100), prefetch_queue_depth or read_threads (slow storage), or "
-                "pack the files into LMDB."
+                "the DALI pipeline cannot keep up: where it decodes on the CPU, raise num_threads or switch "
+                "DALIDataModule to decoder_device='mixed' (GPU decoding); where it decodes on the GPU, try "
+                "decoder_device='cpu' if CPU cores are idle, or raise hw_decoder_load (hardware JPEG decoder on "
+                "A100/H100); slow storage: raise read_threads or pack the files into LMDB."
             )
         if cuda and not facts["prefetch"] and not facts["dali"]:
             advice.append("StreamPrefetch() copies the next batch on a side stream while this step computes.")

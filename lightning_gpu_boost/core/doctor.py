@@ -238,7 +238,7 @@ def _conclude(d: Diagnosis) -> None:
             d.advice.append(
                 f"even at its best worker count the loader ({tuned:,.0f} samples/s) is below what the step can take "
                 f"({with_copy:,.0f}): make each sample cheaper: uint8 batches normalized on the GPU "
-                "(ImageFolderDataModule + StreamPrefetch), GPU decoding (DALIDataModule), or an LMDB pack for many "
+                "(ImageFolderDataModule + StreamPrefetch), DALI decoding (DALIDataModule), or an LMDB pack for many "
                 "small files."
             )
     elif copy_s > 0.15 * step_s:

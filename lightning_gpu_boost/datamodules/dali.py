@@ -13,7 +13,7 @@ from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.dali import DTYPES, DALILoader, Dtype, classification_graph, open_source
 from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD
 
-#: ``decoder_device="auto"`` decodes on the CPU from this many DALI threads per process (H100, ResNet-50: ~7 cores
+#: ``decoder_device="auto"`` decodes on the CPU from this many DALI threads per process (H100, ResNet-50: ~6 cores
 #: decoded 3,960 img/s of ~71 KiB JPEGs)
 CPU_DECODE_MIN_THREADS = 8
 
@@ -57,7 +57,7 @@ class DALIDataModule(pl.LightningDataModule):
         decoder_device: where a GPU pipeline decodes: ``"cpu"`` (DALI's CPU threads decode the crop;
             resizing and normalizing stay on the GPU), ``"mixed"`` (nvJPEG on the GPU) or ``"auto"``: ``"cpu"`` when
             DALI gets at least 8 CPU threads in this process, else ``"mixed"``. On the H100 machine (16 cores,
-            ResNet-50) CPU decoding kept 98.4-98.9 % of the ceiling with ~7 cores busy, GPU decoding 89-94 % with
+            ResNet-50) CPU decoding kept 98.2-98.9 % of the ceiling with ~6 cores beyond the training loop, GPU decoding 89-94 % with
             ~2: the GPU decoder's many small kernels wait behind the training kernels (``docs/dali.md``).
         hw_decoder_load: share of images sent to the hardware JPEG decoder (A100, H100) with GPU decoding; in
             H100 runs 0.99 kept 87-94 % of the ceiling with ~2 CPU cores busy, DALI's default 0.65 82-92 % with ~4.
