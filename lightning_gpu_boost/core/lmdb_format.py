@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -124,13 +125,48 @@ def unpack_sample(payload: bytes | memoryview) -> Any:
 # -------------------------------------------------------------------------------------------------- writer
 
 
+def _libc_call(name: str, *args: int) -> int | None:
+    """``errno`` of a Linux libc call on integer arguments (0: done), ``None`` where it does not exist."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    function = getattr(ctypes.CDLL(None, use_errno=True), name, None)
+    if function is None:
+        return None
+    function.argtypes = [ctypes.c_int] + [ctypes.c_int64] * (len(args) - 1)
+    return 0 if function(*args) == 0 else ctypes.get_errno()
+
+
+def _reserve_disk(fd: int, nbytes: int, path: Path) -> None:
+    """Allocate disk blocks for the first ``nbytes`` of the file without changing its size (``fallocate`` with
+    ``FALLOC_FL_KEEP_SIZE``; never glibc's ``posix_fallocate``, which writes zeros where the filesystem cannot
+    allocate). Skipped where unsupported; ``OSError`` (ENOSPC) when the disk is too small."""
+    import errno
+
+    if nbytes > 0 and _libc_call("fallocate64", fd, 1, 0, nbytes) == errno.ENOSPC:
+        raise OSError(errno.ENOSPC, f"Not enough disk space for the pack: it needs about {nbytes / 2**20:,.0f} MiB", str(path))
+
+
+def _pack_bytes(sizes: list[int], psize: int = 4096) -> int:
+    """About how large a pack of records with these payload sizes gets: values above ~2 KB take whole overflow
+    pages, smaller ones share leaf pages (counted twice: pages are not full); plus the metadata and branch pages."""
+    total = 1 << 20
+    for size in sizes:
+        value = HEADER.size + size
+        total += -(-(value + 16) // psize) * psize if value > 2000 else 2 * (value + 24)
+    return total
+
+
 class PackWriter:
     """Writes records to ``<dst>.partial`` in index order, committing every ``commit_every`` records or
     ``commit_bytes`` bytes; :meth:`finish` writes the metadata, the completion record, and renames the file.
 
     ``resume=True`` reopens an existing ``.partial`` and continues after its last committed record (the source
     fingerprint must match). The map grows (doubles) on ``MapFullError``; every ``putmulti`` is checked to have
-    stored every record.
+    stored every record. ``reserve``: the expected file size in bytes, allocated on disk up front (Linux): no block
+    allocation at every page fault of the memory map, and an early error when the disk is too small. Each commit
+    starts writing its pages to disk in the background, so the final fsync waits for little.
     """
 
     def __init__(
@@ -141,6 +177,7 @@ class PackWriter:
         commit_every: int = 1000,
         commit_bytes: int = 64 << 20,
         map_size: int = 1 << 30,
+        reserve: int = 0,
     ) -> None:
         lmdb = require("lmdb")
         self.dst = Path(dst)
@@ -160,8 +197,10 @@ class PackWriter:
         # the finished pack is fsynced before its atomic rename (after a power loss, restart an unfinished pack).
         # writemap: records are copied straight into the file's pages (no second copy by write() at each commit;
         # measured 1.3-1.7x faster packing); the file is sparse at the map size until finish() trims it.
-        self.env = lmdb.open(str(self.partial), subdir=False, map_size=map_size, max_dbs=2, lock=True, sync=False,
-                             metasync=False, writemap=True)  # fmt: skip
+        self.env = lmdb.open(str(self.partial), subdir=False, map_size=max(map_size, 2 * reserve), max_dbs=2,
+                             lock=True, sync=False, metasync=False, writemap=True)  # fmt: skip
+        self._fd = os.open(self.partial, os.O_RDWR)  # disk reservation and early writeback
+        _reserve_disk(self._fd, reserve, self.partial)
         self.records = self.env.open_db(RECORDS)
         self.meta = self.env.open_db(META)
         self.commit_every, self.commit_bytes = commit_every, commit_bytes
@@ -211,6 +250,9 @@ class PackWriter:
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
         self.next_index += len(self._pending)
         self._pending, self._pending_bytes = [], 0
+        # Start writing the committed pages to disk now (asynchronously: SYNC_FILE_RANGE_WRITE), so that the
+        # fsync in finish() waits for the last commits only, not for the whole pack.
+        _libc_call("sync_file_range", self._fd, 0, 0, 2)
 
     def finish(self, meta: dict[str, Any]) -> Path:
         """Commit, write ``meta`` (msgpack values), the length and the completion record; rename atomically."""
@@ -224,7 +266,7 @@ class PackWriter:
             txn.put(b"complete", msgpack.packb({"length": self.next_index}))
         used = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
         self.env.sync(True)
-        self.env.close()
+        self.close()
         if os.path.getsize(self.partial) > used:  # writemap grew the file to the map size: trim the unused tail
             os.truncate(self.partial, used)
             fd = os.open(self.partial, os.O_RDONLY)
@@ -245,6 +287,9 @@ class PackWriter:
 
     def close(self) -> None:
         self.env.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 # -------------------------------------------------------------------------------------------------- reader
@@ -447,38 +492,50 @@ DEFAULT_PACK_WORKERS = 2
 
 def source_fingerprint(root: str | os.PathLike, files: list[str]) -> str:
     """Fingerprint of a source tree: relative paths, sizes and modification times."""
+    return _scan_sources(root, files)[0]
+
+
+def _scan_sources(root: str | os.PathLike, files: list[str]) -> tuple[str, list[int]]:
+    """The fingerprint of ``files`` (see :func:`source_fingerprint`) and their sizes, from one ``stat`` each."""
     import hashlib
 
     digest = hashlib.sha256()
     prefix = os.path.join(str(root), "")
+    sizes = []
     for path in files:
         stat = os.stat(path)
         # the relative path (a slice where it is under root: relpath per file costs more than the stat)
         rel = path[len(prefix) :] if path.startswith(prefix) and ".." not in path else os.path.relpath(path, root)
         digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:32]
+        sizes.append(stat.st_size)
+    return digest.hexdigest()[:32], sizes
 
 
-def _read_records(items: list[tuple[str, int]]) -> list[bytearray]:
-    return [_read_record(path, label) for path, label in items]
+def _read_records(items: list[tuple[str, int, int]]) -> list[bytearray]:
+    return [_read_record(path, label, size) for path, label, size in items]
 
 
-def _read_record(path: str, label: int) -> bytearray:
-    """The record value of a file, built where it is read (a reading thread): header space, then the bytes
-    read straight into place, then the header with the CRC32 (zlib releases the GIL on large buffers)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        value = bytearray(HEADER.size + size)
-        view = memoryview(value)
-        got = 0
+def _read_record(path: str, label: int, size: int) -> bytearray:
+    """The record value of a file of ``size`` bytes (from the fingerprint's ``stat``), built where it is read (a
+    reading thread): header space, then the bytes read straight into place, then the header with the CRC32 (zlib
+    releases the GIL on large buffers). Plain ``os`` calls: ``open()``'s file object costs more than reading a
+    small file."""
+    value = bytearray(HEADER.size + size)
+    view = memoryview(value)[HEADER.size :]
+    extra = bytearray(1)  # filled only if the file grew since its stat
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        got = os.readv(fd, [view, extra])
         while got < size:  # a loop: network filesystems may return short reads
-            n = f.readinto(view[HEADER.size + got :])
+            n = os.readv(fd, [view[got:], extra])
             if not n:
                 break
             got += n
-        if got != size or f.read(1):
-            raise OSError(f"{path!r} changed while it was packed ({size} bytes at open); pack a quiet source.")
-    HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, zlib.crc32(view[HEADER.size :]))
+    finally:
+        os.close(fd)
+    if got != size:
+        raise OSError(f"{path!r} changed while it was packed ({size} bytes when scanned); pack a quiet source.")
+    HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, zlib.crc32(view))
     return value
 
 
@@ -541,7 +598,9 @@ def _pack_files(
 
     from tqdm.auto import tqdm
 
-    writer = PackWriter(dst, source_fingerprint(src, [p for p, _ in samples]), resume, commit_every)
+    fingerprint, sizes = _scan_sources(src, [p for p, _ in samples])
+    items = [(path, label, size) for (path, label), size in zip(samples, sizes, strict=True)]
+    writer = PackWriter(dst, fingerprint, resume, commit_every, reserve=_pack_bytes(sizes))
     start = writer.next_index
     try:
         with (
@@ -554,7 +613,7 @@ def _pack_files(
             chunk = max(1, min(64, commit_every // (4 * (workers or DEFAULT_PACK_WORKERS))))
 
             def submit(lo: int) -> list:
-                window = samples[lo : lo + commit_every]
+                window = items[lo : lo + commit_every]
                 return [pool.submit(_read_records, window[i : i + chunk]) for i in range(0, len(window), chunk)]
 
             windows = range(start, len(samples), commit_every)

@@ -198,3 +198,22 @@ def test_small_packs_are_read_ahead_whole_at_open(tree, tmp_path, monkeypatch):
     lf.PackReader(path).read(0)
     assert advised == [os.POSIX_FADV_WILLNEED]
     lf.close_readers(path)
+
+
+def test_a_file_that_grows_while_packed_is_an_error(tree, tmp_path):
+    path = next(p for p in sorted(tree.rglob("*.jpg")))
+    size = path.stat().st_size
+    assert len(lf._read_record(str(path), 3, size)) == lf.HEADER.size + size
+    with open(path, "ab") as f:
+        f.write(b"more")
+    with pytest.raises(OSError, match="changed while it was packed"):
+        lf._read_record(str(path), 3, size)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fallocate is Linux's")
+def test_pack_space_is_reserved_up_front(tree, tmp_path):
+    writer = lf.PackWriter(tmp_path / "p.lmdb", "fp", reserve=8 << 20)
+    assert os.stat(writer.partial).st_blocks * 512 >= 8 << 20  # allocated, though nothing is written yet
+    writer.add(b"x" * 100, 1)
+    out = writer.finish({"kind": "test"})
+    assert os.path.getsize(out) < 1 << 20  # the unused reservation is given back
