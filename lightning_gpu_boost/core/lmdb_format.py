@@ -125,27 +125,27 @@ def unpack_sample(payload: bytes | memoryview) -> Any:
 # -------------------------------------------------------------------------------------------------- writer
 
 
-def _libc_call(name: str, *args: int) -> int | None:
-    """``errno`` of a Linux libc call on integer arguments (0: done), ``None`` where it does not exist."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    function = getattr(ctypes.CDLL(None, use_errno=True), name, None)
-    if function is None:
-        return None
-    function.argtypes = [ctypes.c_int] + [ctypes.c_int64] * (len(args) - 1)
-    return 0 if function(*args) == 0 else ctypes.get_errno()
-
-
-def _reserve_disk(fd: int, nbytes: int, path: Path) -> None:
-    """Allocate disk blocks for the first ``nbytes`` of the file without changing its size (``fallocate`` with
-    ``FALLOC_FL_KEEP_SIZE``; never glibc's ``posix_fallocate``, which writes zeros where the filesystem cannot
+def _reserve_disk(path: Path, nbytes: int) -> None:
+    """Allocate disk blocks for the first ``nbytes`` of the file without changing its size (Linux ``fallocate``
+    with ``FALLOC_FL_KEEP_SIZE``; never glibc's ``posix_fallocate``, which writes zeros where the filesystem cannot
     allocate). Skipped where unsupported; ``OSError`` (ENOSPC) when the disk is too small."""
+    if nbytes <= 0 or not sys.platform.startswith("linux"):
+        return
+    import ctypes
     import errno
 
-    if nbytes > 0 and _libc_call("fallocate64", fd, 1, 0, nbytes) == errno.ENOSPC:
-        raise OSError(errno.ENOSPC, f"Not enough disk space for the pack: it needs about {nbytes / 2**20:,.0f} MiB", str(path))
+    fallocate = getattr(ctypes.CDLL(None, use_errno=True), "fallocate64", None)
+    if fallocate is None:
+        return
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fd = os.open(path, os.O_RDWR)
+    try:
+        failed = fallocate(fd, 1, 0, nbytes) != 0  # 1: FALLOC_FL_KEEP_SIZE
+        code = ctypes.get_errno() if failed else 0
+    finally:
+        os.close(fd)
+    if code == errno.ENOSPC:
+        raise OSError(code, f"Not enough disk space for the pack: it needs about {nbytes / 2**20:,.0f} MiB", str(path))
 
 
 def _pack_bytes(sizes: list[int], psize: int = 4096) -> int:
@@ -165,8 +165,7 @@ class PackWriter:
     ``resume=True`` reopens an existing ``.partial`` and continues after its last committed record (the source
     fingerprint must match). The map grows (doubles) on ``MapFullError``; every ``putmulti`` is checked to have
     stored every record. ``reserve``: the expected file size in bytes, allocated on disk up front (Linux): no block
-    allocation at every page fault of the memory map, and an early error when the disk is too small. Each commit
-    starts writing its pages to disk in the background, so the final fsync waits for little.
+    allocation at every page fault of the memory map, and an early error when the disk is too small.
     """
 
     def __init__(
@@ -199,8 +198,7 @@ class PackWriter:
         # measured 1.3-1.7x faster packing); the file is sparse at the map size until finish() trims it.
         self.env = lmdb.open(str(self.partial), subdir=False, map_size=max(map_size, 2 * reserve), max_dbs=2,
                              lock=True, sync=False, metasync=False, writemap=True)  # fmt: skip
-        self._fd = os.open(self.partial, os.O_RDWR)  # disk reservation and early writeback
-        _reserve_disk(self._fd, reserve, self.partial)
+        _reserve_disk(self.partial, reserve)
         self.records = self.env.open_db(RECORDS)
         self.meta = self.env.open_db(META)
         self.commit_every, self.commit_bytes = commit_every, commit_bytes
@@ -250,9 +248,6 @@ class PackWriter:
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
         self.next_index += len(self._pending)
         self._pending, self._pending_bytes = [], 0
-        # Start writing the committed pages to disk now (asynchronously: SYNC_FILE_RANGE_WRITE), so that the
-        # fsync in finish() waits for the last commits only, not for the whole pack.
-        _libc_call("sync_file_range", self._fd, 0, 0, 2)
 
     def finish(self, meta: dict[str, Any]) -> Path:
         """Commit, write ``meta`` (msgpack values), the length and the completion record; rename atomically."""
@@ -266,7 +261,7 @@ class PackWriter:
             txn.put(b"complete", msgpack.packb({"length": self.next_index}))
         used = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
         self.env.sync(True)
-        self.close()
+        self.env.close()
         if os.path.getsize(self.partial) > used:  # writemap grew the file to the map size: trim the unused tail
             os.truncate(self.partial, used)
             fd = os.open(self.partial, os.O_RDONLY)
@@ -287,9 +282,6 @@ class PackWriter:
 
     def close(self) -> None:
         self.env.close()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 # -------------------------------------------------------------------------------------------------- reader
