@@ -542,7 +542,8 @@ def pack_image_folder(
 ) -> Path:
     """Pack a class-per-folder image tree into one LMDB file, storing each file's bytes unchanged.
 
-    Files are read by ``workers`` threads (default 2, ``DEFAULT_PACK_WORKERS``) in windows of ``commit_every``; each window is one
+    Files are read by ``workers`` threads (default 2, ``DEFAULT_PACK_WORKERS``; 0: in the calling thread, between
+    commits) in windows of ``commit_every``; each window is one
     commit that also records the progress, so ``resume=True`` continues a crashed pack at its last commit.
     Non-image files are skipped and counted (``meta("ignored_files")``).
 
@@ -586,26 +587,31 @@ def _pack_files(
 ) -> Path:
     """Pack the files of ``samples`` (path, label) into ``dst``: read by threads in windows of ``commit_every``,
     one commit per window, so memory stays bounded and a resume restarts at a window's edge."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     from tqdm.auto import tqdm
 
     fingerprint, sizes = _scan_sources(src, [p for p, _ in samples])
     items = [(path, label, size) for (path, label), size in zip(samples, sizes, strict=True)]
+    threads = DEFAULT_PACK_WORKERS if workers is None else workers
     writer = PackWriter(dst, fingerprint, resume, commit_every, reserve=_pack_bytes(sizes))
     start = writer.next_index
     try:
         with (
-            ThreadPoolExecutor(workers or DEFAULT_PACK_WORKERS) as pool,
+            ThreadPoolExecutor(max(1, threads)) as pool,
             tqdm(
                 total=len(samples), initial=start, desc=f"pack {dst}", unit="img", disable=not progress
             ) as bar,
         ):
             # one task per chunk of files: a future per small file costs more than reading it
-            chunk = max(1, min(64, commit_every // (4 * (workers or DEFAULT_PACK_WORKERS))))
+            chunk = max(1, min(64, commit_every // (4 * max(1, threads))))
 
-            def submit(lo: int) -> list:
+            def submit(lo: int) -> list[Future]:
                 window = items[lo : lo + commit_every]
+                if threads == 0:  # read here, between commits: no thread competes with LMDB for the GIL
+                    done: Future = Future()
+                    done.set_result(_read_records(window))
+                    return [done]
                 return [pool.submit(_read_records, window[i : i + chunk]) for i in range(0, len(window), chunk)]
 
             windows = range(start, len(samples), commit_every)
