@@ -476,10 +476,18 @@ def verify_file(path: str | os.PathLike) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------------------- packers
 
 
-#: reading threads of a pack: more only add GIL contention when files come from the page cache (16-core H100
-#: machine, benchmarks/lmdb_pack_workers.py: 2000 x 100 KB packed in 0.31 s with 2 threads, 0.50 s with 16;
-#: 20,000 x 4 KB in 0.86 s with 2, 1.50 s with 16); raise it for filesystems where each read waits on I/O
+#: reading threads of a pack, by the mean file size: more threads only fight over the GIL when files come from the
+#: page cache (16-core H100 machine, benchmarks/lmdb_pack_workers.py at 83c3f42: 20,000 x 4 KB packed in 0.41 s
+#: reading in the calling thread, 0.43 s with 1 thread, 0.56 s with 2, 0.76 s with 4; 2,000 x 100 KB in 0.49 /
+#: 0.33 / 0.33 / 0.38 s); pass ``workers`` for filesystems where each read waits on I/O
 DEFAULT_PACK_WORKERS = 2
+SMALL_FILE_PACK_WORKERS, SMALL_FILE_BYTES = 1, 32 << 10
+
+
+def pack_workers(sizes: list[int]) -> int:
+    """Reading threads for files of these sizes: 1 for files of less than 32 KiB on average, else 2."""
+    small = bool(sizes) and sum(sizes) < SMALL_FILE_BYTES * len(sizes)
+    return SMALL_FILE_PACK_WORKERS if small else DEFAULT_PACK_WORKERS
 
 
 def source_fingerprint(root: str | os.PathLike, files: list[str]) -> str:
@@ -542,8 +550,8 @@ def pack_image_folder(
 ) -> Path:
     """Pack a class-per-folder image tree into one LMDB file, storing each file's bytes unchanged.
 
-    Files are read by ``workers`` threads (default 2, ``DEFAULT_PACK_WORKERS``; 0: in the calling thread, between
-    commits) in windows of ``commit_every``; each window is one
+    Files are read by ``workers`` threads (default :func:`pack_workers`: 1 for files under 32 KiB on average, else
+    2; 0: in the calling thread, between commits) in windows of ``commit_every``; each window is one
     commit that also records the progress, so ``resume=True`` continues a crashed pack at its last commit.
     Non-image files are skipped and counted (``meta("ignored_files")``).
 
@@ -593,7 +601,7 @@ def _pack_files(
 
     fingerprint, sizes = _scan_sources(src, [p for p, _ in samples])
     items = [(path, label, size) for (path, label), size in zip(samples, sizes, strict=True)]
-    threads = DEFAULT_PACK_WORKERS if workers is None else workers
+    threads = pack_workers(sizes) if workers is None else workers
     writer = PackWriter(dst, fingerprint, resume, commit_every, reserve=_pack_bytes(sizes))
     start = writer.next_index
     try:
