@@ -57,8 +57,9 @@ class DALIDataModule(pl.LightningDataModule):
         decoder_device: where a GPU pipeline decodes: ``"cpu"`` (DALI's CPU threads decode the crop;
             resizing and normalizing stay on the GPU), ``"mixed"`` (nvJPEG on the GPU) or ``"auto"``: ``"cpu"`` when
             DALI gets at least 8 CPU threads in this process, else ``"mixed"``. On the H100 machine (16 cores,
-            ResNet-50) CPU decoding kept 98.2-98.9 % of the ceiling with ~6 cores beyond the training loop, GPU decoding 89-94 % with
-            ~2: the GPU decoder's many small kernels wait behind the training kernels (``docs/dali.md``).
+            ResNet-50) CPU decoding kept 98.2-98.9 % of the ceiling with ~6 cores beyond the training loop, GPU
+            decoding 89-94 % with ~2: the GPU decoder's many small kernels wait behind the training kernels
+            (``docs/dali.md``).
         hw_decoder_load: share of images sent to the hardware JPEG decoder (A100, H100) with GPU decoding; in
             H100 runs 0.99 kept 87-94 % of the ceiling with ~2 CPU cores busy, DALI's default 0.65 82-92 % with ~4.
         decoder_options: more arguments of the DALI decoder (e.g. ``{"use_fast_idct": True}``).
