@@ -32,8 +32,9 @@ def _records(path):
     return [reader.read(i, lambda r: (bytes(r.payload), r.label)) for i in range(len(reader))]
 
 
-def test_round_trip_is_byte_identical(tree, tmp_path):
-    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", commit_every=5, progress=False)
+@pytest.mark.parametrize("workers", [None, 0, 3])
+def test_round_trip_is_byte_identical(tree, tmp_path, workers):
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", commit_every=5, progress=False, workers=workers)
     samples, classes, _ = scan_image_folder(tree)
     assert _records(path) == [(open(p, "rb").read(), label) for p, label in samples]
     reader = lf.PackReader(path, check_crc=True)
@@ -198,6 +199,10 @@ def test_small_packs_are_read_ahead_whole_at_open(tree, tmp_path, monkeypatch):
     lf.PackReader(path).read(0)
     assert advised == [os.POSIX_FADV_WILLNEED]
     lf.close_readers(path)
+
+
+def test_reading_threads_follow_the_file_size():
+    assert lf.pack_workers([4_000] * 10) == 1 and lf.pack_workers([100_000] * 10) == 2 and lf.pack_workers([]) == 2
 
 
 def test_a_file_that_grows_while_packed_is_an_error(tree, tmp_path):
