@@ -222,9 +222,14 @@ class PackWriter:
 
     def add_value(self, value: bytes | bytearray) -> None:
         """Add an already encoded record value (:func:`encode_record`)."""
-        index = self.next_index + len(self._pending)
-        self._pending.append((key(index), value))
-        self._pending_bytes += len(value)
+        self.add_values([value])
+
+    def add_values(self, values: list[bytes] | list[bytearray]) -> None:
+        """Add already encoded record values, in order; commits once ``commit_every`` records or ``commit_bytes``
+        bytes are pending."""
+        start = self.next_index + len(self._pending)
+        self._pending.extend(zip(map(KEY.pack, range(start, start + len(values))), values, strict=True))
+        self._pending_bytes += sum(map(len, values))
         if len(self._pending) >= self.commit_every or self._pending_bytes >= self.commit_bytes:
             self.commit()
 
@@ -499,16 +504,15 @@ def _scan_sources(root: str | os.PathLike, files: list[str]) -> tuple[str, list[
     """The fingerprint of ``files`` (see :func:`source_fingerprint`) and their sizes, from one ``stat`` each."""
     import hashlib
 
-    digest = hashlib.sha256()
     prefix = os.path.join(str(root), "")
-    sizes = []
+    lines, sizes = [], []
     for path in files:
         stat = os.stat(path)
         # the relative path (a slice where it is under root: relpath per file costs more than the stat)
         rel = path[len(prefix) :] if path.startswith(prefix) and ".." not in path else os.path.relpath(path, root)
-        digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        lines.append(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n")
         sizes.append(stat.st_size)
-    return digest.hexdigest()[:32], sizes
+    return hashlib.sha256("".join(lines).encode()).hexdigest()[:32], sizes
 
 
 def _read_records(items: list[tuple[str, int, int]]) -> list[bytearray]:
@@ -628,9 +632,9 @@ def _pack_files(
                 current, ahead = ahead, (submit(lo + commit_every) if lo + commit_every < len(samples) else [])
                 done = 0
                 for future in current:  # the next window is read while this one is stored and committed
-                    for value in future.result():
-                        writer.add_value(value)
-                        done += 1
+                    values = future.result()
+                    writer.add_values(values)
+                    done += len(values)
                 writer.commit()
                 bar.update(done)
     except BaseException:
