@@ -481,27 +481,18 @@ def verify_file(path: str | os.PathLike) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------------------- packers
 
 
-#: reading threads of a pack, by the mean file size: more threads only fight over the GIL when files come from the
-#: page cache (16-core H100 machine, benchmarks/lmdb_pack_workers.py at 83c3f42: 20,000 x 4 KB packed in 0.41 s
-#: reading in the calling thread, 0.43 s with 1 thread, 0.56 s with 2, 0.76 s with 4; 2,000 x 100 KB in 0.49 /
-#: 0.33 / 0.33 / 0.38 s); pass ``workers`` for filesystems where each read waits on I/O
-DEFAULT_PACK_WORKERS = 2
-SMALL_FILE_PACK_WORKERS, SMALL_FILE_BYTES = 1, 32 << 10
-
-
+# reading threads of a pack, by the mean file size: more threads only fight over the GIL when files come from the
+# page cache (16-core H100 machine, benchmarks/lmdb_pack_workers.py at 83c3f42: 20,000 x 4 KB packed in 0.41 s
+# reading in the calling thread, 0.43 s with 1 thread, 0.56 s with 2, 0.76 s with 4; 2,000 x 100 KB in 0.49 /
+# 0.33 / 0.33 / 0.38 s); pass ``workers`` for filesystems where each read waits on I/O
 def pack_workers(sizes: list[int]) -> int:
     """Reading threads for files of these sizes: 1 for files of less than 32 KiB on average, else 2."""
-    small = bool(sizes) and sum(sizes) < SMALL_FILE_BYTES * len(sizes)
-    return SMALL_FILE_PACK_WORKERS if small else DEFAULT_PACK_WORKERS
-
-
-def source_fingerprint(root: str | os.PathLike, files: list[str]) -> str:
-    """Fingerprint of a source tree: relative paths, sizes and modification times."""
-    return _scan_sources(root, files)[0]
+    return 1 if sizes and sum(sizes) < (32 << 10) * len(sizes) else 2
 
 
 def _scan_sources(root: str | os.PathLike, files: list[str]) -> tuple[str, list[int]]:
-    """The fingerprint of ``files`` (see :func:`source_fingerprint`) and their sizes, from one ``stat`` each."""
+    """The fingerprint of a source tree (its files' relative paths, sizes and modification times) and the files'
+    sizes, from one ``stat`` each."""
     import hashlib
 
     prefix = os.path.join(str(root), "")
