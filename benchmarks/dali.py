@@ -7,8 +7,8 @@ one batch already on the GPU, yielded again and again, in epochs of the same num
 both pay Lightning's epoch boundaries); ``ceiling_one_epoch`` (never crossing an epoch boundary) is reported
 too. DALI: ``DALIDataModule`` with its defaults except the dtype (bfloat16) and layout (channels_last) of the
 ceiling's batch (``decoder_device="auto"``: CPU decoding from 8 DALI threads per process, so on a 16-core
-machine); ``--variants`` adds runs with other options, e.g. ``decoder_device=mixed`` (GPU decoding). Steady state: one epoch of warm-up (DALI's memory pools and the hardware decoder
-settle during the first epoch), then two timed epochs (8,000 images, 32 batches per epoch). CPU use is this
+machine); ``--variants`` adds runs with other options, e.g. ``decoder_device=mixed`` (GPU decoding). Steady
+state: one epoch of warm-up (DALI's memory pools and the hardware decoder settle during the first epoch), then two timed epochs (8,000 images, 32 batches per epoch). CPU use is this
 process's CPU time per second (DALI's threads and the training loop); the ceiling's shows what the training loop
 alone uses.
 Bars (issue 7): DALI from the folder >= 95 % of the ceiling, from LMDB >= 90 %.
@@ -106,7 +106,7 @@ def main() -> None:
               f"prefetch_queue_depth={dm.prefetch_queue_depth})")  # fmt: skip
         return result
 
-    folder = dali(str(root), **_options(args.options))  # the defaults: the bar's run
+    folder = dali(str(root), **_options(args.options))  # the bar's run (the defaults unless --options)
     lmdb = None if args.quick else dali(str(pack), **_options(args.options))
     variants = []
     for variant in args.variants:
