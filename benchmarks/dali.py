@@ -8,9 +8,9 @@ both pay Lightning's epoch boundaries); ``ceiling_one_epoch`` (never crossing an
 too. DALI: ``DALIDataModule`` with its defaults except the dtype (bfloat16) and layout (channels_last) of the
 ceiling's batch (``decoder_device="auto"``: CPU decoding from 8 DALI threads per process, so on a 16-core
 machine); ``--variants`` adds runs with other options, e.g. ``decoder_device=mixed`` (GPU decoding). Steady
-state: one epoch of warm-up (DALI's memory pools and the hardware decoder settle during the first epoch), then two timed epochs (8,000 images, 32 batches per epoch). CPU use is this
-process's CPU time per second (DALI's threads and the training loop); the ceiling's shows what the training loop
-alone uses.
+state: one epoch of warm-up (DALI's memory pools and the hardware decoder settle during the first epoch), then
+two timed epochs (8,000 images, 32 batches per epoch). CPU use is this process's CPU time per second (DALI's
+threads and the training loop); the ceiling's shows what the training loop alone uses.
 Bars (issue 7): DALI from the folder >= 95 % of the ceiling, from LMDB >= 90 %.
 """
 
