@@ -4,10 +4,6 @@ packing vs `cp -r`, and end-to-end LMDBDataModule vs ImageFolderDataModule image
     python benchmarks/lmdb_read.py                      # CPU machine or GPU machine
     python benchmarks/lmdb_read.py --large 500 --small 5000 --images 640 --batches 10
 
-Reads are timed one record at a time (the bars), and for the pack also in batches of --batch-size as a DataLoader
-asks `LMDBImageDataset.__getitems__` for them (the batch's pages requested together, then each record read; figures
-`lmdb_batched_items_s`, `batched_ratio`; files are read one by one either way, as ImageFolderDataset does).
-
 Cold cache: `echo 3 > /proc/sys/vm/drop_caches` where permitted (root, not in most containers); otherwise each
 file's pages are dropped with posix_fadvise(DONTNEED), which evicts clean unmapped pages: the JSON says which.
 
@@ -69,16 +65,11 @@ def read_files(paths: list[str], order: list[int]) -> float:
     return len(order) / (time.perf_counter() - start)
 
 
-def read_pack(path: str, order: list[int], batch: int = 1) -> float:
-    """Records one at a time (``batch=1``), or as a DataLoader's batches reach ``LMDBImageDataset.__getitems__``:
-    the batch's pages requested together (``PackReader.prefetch``), then each record read."""
+def read_pack(path: str, order: list[int]) -> float:
     start = time.perf_counter()  # opening the pack is timed too, as each open() of a file is
     reader = PackReader(path)
-    for lo in range(0, len(order), batch):
-        if batch > 1:
-            reader.prefetch(order[lo : lo + batch])
-        for i in order[lo : lo + batch]:
-            reader.read(i, lambda r: bytes(r.payload))  # touch every byte, one copy (as f.read() makes)
+    for i in order:
+        reader.read(i, lambda r: bytes(r.payload))  # touch every byte, one copy (as f.read() makes)
     return len(order) / (time.perf_counter() - start)
 
 
@@ -149,17 +140,9 @@ def main() -> None:
                 cells[cache]["lmdb_items_s"] = read_pack(pack, order)
                 ratio = cells[cache]["lmdb_items_s"] / cells[cache]["files_items_s"]
                 cells[cache]["ratio"] = ratio
-                # the same reads in DataLoader batches (files have no batch path: ImageFolderDataset reads each)
-                if cache == "cold":
-                    close_readers(pack)
-                    drop_cache([pack])
-                cells[cache]["lmdb_batched_items_s"] = read_pack(pack, order, args.batch_size)
-                cells[cache]["batched_ratio"] = cells[cache]["lmdb_batched_items_s"] / cells[cache]["files_items_s"]
                 bars[f"lmdb_vs_files_{name}_{cache}"] = bar(ratio, 2.0 if name == "4KB" else 1.0, "x")
                 print(f"{name} {cache}: files {cells[cache]['files_items_s']:,.0f}/s, LMDB "
-                      f"{cells[cache]['lmdb_items_s']:,.0f}/s ({ratio:.2f}x, {how}); in batches of "
-                      f"{args.batch_size}: {cells[cache]['lmdb_batched_items_s']:,.0f}/s "
-                      f"({cells[cache]['batched_ratio']:.2f}x)")  # fmt: skip
+                      f"{cells[cache]['lmdb_items_s']:,.0f}/s ({ratio:.2f}x, {how})")  # fmt: skip
             figures["reads"][name] = {**cells, "pack_s": pack_s, "cp_r_s": cp_s, "pack_runs_s": pack_runs,
                                       "cp_r_runs_s": cp_runs, "sync_after_cp_r_runs_s": sync_runs,
                                       "cp_r_then_sync_s": statistics.median(c + y for c, y in zip(cp_runs, sync_runs, strict=True))}  # fmt: skip

@@ -22,7 +22,7 @@ import struct
 import sys
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -336,30 +336,6 @@ def _prefetch_if_small(path: str) -> None:
             os.close(fd)
 
 
-_PAGE = 4096
-_MADV_WILLNEED = 3
-
-
-def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's ``madvise`` (Linux), or None."""
-    global _MADVISE
-    if _MADVISE is False:
-        _MADVISE = None
-        if sys.platform.startswith("linux"):
-            import ctypes
-
-            try:
-                function = ctypes.CDLL(None, use_errno=True).madvise
-                function.argtypes, function.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-                _MADVISE = function
-            except (OSError, AttributeError):
-                pass
-    return _MADVISE
-
-
-_MADVISE: Any = False
-
-
 def _shared_env(path: str, readahead: bool) -> tuple[Any, dict[bytes, Any]]:
     """One read-only environment per file and process (py-lmdb refuses a second open of the same file)."""
     lmdb = require("lmdb")
@@ -464,23 +440,6 @@ class PackReader:
         if value is None:
             raise CorruptRecordError(f"Record {index} is missing from {self.path!r}.")
         return decode(decode_record(index, value, self.check_crc))
-
-    def prefetch(self, indices: Iterable[int]) -> None:
-        """Ask the kernel to start reading these records' pages now, side by side (``MADV_WILLNEED``; Linux), so
-        that a batch of random reads from a cold cache waits for the disk about once instead of once per record.
-        Costs about 3 us per record when the pages are already cached; does nothing with ``readahead=False``."""
-        madvise = _madvise() if self.readahead else None
-        if madvise is None:
-            return
-        import numpy as np
-
-        txn = self._txn()
-        for index in indices:
-            value = txn.get(KEY.pack(index)) if 0 <= index < self.length else None
-            if value is not None and len(value) > _PAGE // 2:  # smaller values share the (touched) leaf pages
-                address = np.frombuffer(value, np.uint8).ctypes.data
-                start = address & -_PAGE
-                madvise(start, address + len(value) - start, _MADV_WILLNEED)
 
     def iter_records(self, check_crc: bool = True) -> Iterator[Record]:
         with self._begin(RECORDS) as txn:
@@ -801,16 +760,6 @@ class ShardedPackReader:
     def read(self, index: int, decode: Callable[[Record], Any] = lambda r: bytes(r.payload)) -> Any:
         reader, local = self._shard(index)
         return reader.read(local, decode)
-
-    def prefetch(self, indices: Iterable[int]) -> None:
-        """:meth:`PackReader.prefetch` for records anywhere in the shards."""
-        by_shard: dict[int, tuple[PackReader, list[int]]] = {}
-        for index in indices:
-            if 0 <= index < self.length:
-                reader, local = self._shard(index)
-                by_shard.setdefault(id(reader), (reader, []))[1].append(local)
-        for reader, local_indices in by_shard.values():
-            reader.prefetch(local_indices)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_readers": {}}

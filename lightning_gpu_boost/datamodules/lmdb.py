@@ -57,12 +57,6 @@ class LMDBImageDataset(ImageFolderDataset):
 
         return self.reader.read(index, decode)
 
-    def __getitems__(self, indices: list[int]) -> list:
-        """A DataLoader batch: the records' pages are requested from the disk together (:meth:`PackReader.prefetch`),
-        then decoded one by one."""
-        self.reader.prefetch(indices)
-        return [self[index] for index in indices]
-
 
 class LMDBSampleDataset(Dataset):
     """A pack of general samples (``pack_dataset``), each passed through ``decode`` (default: unchanged)."""
@@ -79,11 +73,6 @@ class LMDBSampleDataset(Dataset):
     def __getitem__(self, index: int) -> Any:
         sample = self.reader.read(index, lambda record: unpack_sample(record.payload))
         return self.decode(sample) if self.decode is not None else sample
-
-    def __getitems__(self, indices: list[int]) -> list:
-        """A DataLoader batch, its records' pages requested from the disk together (:meth:`PackReader.prefetch`)."""
-        self.reader.prefetch(indices)
-        return [self[index] for index in indices]
 
 
 class LMDBDataModule(ImageFolderDataModule):

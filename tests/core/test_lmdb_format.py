@@ -223,18 +223,3 @@ def test_pack_space_is_reserved_up_front(tree, tmp_path):
     out = writer.finish({"kind": "test"})
     assert os.path.getsize(out) < 1 << 20  # the unused reservation is given back
 
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise through libc: Linux")
-def test_prefetch_asks_for_each_large_records_pages(tmp_path, monkeypatch):
-    path = lf.pack_dataset([bytes([i]) * 5000 for i in range(6)] + [b"tiny"], tmp_path / "p.lmdb", progress=False)
-    reader = lf.PackReader(path)
-    calls = []
-    real = lf._madvise()
-    monkeypatch.setattr(lf, "_MADVISE", lambda start, length, advice: calls.append((start, length, advice)) or real(start, length, advice))
-    reader.prefetch([5, 0, 6, -1, 99])  # out of range: ignored (read() raises for those); 6: in its leaf page
-    assert [(start % 4096, advice) for start, _, advice in calls] == [(0, lf._MADV_WILLNEED)] * 2
-    assert all(length >= 5000 for _, length, _ in calls)
-    assert reader.read(5, lambda r: lf.unpack_sample(r.payload)) == bytes([5]) * 5000
-    calls.clear()
-    lf.PackReader(path, readahead=False).prefetch([0, 1])
-    assert calls == []
