@@ -7,9 +7,11 @@ packing vs `cp -r`, and end-to-end LMDBDataModule vs ImageFolderDataModule image
 Cold cache: `echo 3 > /proc/sys/vm/drop_caches` where permitted (root, not in most containers); otherwise each
 file's pages are dropped with posix_fadvise(DONTNEED), which evicts clean unmapped pages: the JSON says which.
 
-Packing vs `cp -r`: medians of 3 alternating runs, each after `os.sync()`; the pack's time includes its own
-fsync before the atomic rename (`cp -r` leaves its data in the page cache; `cp_r_then_sync_s` adds the `sync`
-that makes the copy durable, for reference). End to end: 3 alternating runs of each DataModule, medians.
+Packing vs `cp -r`: medians of 3 alternating runs, each after `os.sync()`; the pack's time includes its own fsync
+before the atomic rename (`cp -r` leaves its data in the page cache; `cp_r_then_sync_s` adds the `sync` that makes
+the copy durable, for reference). Cold cells also time one sequential read of the whole pack after a drop
+(`pack_sequential_read_s`), the disk's speed that the whole-file read-ahead at open depends on. End to end: 3
+alternating runs of each DataModule, medians.
 
 Bars (issue 6): LMDB >= files in every cell and >= 2x files with ~4 KB records; packing at least as fast as
 `cp -r`; LMDBDataModule >= ImageFolderDataModule images/s at the same workers.
@@ -63,6 +65,15 @@ def read_files(paths: list[str], order: list[int]) -> float:
         with open(paths[i], "rb") as f:
             f.read()
     return len(order) / (time.perf_counter() - start)
+
+
+def read_sequentially(path: str) -> float:
+    """Seconds to read the whole file in 8 MiB reads (the disk's sequential speed, for the cold cells)."""
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.read(8 << 20):
+            pass
+    return time.perf_counter() - start
 
 
 def read_pack(path: str, order: list[int]) -> float:
@@ -140,6 +151,13 @@ def main() -> None:
                 cells[cache]["lmdb_items_s"] = read_pack(pack, order)
                 ratio = cells[cache]["lmdb_items_s"] / cells[cache]["files_items_s"]
                 cells[cache]["ratio"] = ratio
+                if cache == "cold":  # what reading all of the pack costs, against the cell's random reads
+                    close_readers(pack)
+                    drop_cache([pack])
+                    cells[cache]["pack_bytes"] = os.path.getsize(pack)
+                    cells[cache]["pack_sequential_read_s"] = read_sequentially(pack)
+                    cells[cache]["lmdb_reads_s"] = len(order) / cells[cache]["lmdb_items_s"]
+                    cells[cache]["files_reads_s"] = len(order) / cells[cache]["files_items_s"]
                 bars[f"lmdb_vs_files_{name}_{cache}"] = bar(ratio, 2.0 if name == "4KB" else 1.0, "x")
                 print(f"{name} {cache}: files {cells[cache]['files_items_s']:,.0f}/s, LMDB "
                       f"{cells[cache]['lmdb_items_s']:,.0f}/s ({ratio:.2f}x, {how})")  # fmt: skip
