@@ -223,3 +223,29 @@ def test_pack_space_is_reserved_up_front(tree, tmp_path):
     out = writer.finish({"kind": "test"})
     assert os.path.getsize(out) < 1 << 20  # the unused reservation is given back
 
+
+def test_threads_read_through_their_own_transactions(tree, tmp_path):
+    import threading
+
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    reader = lf.PackReader(path)
+    expected = [reader.read(i) for i in range(len(reader))]
+    got, txns = {}, []
+
+    def work(k):
+        got[k] = [reader.read(i) for i in range(len(reader))]
+        txns.append(reader._txn())  # kept alive: ids of freed objects are reused
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(v == expected for v in got.values()) and len({id(t) for t in txns}) == 3
+
+
+def test_each_commit_starts_the_writeback(tree, tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(lf, "_writeback", lambda: started.append)
+    lf.pack_image_folder(tree, tmp_path / "pack.lmdb", commit_every=5, progress=False)
+    assert len(started) == -(-len(scan_image_folder(tree)[0]) // 5) and all(fd >= 0 for fd in started)
