@@ -10,7 +10,7 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="class-per-folder image tree")
     parser.add_argument("dst", help="the pack file to write (written as DST.partial, renamed when complete)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted pack (DST.partial)")
-    parser.add_argument("--workers", type=int, help="reader threads (default: 1 for files under 32 KiB on average, else 2; more add GIL contention when files are in the page cache; raise it on network filesystems)")
+    parser.add_argument("--workers", type=int, help="reader threads (default: none, reading between commits, for files under 32 KiB on average, else 2; more add GIL contention when files are in the page cache; raise it on network filesystems)")
     parser.add_argument("--commit-every", type=int, default=1000, help="records per commit")
     parser.add_argument(
         "--shard-size", type=int, help="records per file: DST becomes a JSON manifest of the shards"

@@ -45,10 +45,6 @@ class CorruptRecordError(RuntimeError):
     """A record's CRC32 does not match its payload."""
 
 
-def key(index: int) -> bytes:
-    return KEY.pack(index)
-
-
 def encode_record(payload: bytes | memoryview, label: int = -1, codec: str = "raw") -> bytes:
     return HEADER.pack(SCHEMA_VERSION, CODECS[codec], label, len(payload), zlib.crc32(payload)) + bytes(
         payload
