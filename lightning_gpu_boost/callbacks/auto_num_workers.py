@@ -7,7 +7,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
@@ -31,7 +31,7 @@ def agreed_probe(
     use_cache: bool = True,
     cache_path: str | os.PathLike | None = None,
     max_workers: int | None = None,
-    tolerance: float = 0.05,
+    tolerance: float = 0.03,
 ) -> WorkerProbe:
     """Tune ``loader`` once for the whole job: from the cache when rank 0 has a hit, else every rank probes its
     own shard at the same time (as they will load in training) and rank 0's result is broadcast to all."""
@@ -57,11 +57,16 @@ class AutoNumWorkers(Callback):
 
     When Lightning sets up the training loader (after DDP re-created it with its ``DistributedSampler``, before
     any worker starts), the loader is iterated alone (no model) at several worker counts within a
-    time budget (see :func:`~lightning_gpu_boost.core.workers.tune_num_workers`) and the smallest count within
+    time budget (see :func:`~lightning_gpu_boost.core.workers.tune_num_workers`: each count timed in steady state,
+    at the loader's batch size or per sample where samples are slow) and the smallest count within
     ``tolerance`` of the best is applied to the loader Lightning will iterate (after DDP re-created it with its
     ``DistributedSampler``), with ``prefetch_factor`` and ``persistent_workers`` kept consistent. Under DDP every
     rank applies the same count. Results are cached on disk, keyed by the dataset and its settings, collate,
     batch size, the CPU set and processes per node, so the next run skips the probe.
+
+    An automatic choice never leaves you worse off: where the probe cannot rank the counts within its budget, your
+    ``num_workers`` stays and a warning says why; it never sets fewer workers than you had unless fewer measured
+    faster.
 
     Logged metrics:
         ``gpu_boost/num_workers_train`` and, with ``tune_val``, ``gpu_boost/num_workers_val``: the chosen
@@ -98,7 +103,7 @@ class AutoNumWorkers(Callback):
         cache_path: str | None = None,
         keep_user_value: bool = False,
         max_workers: int | None = None,
-        tolerance: float = 0.05,
+        tolerance: float = 0.03,
         prefetch_factor: int = 4,
         persistent_workers: bool = True,
         worker_niceness: int = 0,
@@ -147,6 +152,8 @@ class AutoNumWorkers(Callback):
                 f"AutoNumWorkers: {stage} num_workers={probe.num_workers} (from {source}, searched up to "
                 f"{probe.max_workers}).\n{probe.format_table()}"
             )
+            if not probe.conclusive:
+                rank_zero_warn(f"AutoNumWorkers ({stage}): {probe.reason}")
             if trainer.logger is not None and trainer.global_rank == 0:
                 trainer.logger.log_metrics({f"gpu_boost/num_workers_{stage}": probe.num_workers}, step=0)
         set_num_workers(

@@ -17,6 +17,13 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_gpu_boost.core.steady import (
+    MIN_WINDOW_STEPS,
+    TimedIterable,
+    batch_size_of,
+    min_warmup,
+    steady_window,
+)
 from lightning_gpu_boost.core.workers import (
     clone_loader,
     measure_batches_per_s,
@@ -90,17 +97,6 @@ def _move(batch: Any, device: torch.device) -> Any:
     return move_data_to_device(batch, device)
 
 
-def batch_size_of(batch: Any) -> int:
-    """Samples in ``batch``: the first dimension of its first tensor (in a tensor, list, tuple or dict)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, dict) and batch:
-        return batch_size_of(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        return batch_size_of(batch[0])
-    return 1
-
-
 def measure_copy_ms(batch: Any, device: torch.device, repeats: int = 5) -> float:
     """Milliseconds to copy ``batch`` (as the loader yields it, pinned or not) to ``device``."""
     _move(batch, device)
@@ -114,19 +110,20 @@ def measure_copy_ms(batch: Any, device: torch.device, repeats: int = 5) -> float
 
 def measure_step_ms(model: Any, batch: Any, steps: int = 10, warmup: int = 3, **trainer_kwargs: Any) -> float:
     """Milliseconds per training step of ``model`` (a LightningModule) on ``batch`` already on the device, in a
-    real Trainer (``trainer_kwargs``: e.g. ``precision``)."""
+    real Trainer (``trainer_kwargs``: e.g. ``precision``), timed in steady state by the rule of
+    :mod:`~lightning_gpu_boost.core.steady` (the batches are stamped as Lightning asks for them; no callback)."""
     import lightning.pytorch as pl
 
-    from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-
-    meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
     kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
               "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
               "limit_val_batches": 0, **trainer_kwargs}  # fmt: skip
-    trainer = pl.Trainer(max_steps=warmup + steps, callbacks=[meter], **kwargs)
+    total = min_warmup(0, warmup) + max(steps, MIN_WINDOW_STEPS)
+    trainer = pl.Trainer(max_steps=total, **kwargs)
     device = trainer.strategy.root_device
-    trainer.fit(model, ResidentBatches(_move(batch, device), warmup + steps + 1))
-    return meter.summary()["step_ms"]
+    batches = TimedIterable(ResidentBatches(_move(batch, device), total + 2))
+    trainer.fit(model, batches)
+    window = steady_window(batches.stamps[: total + 1], warmup=warmup)
+    return 1000 / window.rate if window.rate > 0 else float("nan")
 
 
 def diagnose(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -16,6 +17,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
+from lightning_gpu_boost.core.steady import MIN_WINDOW_STEPS, SteadyRate, min_warmup, steady_window
 
 log = logging.getLogger(__name__)
 
@@ -34,25 +36,47 @@ class WorkerProbe:
     """What :func:`tune_num_workers` measured and chose."""
 
     num_workers: int
-    #: worker count -> batches per second (loader alone, steady state)
+    #: worker count -> batches per second at the loader's own batch size (loader alone, steady state)
     table: dict[int, float] = field(default_factory=dict)
     elapsed_s: float = 0.0
     max_workers: int = 0
     cached: bool = False
+    #: the loader's ``num_workers`` before the probe
+    user_workers: int = 0
+    #: ``False`` where the counts could not be ranked within the budget: ``num_workers`` is then the user's
+    conclusive: bool = True
+    #: why the choice is what it is, in a sentence (always set where the user's value was kept)
+    reason: str = ""
+    #: samples per probe batch (the loader's batch size, or fewer where samples are slow: time per sample)
+    probe_batch_size: int | None = None
+    #: one sample's load time in the main process (fetch + collate), milliseconds
+    sample_ms: float | None = None
+    #: worker count -> the steady-state window of its measurement (``SteadyRate.as_dict``)
+    windows: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "table": {str(k): v for k, v in self.table.items()}}
+        data = asdict(self)
+        data["table"] = {str(k): v for k, v in self.table.items()}
+        data["windows"] = {str(k): v for k, v in self.windows.items()}
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkerProbe:
-        data = dict(data)
+        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         data["table"] = {int(k): float(v) for k, v in data.get("table", {}).items()}
+        data["windows"] = {int(k): dict(v) for k, v in data.get("windows", {}).items()}
         return cls(**data)
 
     def format_table(self) -> str:
         best = max(self.table.values(), default=0.0) or 1.0
-        rows = [f"{w:>7} | {r:10.2f} | {100 * r / best:5.1f} %" for w, r in sorted(self.table.items())]
-        return "workers | batches/s  | of best\n" + "\n".join(rows)
+        rows = []
+        for w, r in sorted(self.table.items()):
+            window = self.windows.get(w, {})
+            mark = "" if window.get("steady", True) else "  (not steady)"
+            rows.append(f"{w:>7} | {r:10.2f} | {100 * r / best:5.1f} %{mark}")
+        head = "workers | batches/s  | of best"
+        note = f"\n{self.reason}" if self.reason else ""
+        return head + "\n" + "\n".join(rows) + note
 
 
 def max_workers_for_node(procs_per_node: int | None = None, reserve: int = 0) -> int:
@@ -89,15 +113,55 @@ def clone_loader(
     return DataLoader(loader.dataset, **kwargs)
 
 
-def probe_batch_size(loader: DataLoader, limit: int = 32) -> int | None:
-    """Smaller batches for probing (each worker then finishes a batch sooner, so short windows measure steady
-    state); ``None`` where the loader's batching cannot be changed."""
+#: a probe batch holds at least this much work (seconds in one process), so that a worker's fixed cost per batch
+#: (IPC, pickling, collate calls: about a millisecond) cannot change the ranking
+PROBE_BATCH_S = 0.1
+
+
+def probe_batch_size(loader: DataLoader, sample_s: float | None) -> int | None:
+    """Samples per probe batch: the loader's own batch size, or fewer where one sample is slow (time per sample,
+    not whole waves: a probe batch still holds :data:`PROBE_BATCH_S` of work); ``None`` where the loader's
+    batching cannot be changed (a custom batch sampler, no ``batch_size``)."""
     size = loader.batch_size
-    if size is None or (
-        type(loader.batch_sampler) is not BatchSampler and not isinstance(loader.dataset, IterableDataset)
-    ):
+    if size is None or type(loader.batch_sampler) is not BatchSampler or isinstance(loader.dataset, IterableDataset):
         return None
-    return min(size, limit)
+    if not sample_s or sample_s <= 0:
+        return size
+    return max(1, min(size, math.ceil(PROBE_BATCH_S / sample_s)))
+
+
+def sample_seconds(loader: DataLoader, max_s: float = 1.0) -> float | None:
+    """One sample's load time in this process (the DataLoader's fetch path: ``__getitems__`` or ``__getitem__``,
+    then ``collate_fn``), from fetches of 1, 1, 2, 4, ... samples until one takes 50 ms, the batch size is reached
+    or ``max_s`` has passed; ``None`` for iterable datasets or custom batch samplers."""
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset) or loader.batch_sampler is None:
+        return None
+    indices: list[int] = []
+    for batch in loader.batch_sampler:
+        indices.extend(batch)
+        if len(indices) >= 2 * (loader.batch_size or 1) + 2:
+            break
+    if not indices:
+        return None
+    getitems = getattr(dataset, "__getitems__", None)
+    start, k, pos, per_sample = time.perf_counter(), 1, 0, None
+    first = True
+    while pos + k <= len(indices):
+        chunk = indices[pos : pos + k]
+        t0 = time.perf_counter()
+        samples = getitems(chunk) if callable(getitems) else [dataset[i] for i in chunk]
+        loader.collate_fn(samples)
+        took = time.perf_counter() - t0
+        pos += k
+        if first:  # the first fetch may open files or build caches
+            first = False
+            continue
+        per_sample = took / k
+        if took >= 0.05 or k >= (loader.batch_size or 1) or time.perf_counter() - start >= max_s:
+            break
+        k *= 2
+    return per_sample
 
 
 def _shutdown(iterator: Any) -> None:
@@ -108,13 +172,21 @@ def _shutdown(iterator: Any) -> None:
         shutdown()
 
 
-def measure_batches_per_s(loader: DataLoader, workers: int, cap_s: float, min_window_s: float) -> float:
-    """Steady-state batches/s: skip the first wave (one batch per worker: startup), then time at least two
-    whole waves. A loader shorter than the measurement is restarted (its restart cost counts, as it would in
-    training). The workers are shut down and joined before returning."""
-    wave = max(1, workers)
+def measure_loader(loader: DataLoader, workers: int, cap_s: float, min_window_s: float) -> SteadyRate:
+    """The loader alone in steady state, in batches/s (the rule of :mod:`~lightning_gpu_boost.core.steady`).
+
+    Skips the loader's queue (``workers x prefetch_factor`` batches) plus a few batches, then times at least
+    two waves (one batch per worker each), :data:`~lightning_gpu_boost.core.steady.MIN_WINDOW_STEPS` batches
+    and ``min_window_s``; where the window's halves still differ by more than 5 %, it goes on (up to three times
+    as long) while ``cap_s`` allows. A loader shorter than the measurement is restarted (its restart cost
+    counts, as it would in training). Returns a window with ``timed == 0`` where ``cap_s`` ended it before the
+    warm-up was over. The workers are shut down and joined before returning.
+    """
+    queue = workers * (loader.prefetch_factor or 0) if workers else 0
+    warm = min_warmup(queue)
+    need = max(MIN_WINDOW_STEPS, 2 * max(1, workers))
     start = time.perf_counter()
-    count, t0, end = 0, None, None
+    stamps = [start]
     it = iter(loader)
 
     def next_batch() -> None:
@@ -126,23 +198,32 @@ def measure_batches_per_s(loader: DataLoader, workers: int, cap_s: float, min_wi
             it = iter(loader)
             next(it)  # an empty loader raises StopIteration here
 
+    result: SteadyRate | None = None
     try:
-        for _ in range(wave):
-            next_batch()
-            if time.perf_counter() - start >= cap_s:  # even startup stays within the budget
-                return 0.0
-        t0 = time.perf_counter()
         while True:
             next_batch()
-            count += 1
-            end = time.perf_counter()
-            if (count >= 2 * wave and end - t0 >= min_window_s) or end - start >= cap_s:
+            now = time.perf_counter()
+            stamps.append(now)
+            timed = len(stamps) - 1 - warm
+            if now - start >= cap_s:
+                break
+            if timed < need or timed % max(1, need // 2) or now - stamps[warm] < min_window_s:
+                continue
+            result = steady_window(stamps, queue=queue)
+            if result.steady or (timed >= 3 * need and now - stamps[warm] >= 3 * min_window_s):
                 break
     except StopIteration:  # an empty loader
         pass
     finally:
         _shutdown(it)
-    return count / (end - t0) if count and t0 is not None and end is not None else 0.0
+    if len(stamps) - 1 - warm < 2:
+        return SteadyRate(0.0, 0.0, 0.0, queue, warm, 0, 0.0)
+    return steady_window(stamps, queue=queue)
+
+
+def measure_batches_per_s(loader: DataLoader, workers: int, cap_s: float, min_window_s: float) -> float:
+    """:func:`measure_loader`'s rate alone (batches/s; 0.0 where no window was timed)."""
+    return measure_loader(loader, workers, cap_s, min_window_s).rate
 
 
 def _doubling(max_workers: int) -> list[int]:
@@ -166,7 +247,7 @@ def _choose(table: dict[int, float], tolerance: float) -> int:
     overlap with it, so similar loader-alone throughput favours workers; 0 wins only where worker overhead makes
     it faster by ``ZERO_WORKERS_MARGIN`` (cheap, in-memory data, where IPC costs more than loading).
     """
-    with_workers = {w: r for w, r in table.items() if w > 0}
+    with_workers = {w: r for w, r in table.items() if w > 0 and r > 0}
     if not with_workers or table.get(0, 0.0) > max(with_workers.values()) * ZERO_WORKERS_MARGIN:
         return 0
     best = max(with_workers.values())
@@ -177,32 +258,38 @@ def tune_num_workers(
     dataloader: DataLoader,
     budget_s: float = 30.0,
     candidates: Sequence[int] | None = None,
-    tolerance: float = 0.05,
+    tolerance: float = 0.03,
     max_workers: int | None = None,
-    prefetch_factor: int = 2,
+    prefetch_factor: int | None = None,
     min_window_s: float = 0.5,
 ) -> WorkerProbe:
     """Measure ``dataloader`` alone at several worker counts and return the smallest count within
     ``tolerance`` of the best throughput (0 only where it is clearly fastest), with the measured table.
 
-    The search doubles (0, 1, 2, 4, ..., ``max_workers``) and stops once a step gains less than ``tolerance``,
-    then measures the midpoints between the best count and its measured neighbours. Each measurement uses
-    batches of at most 32 samples (same samples, same transforms: throughput per sample is what matters, and
-    small batches reach steady state sooner), skips the first wave of batches (worker startup), times at least
-    two whole waves after it, and joins its workers before the next count starts. The whole probe stays within
-    ``budget_s`` (the search ends early, with what it measured, when time runs out).
+    First one sample's load time is measured in this process. Batches then keep the loader's batch size, unless
+    a sample is slow: a probe batch then holds at least :data:`PROBE_BATCH_S` of work (e.g. one 12 MP photo),
+    which ranks counts by time per sample while a worker's fixed cost per batch stays negligible. The search
+    starts at ``max_workers`` and the user's own count, then halves (``max_workers``, ..., 2, 1, 0), stopping
+    once a count is clearly slower than the best, and refines between the best and the next count measured below
+    it. Each count is timed in steady state (:func:`measure_loader`: the queue skipped, halves compared). A count
+    whose measurement cannot fit in what is left of ``budget_s`` is not started: fewer candidates, never shorter
+    windows.
+
+    The user's ``num_workers`` is kept (``conclusive=False``, with the reason) where fewer than two counts could
+    be timed, and the choice is never below the user's count unless a smaller count measured faster.
 
     Args:
         dataloader: the loader to tune (its dataset, sampler, collate and pinning are kept).
         budget_s: time budget of the whole probe in seconds, ``> 0``.
-        candidates: explicit worker counts to measure instead of the doubling search (non-empty, each ``>= 0``).
+        candidates: explicit worker counts to measure instead of the search (non-empty, each ``>= 0``).
         tolerance: the relative throughput difference that counts as "as good", in ``[0, 1)``.
         max_workers: upper bound of the search (default: :func:`max_workers_for_node`).
-        prefetch_factor: batches per worker in flight while probing.
-        min_window_s: shortest timed window per count.
+        prefetch_factor: batches per worker in flight while probing (default: the loader's, else 2).
+        min_window_s: shortest timed window per count, ``> 0``.
 
     Raises:
-        ValueError: a non-positive budget, empty or negative candidates, or a tolerance outside ``[0, 1)``.
+        ValueError: a non-positive budget or window, empty or negative candidates, or a tolerance outside
+            ``[0, 1)``.
 
     Example::
 
@@ -212,26 +299,46 @@ def tune_num_workers(
         >>> tune_num_workers(cheap, budget_s=5, max_workers=2).num_workers  # workers only add overhead
         0
     """
-    if not budget_s > 0:
-        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
+    _check_number("budget_s", budget_s, low=0.0, low_open=True)
+    _check_number("tolerance", tolerance, low=0.0, high=1.0, high_open=True)
+    _check_number("min_window_s", min_window_s, low=0.0, low_open=True)
     if candidates is not None:
         candidates = list(candidates)
-        if not candidates or any(not isinstance(c, int) or c < 0 for c in candidates):
+        if not candidates or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in candidates):
             raise ValueError(f"candidates must be a non-empty list of ints >= 0, got {candidates!r}.")
-    if not 0 <= tolerance < 1:
-        raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}.")
-    if max_workers is not None and max_workers < 0:
-        raise ValueError(f"max_workers must be >= 0, got {max_workers!r}.")
+    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
+                                    or max_workers < 0):  # fmt: skip
+        raise ValueError(f"max_workers must be an int >= 0 or None, got {max_workers!r}.")
+    if prefetch_factor is not None and (isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int)
+                                        or prefetch_factor < 1):  # fmt: skip
+        raise ValueError(f"prefetch_factor must be an int >= 1 or None, got {prefetch_factor!r}.")
     limit = max_workers_for_node() if max_workers is None else max_workers
-    small = probe_batch_size(dataloader)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a worker; and leaves no busy intra-op thread team behind in this process
     try:
         return _search(
-            dataloader, budget_s, candidates, tolerance, limit, prefetch_factor, min_window_s, small
-        )
+            dataloader, budget_s, candidates, tolerance, limit,
+            prefetch_factor or dataloader.prefetch_factor or 2, min_window_s,
+        )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
+
+
+def _check_number(
+    name: str, value: Any, low: float | None = None, high: float | None = None,
+    low_open: bool = False, high_open: bool = False,
+) -> None:  # fmt: skip
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
+        hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
+        valid = f"in {lo}, {hi}" if low is not None and high is not None else (
+            f"{'>' if low_open else '>='} {low:g}" if low is not None else f"{'<' if high_open else '<='} {high:g}")
+        raise ValueError(f"{name} must be a number {valid}, got {value!r}.")
 
 
 def _search(
@@ -242,40 +349,104 @@ def _search(
     limit: int,
     prefetch_factor: int,
     min_window_s: float,
-    small: int | None,
 ) -> WorkerProbe:
     start = time.perf_counter()
+    user = dataloader.num_workers
+    sample_s = sample_seconds(dataloader, max_s=min(1.0, budget_s / 10))
+    small = probe_batch_size(dataloader, sample_s)
+    batch = dataloader.batch_size or 1
+    cpus = max(1, usable_cpus())
     table: dict[int, float] = {}
-    planned = sorted(set(candidates)) if candidates is not None else _doubling(limit)
-    cap = max(min_window_s * 2, budget_s / (len(planned) + 1))
+    windows: dict[int, dict[str, Any]] = {}
+
+    def cost(w: int) -> float:
+        """Seconds a measurement of ``w`` workers should take: startup, the queue, the window, the shutdown."""
+        if sample_s is None:
+            return min_window_s
+        per_batch = (small or batch) * sample_s
+        batches = min_warmup(w * prefetch_factor if w else 0) + max(MIN_WINDOW_STEPS, 2 * max(1, w))
+        startup = 0.2 + 0.03 * w if w else 0.0
+        return startup + max(min_window_s, batches * per_batch / max(1, min(w, cpus))) + per_batch
 
     def measure(w: int) -> bool:
         left = budget_s - (time.perf_counter() - start)
-        if left <= min_window_s and table:
+        if w in table or cost(w) > left:
             return False
         probe = clone_loader(dataloader, w, prefetch_factor, small)
-        rate = measure_batches_per_s(probe, w, min(cap, left), min_window_s)
-        table[w] = rate * (small or 1) / (dataloader.batch_size or 1) if small else rate
-        log.debug("num_workers=%d: %.2f batches/s", w, table[w])
+        window = measure_loader(probe, w, left - (small or batch) * (sample_s or 0.0), min_window_s)
+        # batches/s at the loader's own batch size
+        table[w] = window.rate * (small or batch) / batch
+        windows[w] = window.as_dict()
+        log.debug("num_workers=%d: %.2f batches/s%s", w, table[w], window.flag())
         return True
 
-    for w in planned:
-        best_before = max((r for c, r in table.items() if c > 0), default=0.0)
-        if not measure(w):
-            break
-        if candidates is None and w > 1 and table[w] < best_before * (1 + tolerance):
-            break  # doubling no longer pays
-    with_workers = {w: r for w, r in table.items() if w > 0}
-    if candidates is None and len(with_workers) > 1:  # refine around the best: one midpoint on each side
-        best = max(with_workers, key=with_workers.get)
-        neighbours = [max((w for w in with_workers if w < best), default=None),
-                      min((w for w in with_workers if w > best), default=None)]  # fmt: skip
-        for other in neighbours:
-            if other is not None and (mid := (best + other) // 2) not in table and mid > 0:
-                if not measure(mid):
-                    break
-    choice = _choose(table, tolerance)
-    return WorkerProbe(choice, dict(sorted(table.items())), time.perf_counter() - start, limit)
+    if candidates is not None:
+        for w in sorted(set(candidates), reverse=True):
+            measure(w)
+    else:
+        order = sorted(set(_doubling(limit)), reverse=True)
+        first = [order[0]] + ([user] if user != order[0] else [])
+        for w in first:  # the most workers, and the user's own count
+            measure(w)
+        for w in (w for w in order if w not in first):
+            if not measure(w):
+                if w not in table:
+                    break  # smaller counts take longer: what is left does not fit in the budget
+                continue
+            best = max((r for c, r in table.items() if c > 0), default=0.0)
+            if w > 0 and table[w] < best * (1 - tolerance):
+                break  # halving no longer keeps up with the best
+        _refine(table, tolerance, measure)
+    return _decide(table, windows, tolerance, user, limit, small, sample_s, time.perf_counter() - start)
+
+
+def _refine(table: dict[int, float], tolerance: float, measure: Any, rounds: int = 2) -> None:
+    """Bisect between the best count and the largest measured count below it that is out of tolerance."""
+    for _ in range(rounds):
+        with_workers = {w: r for w, r in table.items() if w > 0 and r > 0}
+        if len(with_workers) < 2:
+            return
+        best_rate = max(with_workers.values())
+        good = min(w for w, r in with_workers.items() if r >= best_rate * (1 - tolerance))
+        below = [w for w, r in with_workers.items() if w < good and r < best_rate * (1 - tolerance)]
+        if not below or good - max(below) < 2:
+            return
+        if not measure((good + max(below)) // 2):
+            return
+
+
+def _decide(
+    table: dict[int, float], windows: dict[int, dict[str, Any]], tolerance: float, user: int, limit: int,
+    small: int | None, sample_s: float | None, elapsed: float,
+) -> WorkerProbe:  # fmt: skip
+    timed = {w: r for w, r in table.items() if r > 0}
+    probe = WorkerProbe(user, dict(sorted(table.items())), elapsed, limit, user_workers=user,
+                        probe_batch_size=small, sample_ms=None if sample_s is None else 1000 * sample_s,
+                        windows=dict(sorted(windows.items())))  # fmt: skip
+    if len(timed) < 2:
+        probe.conclusive = False
+        probe.reason = (
+            f"Could not rank worker counts within the budget ({len(timed)} of {len(table)} measured counts "
+            f"completed a timed window): keeping num_workers={user}. Raise the budget (budget_s) to measure."
+        )
+        return probe
+    choice = _choose(timed, tolerance)
+    if choice < user:
+        if user not in timed:
+            probe.conclusive = False
+            probe.reason = (
+                f"num_workers={user} (yours) could not be timed within the budget, so no smaller count is known "
+                f"to be faster: keeping num_workers={user}."
+            )
+            return probe
+        if timed[choice] <= timed[user]:
+            probe.reason = (
+                f"num_workers={choice} is within {100 * tolerance:.0f} % of the best but not faster than yours: "
+                f"keeping num_workers={user}."
+            )
+            return probe
+    probe.num_workers = choice
+    return probe
 
 
 # ------------------------------------------------------------------------------------------------ the cache

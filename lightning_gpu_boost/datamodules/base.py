@@ -146,9 +146,11 @@ class BoostDataModule(pl.LightningDataModule):
             if stage not in self.auto_probes:
                 from lightning_gpu_boost.callbacks.auto_num_workers import agreed_probe
 
+                # the CPU-aware default is "the user's value": kept where the probe cannot rank the counts
                 probe_loader = DataLoader(
-                    dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=self.collate_fn
-                )
+                    dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=self.collate_fn,
+                    num_workers=default_num_workers(),
+                )  # fmt: skip
                 probe = agreed_probe(self.trainer, probe_loader, budget_s=self.auto_budget_s)
                 self.auto_probes[stage] = probe
                 rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} (measured).\n"

@@ -1,26 +1,70 @@
-"""ThroughputMeter: the timed window opens at the end of the warm-up and counts the steps after it."""
+"""ThroughputMeter: the figure is the loader's steady rate, whatever warm-up the caller passes."""
 
 from __future__ import annotations
 
+import time
+
 import lightning.pytorch as pl
 import pytest
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-from tests.helpers import IndexDataset, RecordingModel
+from lightning_gpu_boost.core.workers import clone_loader, measure_loader
+
+
+class FixedCost(Dataset):
+    """Each sample costs 5 ms (sleeping, so 4 workers keep their pace on a 2-CPU machine)."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.005)
+        return torch.randn(8)
+
+
+class SlowStart(pl.LightningModule):
+    """A step far cheaper than the loader, after a first step that stalls like cuDNN autotuning or compilation:
+    the workers fill their queue meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 0:
+            time.sleep(1.0)
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_the_meter_times_the_loader_not_its_queue(trainer_kwargs, warmup):
+    loader = DataLoader(FixedCost(), batch_size=4, num_workers=4, persistent_workers=True)
+    steady = measure_loader(clone_loader(loader, 4), 4, cap_s=20, min_window_s=1.0).rate * 4  # samples/s
+    meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
+    pl.Trainer(max_steps=60, callbacks=[meter], **trainer_kwargs).fit(SlowStart(), loader)
+    summary = meter.summary()
+    assert summary["queue_batches"] == 4 * 2 + 1 and summary["warmup_steps"] >= 13
+    assert summary["samples_per_s"] == pytest.approx(steady, rel=0.10), (summary, steady)
 
 
 @pytest.mark.parametrize("warmup", [0, 3])
 def test_counts_the_steps_after_warmup(trainer_kwargs, warmup):
     meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
-    trainer = pl.Trainer(max_steps=8, callbacks=[meter], **trainer_kwargs)
-    trainer.fit(RecordingModel(), DataLoader(IndexDataset(32), batch_size=4))
+    data = DataLoader(torch.randn(30 * 4, 8), batch_size=4)
+    pl.Trainer(max_steps=30, callbacks=[meter], **trainer_kwargs).fit(SlowStart(), data)
     summary = meter.summary()
-    assert summary["steps"] == 8 - warmup and meter.samples == 4 * (8 - warmup)
-    assert summary["samples_per_s"] > 0 and 0 <= summary["data_wait_frac"] < 1
-    assert summary["process_cpu_cores"] >= 0
+    assert summary["warmup_steps"] >= max(warmup, 5) and summary["steps"] == 30 - summary["warmup_steps"]
+    assert summary["samples_per_s"] > 0 and "halves_diff" in summary and "steady" in summary
 
 
-def test_rejects_a_negative_warmup():
-    with pytest.raises(ValueError, match="warmup must be >= 0, got -1"):
-        ThroughputMeter(warmup=-1)
+@pytest.mark.parametrize("kwargs,match", [({"warmup": -1}, "warmup must be an int >= 0, got -1"),
+                                          ({"warmup": 2.5}, "warmup must be an int >= 0, got 2.5"),
+                                          ({"sample_gpu_util": "no"}, "sample_gpu_util must be True or False")])
+def test_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ThroughputMeter(**kwargs)

@@ -61,11 +61,14 @@ def test_explicit_candidates_and_choice_rule():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"budget_s": -1}, "budget_s must be > 0 seconds, got -1"),
+        ({"budget_s": -1}, "budget_s must be a number > 0, got -1"),
+        ({"budget_s": "10"}, "budget_s must be a number > 0, got '10'"),
         ({"candidates": []}, "candidates must be a non-empty list"),
         ({"candidates": [2, -1]}, "candidates must be a non-empty list of ints >= 0"),
-        ({"tolerance": 1.5}, "tolerance must be in"),
-        ({"max_workers": -2}, "max_workers must be >= 0"),
+        ({"tolerance": 1.5}, r"tolerance must be a number in \[0, 1\), got 1.5"),
+        ({"max_workers": -2}, "max_workers must be an int >= 0 or None, got -2"),
+        ({"max_workers": 2.5}, "max_workers must be an int >= 0 or None, got 2.5"),
+        ({"prefetch_factor": 0}, "prefetch_factor must be an int >= 1 or None, got 0"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -109,13 +112,71 @@ def test_low_priority_workers(tmp_path):
     assert {float(x) for b in loader for x in b} == {os.nice(0) + 5.0}
 
 
-def test_probe_uses_small_batches_and_joins_its_workers():
+def test_probe_batches_follow_the_sample_cost_and_workers_are_joined():
     """`_shutdown_workers` is private to PyTorch: this fails loudly if it stops joining the workers."""
     import multiprocessing
 
     loader = DataLoader(CPUHeavy(), batch_size=128)
-    assert workers.probe_batch_size(loader) == 32
+    assert workers.probe_batch_size(loader, sample_s=0.004) == 25  # 0.1 s of work per probe batch
+    assert workers.probe_batch_size(loader, sample_s=1e-6) == 128  # cheap samples: the real batch size
+    assert workers.probe_batch_size(loader, sample_s=0.5) == 1  # slow samples: time per sample
+    assert 0.003 < workers.sample_seconds(loader) < 0.02
     clone = workers.clone_loader(loader, 2, batch_size=32)
     assert clone.batch_sampler.batch_size == 32 and len(clone) == 16
-    workers.measure_batches_per_s(clone, 2, cap_s=5, min_window_s=0.1)
+    window = workers.measure_loader(clone, 2, cap_s=5, min_window_s=0.1)
+    assert window.queue == 4 and window.warmup >= 4 + 4 and window.timed >= 8
     assert not multiprocessing.active_children()
+
+
+class Rows(Dataset):
+    """Cheap rows read one by one: a worker's fixed cost per batch dominates small batches, not large ones."""
+
+    def __init__(self, n: int = 120_000) -> None:
+        self.x = torch.randn(n, 64)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.x[i]
+
+
+def test_probe_picks_the_sweeps_best_on_cheap_rows_at_a_large_batch():
+    loader = DataLoader(Rows(), batch_size=4096, shuffle=True)
+    probe = tune_num_workers(loader, budget_s=30, max_workers=2)
+    assert probe.probe_batch_size == 4096, "cheap samples are probed at the real batch size"
+    assert probe.elapsed_s <= 30 and probe.conclusive
+    sweep = {
+        w: workers.measure_loader(workers.clone_loader(loader, w), w, cap_s=20, min_window_s=1.0).rate
+        for w in (0, 1, 2)
+    }
+    assert sweep[probe.num_workers] >= 0.9 * max(sweep.values()), (probe.format_table(), sweep)
+
+
+class Sleepy(Dataset):
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        return torch.zeros(4)
+
+
+def test_slow_samples_are_probed_per_sample_within_the_budget():
+    probe = tune_num_workers(DataLoader(Sleepy(0.25), batch_size=32, num_workers=2), budget_s=12, max_workers=4)
+    assert probe.probe_batch_size == 1 and probe.elapsed_s <= 12
+    assert probe.num_workers == 4, probe.format_table()  # sleeping workers scale past the 2 CPUs
+
+
+def test_a_probe_that_cannot_rank_keeps_the_users_value():
+    probe = tune_num_workers(DataLoader(Sleepy(2.0), batch_size=8, num_workers=3), budget_s=3, max_workers=4)
+    assert probe.num_workers == 3 and not probe.conclusive
+    assert "keeping num_workers=3" in probe.reason
+    # never fewer workers than the user had unless fewer measured faster
+    decided = workers._decide({1: 10.0, 3: 10.1}, {}, 0.05, user=3, limit=4, small=None, sample_s=None, elapsed=1)
+    assert decided.num_workers == 3 and decided.conclusive
+    decided = workers._decide({1: 10.5, 3: 10.1}, {}, 0.05, user=3, limit=4, small=None, sample_s=None, elapsed=1)
+    assert decided.num_workers == 1
