@@ -20,13 +20,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data", default=os.environ.get("LGB_DEMO_DATA", ".demo-data"), help="demo data folder"
     )
-    parser.add_argument("--images", type=int, help="generated JPEGs (default 8000 on a GPU, 96 on a CPU)")
+    parser.add_argument("--images", type=int, help="generated JPEGs (default 36,000 on a GPU: 140 batches, so the queue and the window fit in one epoch; 96 on a CPU)")
     parser.add_argument("--classes", type=int, help="class folders (default 100 on a GPU, 4 on a CPU)")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--image-size", type=int)
     parser.add_argument("--arch", choices=["small_cnn", "resnet50"])
     parser.add_argument("--steps", type=int, help="timed steps per case")
-    parser.add_argument("--warmup", type=int, help="untimed steps before timing")
+    parser.add_argument(
+        "--warmup", type=int, help="the fewest untimed steps (the loader's queue plus a few are skipped anyway)"
+    )
     parser.add_argument("--plain-steps", type=int, help="timed steps of the (slow) plain case")
     parser.add_argument(
         "--auto-budget", type=float, default=20.0, help="seconds for each worker-count search"
@@ -37,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
     cfg: dict[str, Any] = (
-        {"arch": "resnet50", "images": 8000, "classes": 100, "batch_size": 256, "image_size": 224, "steps": 64,
-         "warmup": 32, "plain_steps": 15}
+        {"arch": "resnet50", "images": 36000, "classes": 100, "batch_size": 256, "image_size": 224, "steps": 64,
+         "warmup": 8, "plain_steps": 15}
         if gpu
         else {"arch": "small_cnn", "images": 96, "classes": 4, "batch_size": 16, "image_size": 64, "steps": 4,
               "warmup": 2, "plain_steps": 2}

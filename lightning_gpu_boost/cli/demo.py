@@ -40,21 +40,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="timed training steps per run")
     parser.add_argument("--warmup", type=int, help="untimed steps before timing")
     parser.add_argument("--arch", choices=["small_cnn", "resnet50"])
-    parser.add_argument("--json", dest="json_dir", help="also write <dir>/demo-<date>-<gpu>.json")
+    parser.add_argument("--out", help="also write <out>/demo-<date>-<gpu>.json and a Markdown table beside it")
     parser.set_defaults(func=run)
 
 
+def queue_bound(data: Any) -> int:
+    """The most batches ``data``'s loader can hold queued: exact for a DataLoader, else the most a DataModule of
+    ours can set up (every usable CPU a worker, ``prefetch_factor=4``, plus the prefetch depth)."""
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.core.cpus import usable_cpus
+    from lightning_gpu_boost.core.steady import queue_batches
+
+    if isinstance(data, DataLoader):
+        return queue_batches(data) + 1
+    if hasattr(data, "prefetch_queue_depth"):  # DALI
+        return int(getattr(data, "prefetch_queue_depth", 2) or 2) + 2
+    if hasattr(data, "train_dataloader") or hasattr(data, "num_workers"):
+        return usable_cpus() * 4 + 2
+    return 1
+
+
 def _fit(model, data, precision: str, steps: int, warmup: int, callbacks: tuple = ()) -> dict[str, Any]:
+    """Train ``steps`` steps after the warm-up and the loader's queue (``core/steady.py``); the meter's summary."""
     from lightning.pytorch import Trainer
 
     from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+    from lightning_gpu_boost.core.steady import min_warmup
 
     meter = ThroughputMeter(warmup=warmup)
     trainer = Trainer(
         accelerator="auto",
         devices=1,
         precision=precision,
-        max_steps=warmup + steps,
+        max_steps=min_warmup(queue_bound(data), warmup) + steps,
         callbacks=[meter, *callbacks],
         logger=False,
         enable_checkpointing=False,
@@ -141,12 +160,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nspeed-up: {speedup:.2f}x")
     if watchdog.warnings:
         print(f"\nGPUUtilWatchdog on the boosted run says:\n{watchdog.warnings[-1]['message']}")
-    if args.json_dir:
+    if args.out:
         from lightning_gpu_boost.core.results import bar, write_result
 
         probe = boosted_dm.auto_probes["train"]
         boosted.update(precision=precision, num_workers=workers, num_workers_probe=probe.as_dict())
         figures = {"config": cfg, "plain": plain, "boosted": boosted, "speedup": speedup}
-        path = write_result("demo", figures, {"speedup_vs_plain": bar(speedup, 1.0, "x")}, args.json_dir)
+        path = write_result("demo", figures, {"speedup_vs_plain": bar(speedup, 1.0, "x")}, args.out)
         print(f"wrote {path}")
     return 0

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=float, default=20.0, help="seconds for the loader measurements")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps on a resident batch")
     parser.add_argument("--no-tune", action="store_true", help="skip the worker-count search")
-    parser.add_argument("--json", help="also write the measurements to this JSON file")
+    parser.add_argument("--out", help="also write <out>/doctor-<date>-<gpu>.json (the measurements)")
     parser.set_defaults(func=run)
 
 
@@ -88,7 +88,14 @@ def run(args: argparse.Namespace) -> int:
     diagnosis = diagnose(datamodule, model, budget_s=args.budget, steps=args.steps, tune=not args.no_tune,
                          progress=progress, **trainer_kwargs)  # fmt: skip
     print(diagnosis.format())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(diagnosis.as_dict(), f, indent=2)
+    if args.out:
+        from pathlib import Path
+
+        from lightning_gpu_boost.core.results import environment, gpu_tag
+
+        env = environment()
+        path = Path(args.out) / f"doctor-{env['date']}-{gpu_tag()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"environment": env, "diagnosis": diagnosis.as_dict()}, indent=2))
+        print(f"wrote {path}", file=sys.stderr)
     return 0

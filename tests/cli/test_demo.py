@@ -8,12 +8,12 @@ from lightning_gpu_boost.cli import main
 def test_demo_runs_end_to_end_and_prints_the_table(tmp_path, capsys):
     rc = main(
         ["demo", "--data", str(tmp_path / "data"), "--images", "24", "--classes", "3", "--batch-size", "4",
-         "--image-size", "32", "--steps", "3", "--warmup", "1", "--arch", "small_cnn", "--json", str(tmp_path)]
+         "--image-size", "32", "--steps", "3", "--warmup", "1", "--arch", "small_cnn", "--out", str(tmp_path)]
     )  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0
     assert "| plain Lightning defaults |" in out and "| lightning-gpu-boost |" in out and "speed-up:" in out
     (result,) = tmp_path.glob("demo-*.json")
     data = json.loads(result.read_text())
-    assert data["figures"]["plain"]["steps"] == 3 and "speedup_vs_plain" in data["bars"]
+    assert data["figures"]["plain"]["steps"] >= 3 and "halves_diff" in data["figures"]["plain"] and "speedup_vs_plain" in data["bars"]
     assert data["environment"]["torch"]

@@ -10,14 +10,14 @@ from lightning_gpu_boost.cli import main
 
 
 def test_doctor_from_class_paths(tmp_path, capsys):
-    out = tmp_path / "doctor.json"
     rc = main(["doctor", "--data", "tests.helpers.VectorDataModule", "--data-args", '{"delay_s": 0.004}',
                "--model", "tests.helpers.VectorModel", "--accelerator", "cpu", "--budget", "6", "--steps", "5",
-               "--json", str(out)])  # fmt: skip
+               "--out", str(tmp_path)])  # fmt: skip
     printed = capsys.readouterr()
     assert rc == 0 and "Bottleneck: loader" in printed.out
     assert "doctor: searching the worker count" in printed.err  # progress goes to stderr
-    assert json.loads(out.read_text())["bottleneck"] == "loader"
+    (out,) = tmp_path.glob("doctor-*-*.json")
+    assert json.loads(out.read_text())["diagnosis"]["bottleneck"] == "loader"
 
 
 def test_doctor_from_a_lightning_cli_config(tmp_path, capsys):
