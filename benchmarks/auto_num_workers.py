@@ -183,7 +183,8 @@ def main() -> None:
                         help="counts swept on the JPEG loaders (0 workers loads like 1, at far more time)")
     parser.add_argument("--sweep-seconds", type=float, default=2.0, help="shortest timed window per swept count")
     parser.add_argument("--budget", type=float, default=30.0)
-    parser.add_argument("--train-steps", type=int, default=80, help="ResNet-50 steps after the queue (0: skip)")
+    parser.add_argument("--train-steps", type=int, default=64, help="ResNet-50 steps after the queue (0: skip)")
+    parser.set_defaults(images=64000)  # the tree of gpu_boost.py and bench: queue, drain and window in one epoch
     args = parser.parse_args()
     if args.quick:
         args.images, args.photos, args.clips, args.rows, args.tokens = 400, 6, 48, 100_000, 2_000_000
@@ -241,9 +242,9 @@ def train_vs_hand_tuned(args) -> dict:
 
     def run(workers: int, callbacks: list) -> dict:
         torch.manual_seed(0)
-        meter = ThroughputMeter(warmup=8)
+        meter = ThroughputMeter(warmup=8, steps=args.train_steps)  # ends fit once the window is timed
         trainer = pl.Trainer(
-            accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=8 + 4 * 16 + 4 + args.train_steps,
+            accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=-(-args.images // args.batch_size),
             callbacks=[meter, StreamPrefetch(normalize=(IMAGENET_MEAN, IMAGENET_STD), channels_last=True),
                        *callbacks],
             logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

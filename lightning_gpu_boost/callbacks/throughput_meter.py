@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 from typing import Any
 
 import lightning.pytorch as pl
@@ -10,17 +11,27 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_gpu_boost.core.nvml import NVMLSampler
-from lightning_gpu_boost.core.steady import SteadyRate, batch_size_of, queue_batches, steady_window
+from lightning_gpu_boost.core.steady import (
+    EXTRA_WARMUP,
+    SteadyRate,
+    batch_size_of,
+    min_warmup,
+    queue_batches,
+    steady_window,
+)
 
 
 class ThroughputMeter(Callback):
     """Measures training throughput in steady state, never synchronizing CUDA inside the run.
 
-    It records when every training step ends (host clock), and at the end times the window that
-    :func:`~lightning_gpu_boost.core.steady.steady_window` picks: after at least ``warmup`` steps *and* the
-    training loader's queue (``num_workers x prefetch_factor`` batches, plus prefetch depth) plus a few steps,
-    moved later where its first and second half still differ by more than 5 %. So a caller's short warm-up cannot
-    make the figure time batches the workers had queued before timing started.
+    It records when every training step ends and how long each step waited for its batch (host clock). The
+    window opens after at least ``warmup`` steps *and* the training loader's queue (``num_workers x
+    prefetch_factor`` batches, plus prefetch depth) plus a few steps, and then only once the queue has drained:
+    when steps start waiting for data (a loader slower than the step), or after twice the queue more (a loader
+    that keeps up never drains, and then the queue does not matter). A queue drains at the difference of the two
+    rates, so a loader at 60 % of the step's pace needs ~2.5x its queue in steps. With ``steps``, the meter ends
+    ``fit`` once that many steps are timed. At the end, :func:`~lightning_gpu_boost.core.steady.steady_window`
+    compares the window's halves (moving the start later where they differ by more than 5 %) and reports both.
 
     ``data_wait_frac`` is the share of the window spent between one ``on_train_batch_end`` and the next
     ``on_train_batch_start`` (fetching, host-side transfer): a host view, which CUDA's run-ahead can blur.
@@ -34,21 +45,26 @@ class ThroughputMeter(Callback):
     Args:
         warmup: the fewest training steps excluded from the measurement, ``>= 0`` (the loader's queue plus a few
             steps are excluded in any case).
+        steps: stop training once this many steps are timed (``None``: time until ``fit`` ends), ``>= 1``.
         sample_gpu_util: sample the GPU's utilization with NVML during the run (where available).
 
     Raises:
-        ValueError: ``warmup`` not an int ``>= 0``, or ``sample_gpu_util`` not a bool.
+        ValueError: ``warmup`` not an int ``>= 0``, ``steps`` not an int ``>= 1`` or ``None``, or
+            ``sample_gpu_util`` not a bool.
 
     Example::
 
         >>> from lightning.pytorch import Trainer
-        >>> meter = ThroughputMeter(warmup=5)
+        >>> meter = ThroughputMeter(warmup=5, steps=50)  # ends fit after 50 steps in steady state
         >>> trainer = Trainer(callbacks=[meter], logger=False, enable_progress_bar=False)
     """
 
-    def __init__(self, warmup: int = 5, sample_gpu_util: bool = True) -> None:
+    def __init__(self, warmup: int = 5, steps: int | None = None, sample_gpu_util: bool = True) -> None:
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup must be an int >= 0, got {warmup!r}.")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"steps must be an int >= 1 or None, got {steps!r}.")
+        self.timed_steps = steps
         if not isinstance(sample_gpu_util, bool):
             raise ValueError(f"sample_gpu_util must be True or False, got {sample_gpu_util!r}.")
         self.warmup = warmup
@@ -64,6 +80,8 @@ class ThroughputMeter(Callback):
         self._waits: list[float] = [0.0]
         self._cpu: list[float] = []
         self._window: SteadyRate | None = None
+        #: the step after which the window opened (``None``: not yet)
+        self.opened_at: int | None = None
 
     @property
     def steps(self) -> int:
@@ -86,6 +104,22 @@ class ThroughputMeter(Callback):
         self._stamps.append(time.monotonic())
         self._cpu.append(time.process_time())
         self._samples.append(float(batch_size_of(batch)))
+        done = len(self._stamps) - 1
+        first = min_warmup(self.queue, self.warmup)
+        if self.opened_at is None and done >= first:
+            if self.queue <= 1 or self._drained() or done >= first + 2 * self.queue + EXTRA_WARMUP:
+                self.opened_at = done
+        if self.opened_at is not None and self.timed_steps and done - self.opened_at >= self.timed_steps:
+            trainer.should_stop = True
+
+    def _drained(self) -> bool:
+        """The loader's queue is empty: the last steps waited for their batches (median of 3 above 3 % of a
+        step, and above 1 ms)."""
+        if len(self._waits) < 4:
+            return False
+        waits = sorted(self._waits[-3:])
+        intervals = sorted(b - a for a, b in pairwise(self._stamps[-9:]))
+        return waits[1] > max(0.001, 0.03 * intervals[len(intervals) // 2])
 
     def on_train_end(self, trainer, pl_module) -> None:
         if pl_module.device.type == "cuda":
@@ -99,7 +133,8 @@ class ThroughputMeter(Callback):
     def window(self) -> SteadyRate:
         """The steady window over the steps recorded so far (samples per second)."""
         if self._window is None or self._window.warmup + self._window.timed != len(self._stamps) - 1:
-            self._window = steady_window(self._stamps, self._samples, self.warmup, self.queue)
+            warmup = self.warmup if self.opened_at is None else max(self.warmup, self.opened_at)
+            self._window = steady_window(self._stamps, self._samples, warmup, self.queue)
         return self._window
 
     def summary(self) -> dict[str, Any]:
@@ -113,6 +148,7 @@ class ThroughputMeter(Callback):
             util = self._sampler.mean_util(since=self._stamps[start])
         return {
             "steps": w.timed,
+            "opened_at_step": self.opened_at,
             "samples_per_s": w.rate if w.timed else float("nan"),
             "step_ms": 1000 * elapsed / max(1, w.timed),
             "data_wait_frac": wait / elapsed,

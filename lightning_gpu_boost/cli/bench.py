@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data", default=os.environ.get("LGB_DEMO_DATA", ".demo-data"), help="demo data folder"
     )
-    parser.add_argument("--images", type=int, help="generated JPEGs (default 36,000 on a GPU: 140 batches, so the queue and the window fit in one epoch; 96 on a CPU)")
+    parser.add_argument("--images", type=int, help="generated JPEGs (default 64,000 on a GPU: 250 batches, so that the queue's drain and the window fit in one epoch; 96 on a CPU)")
     parser.add_argument("--classes", type=int, help="class folders (default 100 on a GPU, 4 on a CPU)")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--image-size", type=int)
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
     cfg: dict[str, Any] = (
-        {"arch": "resnet50", "images": 36000, "classes": 100, "batch_size": 256, "image_size": 224, "steps": 64,
+        {"arch": "resnet50", "images": 64000, "classes": 100, "batch_size": 256, "image_size": 224, "steps": 64,
          "warmup": 8, "plain_steps": 15}
         if gpu
         else {"arch": "small_cnn", "images": 96, "classes": 4, "batch_size": 16, "image_size": 64, "steps": 4,

@@ -66,14 +66,15 @@ def _fit(model, data, precision: str, steps: int, warmup: int, callbacks: tuple 
     from lightning.pytorch import Trainer
 
     from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-    from lightning_gpu_boost.core.steady import min_warmup
+    from lightning_gpu_boost.core.steady import EXTRA_WARMUP, min_warmup
 
-    meter = ThroughputMeter(warmup=warmup)
+    meter = ThroughputMeter(warmup=warmup, steps=steps)  # ends fit once `steps` are timed after the queue drained
+    queue = queue_bound(data)
     trainer = Trainer(
         accelerator="auto",
         devices=1,
         precision=precision,
-        max_steps=min_warmup(queue_bound(data), warmup) + steps,
+        max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + steps,
         callbacks=[meter, *callbacks],
         logger=False,
         enable_checkpointing=False,

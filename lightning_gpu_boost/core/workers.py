@@ -261,7 +261,7 @@ def tune_num_workers(
     tolerance: float = 0.03,
     max_workers: int | None = None,
     prefetch_factor: int | None = None,
-    min_window_s: float = 0.5,
+    min_window_s: float = 1.0,
 ) -> WorkerProbe:
     """Measure ``dataloader`` alone at several worker counts and return the smallest count within
     ``tolerance`` of the best throughput (0 only where it is clearly fastest), with the measured table.

@@ -45,10 +45,12 @@ class SlowStart(pl.LightningModule):
 def test_the_meter_times_the_loader_not_its_queue(trainer_kwargs, warmup):
     loader = DataLoader(FixedCost(), batch_size=4, num_workers=4, persistent_workers=True)
     steady = measure_loader(clone_loader(loader, 4), 4, cap_s=20, min_window_s=1.0).rate * 4  # samples/s
-    meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
-    pl.Trainer(max_steps=60, callbacks=[meter], **trainer_kwargs).fit(SlowStart(), loader)
+    meter = ThroughputMeter(warmup=warmup, steps=30, sample_gpu_util=False)
+    trainer = pl.Trainer(max_steps=10_000, callbacks=[meter], **trainer_kwargs)
+    trainer.fit(SlowStart(), loader)
     summary = meter.summary()
     assert summary["queue_batches"] == 4 * 2 + 1 and summary["warmup_steps"] >= 13
+    assert trainer.global_step == meter.opened_at + 30, "the meter ends fit once its window is timed"
     assert summary["samples_per_s"] == pytest.approx(steady, rel=0.10), (summary, steady)
 
 
@@ -64,6 +66,7 @@ def test_counts_the_steps_after_warmup(trainer_kwargs, warmup):
 
 @pytest.mark.parametrize("kwargs,match", [({"warmup": -1}, "warmup must be an int >= 0, got -1"),
                                           ({"warmup": 2.5}, "warmup must be an int >= 0, got 2.5"),
+                                          ({"steps": 0}, "steps must be an int >= 1 or None, got 0"),
                                           ({"sample_gpu_util": "no"}, "sample_gpu_util must be True or False")])
 def test_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
