@@ -90,11 +90,32 @@ def max_workers_for_node(procs_per_node: int | None = None, reserve: int = 0) ->
     return max(0, usable_cpus() // max(1, procs_per_node or processes_per_node()) - reserve)
 
 
+class EndlessBatches:
+    """A batch sampler that repeats another one's epochs without end: a measurement never pays an epoch's restart
+    (forking the workers again, the pipeline's bubble), which would make a short epoch look like a slow loader."""
+
+    def __init__(self, batch_sampler: Any) -> None:
+        self.batch_sampler = batch_sampler
+
+    def __iter__(self):
+        while True:
+            empty = True
+            for batch in self.batch_sampler:
+                empty = False
+                yield batch
+            if empty:
+                return
+
+    def __len__(self) -> int:
+        return 2**62
+
+
 def clone_loader(
     loader: DataLoader, num_workers: int, prefetch_factor: int = 2, batch_size: int | None = None
 ) -> DataLoader:
     """A DataLoader like ``loader`` with another worker count (no persistent workers: a probe is short-lived),
-    optionally with smaller batches of the same samples (``batch_size``; plain batch samplers only)."""
+    optionally with smaller batches of the same samples (``batch_size``; plain batch samplers only). A map-style
+    dataset's batches repeat its epochs without end (:class:`EndlessBatches`): the steady state, not restarts."""
     kwargs: dict[str, Any] = {
         "num_workers": num_workers,
         "collate_fn": loader.collate_fn,
@@ -107,9 +128,9 @@ def clone_loader(
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=batch_size or loader.batch_size, drop_last=loader.drop_last)
     elif batch_size and type(loader.batch_sampler) is BatchSampler:
-        kwargs["batch_sampler"] = BatchSampler(loader.sampler, batch_size, drop_last=False)
+        kwargs["batch_sampler"] = EndlessBatches(BatchSampler(loader.sampler, batch_size, drop_last=False))
     else:
-        kwargs["batch_sampler"] = loader.batch_sampler
+        kwargs["batch_sampler"] = EndlessBatches(loader.batch_sampler)
     return DataLoader(loader.dataset, **kwargs)
 
 
@@ -178,8 +199,8 @@ def measure_loader(loader: DataLoader, workers: int, cap_s: float, min_window_s:
     Skips the loader's queue (``workers x prefetch_factor`` batches) plus a few batches, then times at least
     two waves (one batch per worker each), :data:`~lightning_gpu_boost.core.steady.MIN_WINDOW_STEPS` batches
     and ``min_window_s``; where the window's halves still differ by more than 5 %, it goes on (up to three times
-    as long) while ``cap_s`` allows. A loader shorter than the measurement is restarted (its restart cost
-    counts, as it would in training). Returns a window with ``timed == 0`` where ``cap_s`` ended it before the
+    as long) while ``cap_s`` allows. A loader shorter than the measurement is restarted (a loader from
+    :func:`clone_loader` never ends: its epochs follow each other in one iterator). Returns a window with ``timed == 0`` where ``cap_s`` ended it before the
     warm-up was over. The workers are shut down and joined before returning.
     """
     queue = workers * (loader.prefetch_factor or 0) if workers else 0

@@ -122,7 +122,8 @@ def test_probe_batches_follow_the_sample_cost_and_workers_are_joined():
     assert workers.probe_batch_size(loader, sample_s=0.5) == 1  # slow samples: time per sample
     assert 0.003 < workers.sample_seconds(loader) < 0.02
     clone = workers.clone_loader(loader, 2, batch_size=32)
-    assert clone.batch_sampler.batch_size == 32 and len(clone) == 16
+    assert clone.batch_sampler.batch_sampler.batch_size == 32
+    assert len([b for _, b in zip(range(40), clone, strict=False)]) == 40, "16 batches an epoch, without end"
     window = workers.measure_loader(clone, 2, cap_s=5, min_window_s=0.1)
     assert window.queue == 4 and window.warmup >= 4 + 4 and window.timed >= 8
     assert not multiprocessing.active_children()
