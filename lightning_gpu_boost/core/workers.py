@@ -135,8 +135,8 @@ def clone_loader(
 
 
 #: a probe batch holds at least this much work (seconds in one process), so that a worker's fixed cost per batch
-#: (IPC, pickling, collate calls: about a millisecond) cannot change the ranking
-PROBE_BATCH_S = 0.1
+#: (IPC, pickling, collate calls: a millisecond or more) cannot change the ranking
+PROBE_BATCH_S = 0.25
 
 
 def probe_batch_size(loader: DataLoader, sample_s: float | None) -> int | None:
@@ -389,17 +389,24 @@ def _search(
         startup = 0.2 + 0.03 * w if w else 0.0
         return startup + max(min_window_s, batches * per_batch / max(1, min(w, cpus))) + per_batch
 
-    def measure(w: int) -> bool:
+    def measure(w: int, again: bool = False) -> bool:
         left = budget_s - (time.perf_counter() - start)
-        if w in table or cost(w) > left:
+        if (w in table and not again) or cost(w) > left:
             return False
         probe = clone_loader(dataloader, w, prefetch_factor, small)
         window = measure_loader(probe, w, left - (small or batch) * (sample_s or 0.0), min_window_s)
-        # batches/s at the loader's own batch size
-        table[w] = window.rate * (small or batch) / batch
-        windows[w] = window.as_dict()
+        rate = window.rate * (small or batch) / batch  # batches/s at the loader's own batch size
+        if again and table.get(w, 0.0) > 0 and rate > 0:  # a second window: the mean of the two
+            rate = (rate + table[w]) / 2
+            windows[w] = {**window.as_dict(), "windows": 2}
+        else:
+            windows[w] = window.as_dict()
+        table[w] = rate
         log.debug("num_workers=%d: %.2f batches/s%s", w, table[w], window.flag())
         return True
+
+    def remeasure(w: int) -> bool:
+        return measure(w, again=True)
 
     if candidates is not None:
         for w in sorted(set(candidates), reverse=True):
@@ -418,6 +425,7 @@ def _search(
             if w > 0 and table[w] < best * (1 - tolerance):
                 break  # halving no longer keeps up with the best
         _refine(table, tolerance, measure)
+        _confirm(table, tolerance, remeasure)
     return _decide(table, windows, tolerance, user, limit, small, sample_s, time.perf_counter() - start)
 
 
@@ -434,6 +442,18 @@ def _refine(table: dict[int, float], tolerance: float, measure: Any, rounds: int
             return
         if not measure((good + max(below)) // 2):
             return
+
+
+def _confirm(table: dict[int, float], tolerance: float, remeasure: Any) -> None:
+    """Where more workers measured clearly slower than the choice (a window that shared the CPUs with something
+    else looks like that too), time both once more and keep the mean of the two windows."""
+    timed = {w: r for w, r in table.items() if r > 0}
+    if len(timed) < 2:
+        return
+    choice = _choose(timed, tolerance)
+    slower = [w for w in timed if w > choice and timed[w] < timed[choice] * (1 - tolerance)]
+    if slower and remeasure(max(slower)):  # one confirmation: the largest count that contradicts the choice
+        remeasure(choice)
 
 
 def _decide(

@@ -117,7 +117,7 @@ def test_probe_batches_follow_the_sample_cost_and_workers_are_joined():
     import multiprocessing
 
     loader = DataLoader(CPUHeavy(), batch_size=128)
-    assert workers.probe_batch_size(loader, sample_s=0.004) == 25  # 0.1 s of work per probe batch
+    assert workers.probe_batch_size(loader, sample_s=0.004) == 63  # 0.25 s of work per probe batch
     assert workers.probe_batch_size(loader, sample_s=1e-6) == 128  # cheap samples: the real batch size
     assert workers.probe_batch_size(loader, sample_s=0.5) == 1  # slow samples: time per sample
     assert 0.003 < workers.sample_seconds(loader) < 0.02
