@@ -9,8 +9,6 @@ Bar (issue 2): ImageFolderDataModule >= 1.3x the images/s of torchvision's Image
 
 from __future__ import annotations
 
-import time
-
 import torch
 from _common import demo_tree, parser_for
 from torch.utils.data import DataLoader
@@ -18,26 +16,9 @@ from torch.utils.data import DataLoader
 from lightning_gpu_boost.baselines import plain_image_folder
 from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.core.steady import worst_halves_diff
+from lightning_gpu_boost.core.workers import clone_loader, measure_loader
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
-
-
-def loader_images_per_s(loader: DataLoader, warmup: int, batches: int) -> float:
-    """Images/s of iterating ``loader`` for ``batches`` batches after ``warmup`` (across epochs if needed)."""
-    seen = 0
-    it = iter(loader)
-    start = None
-    for i in range(warmup + batches):
-        try:
-            images, _ = next(it)
-        except StopIteration:
-            it = iter(loader)
-            images, _ = next(it)
-        if i == warmup - 1 or (warmup == 0 and start is None):
-            start = time.perf_counter()
-            continue
-        if start is not None:
-            seen += images.shape[0]
-    return seen / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -46,10 +27,7 @@ def main() -> None:
         "--workers", type=int, nargs="+", default=None, help="worker counts (default: usable CPUs)"
     )
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--batches", type=int, default=40, help="timed batches per loader")
-    parser.add_argument(
-        "--warmup", type=int, default=None, help="untimed batches (default: 2 per worker + 2)"
-    )
+    parser.add_argument("--seconds", type=float, default=4.0, help="shortest timed window per loader")
     args = parser.parse_args()
 
     root = demo_tree(args)
@@ -62,7 +40,6 @@ def main() -> None:
     }
     bars = {}
     for workers in worker_counts:
-        warmup = args.warmup if args.warmup is not None else 2 * workers + 2
         common = {
             "batch_size": args.batch_size,
             "num_workers": workers,
@@ -75,17 +52,20 @@ def main() -> None:
             str(root), image_size=args.image_size, batch_size=args.batch_size, num_workers=workers,
             pin_memory=common["pin_memory"], prefetch_factor=4,
         ).train_dataloader()  # fmt: skip
-        plain_ips = loader_images_per_s(plain, warmup, args.batches)
-        del plain
-        ours_ips = loader_images_per_s(ours, warmup, args.batches)
-        del ours
+        # the timing rule (core/steady.py): the queue skipped, endless batches, halves compared
+        plain_w = measure_loader(clone_loader(plain, workers, 4), workers, cap_s=120, min_window_s=args.seconds)
+        ours_w = measure_loader(clone_loader(ours, workers, 4), workers, cap_s=120, min_window_s=args.seconds)
+        plain_ips, ours_ips = plain_w.rate * args.batch_size, ours_w.rate * args.batch_size
+        del plain, ours
         ratio = ours_ips / plain_ips
         figures["runs"][f"workers_{workers}"] = {
             "torchvision_imagefolder_img_s": plain_ips, "image_folder_datamodule_img_s": ours_ips, "ratio": ratio,
+            "torchvision_window": plain_w.as_dict(), "image_folder_window": ours_w.as_dict(),
         }  # fmt: skip
         bars[f"image_folder_vs_torchvision_at_{workers}_workers"] = bar(ratio, 1.3, "x")
-        print(f"workers={workers}: torchvision {plain_ips:,.0f} img/s, ImageFolderDataModule {ours_ips:,.0f} img/s, "
-              f"{ratio:.2f}x")  # fmt: skip
+        print(f"workers={workers}: torchvision {plain_ips:,.0f} img/s{plain_w.flag()}, ImageFolderDataModule "
+              f"{ours_ips:,.0f} img/s{ours_w.flag()}, {ratio:.2f}x")  # fmt: skip
+    bars["steady_state_halves_max_diff"] = bar(worst_halves_diff(figures), 0.05, "ratio", higher_is_better=False)
     print(f"wrote {write_result('image_folder', figures, bars, args.out)}")
 
 

@@ -363,7 +363,7 @@ class DALILoader:
         self._pipes: list[Any] = []
         self._producer: _Producer | None = None
         self._copy_stream: Any = None
-        self._threaded = True  # False: no producer thread (diagnosis, benchmarks/dali_loop.py)
+        self._threaded = True  # False: no producer thread (diagnosis, benchmarks/diagnostics/dali_loop.py)
         self._primed: set[int] = set()  # pipelines whose first schedule_run (DALI's prefetch) happened
         self._alive: deque[tuple[Any, Any]] = deque()  # (copy event, DALI outputs) until the copy is done
         #: files are read by DALI's CPU threads (``fn.io.file.read``) when the source can name them
@@ -514,7 +514,7 @@ class DALILoader:
         """The next batch of ``pipe``, copied into torch tensors. Outputs are taken as DALIGenericIterator takes
         them (``schedule_run`` / ``share_outputs`` / ``release_outputs``, which keeps ``prefetch_queue_depth``
         iterations in flight): on the H100 that kept 2-3 points more of the ceiling than ``pipe.run()`` in a plain
-        training loop (``benchmarks/dali_loop.py``)."""
+        training loop (``benchmarks/diagnostics/dali_loop.py``)."""
         if id(pipe) not in self._primed:
             pipe.schedule_run()  # the first call schedules prefetch_queue_depth iterations
             self._primed.add(id(pipe))

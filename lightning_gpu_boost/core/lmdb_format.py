@@ -215,7 +215,7 @@ class PackWriter:
             self.env.close()
             raise
         # each commit starts writing its pages to disk, so the fsync at finish() waits for little and dirty pages
-        # do not pile up (benchmarks/lmdb_pack_workers.py at 95d388c, H100 machine: finish() of 20,000 x 4 KB in
+        # do not pile up (benchmarks/diagnostics/lmdb_pack_workers.py at 95d388c, H100 machine: finish() of 20,000 x 4 KB in
         # 0.009 instead of 0.050 s, of 2,000 x 100 KB in 0.042 instead of 0.108 s; totals within noise)
         self._fd, self._writeback = os.open(self.partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), _writeback()
         self.records = self.env.open_db(RECORDS)
@@ -521,7 +521,7 @@ def verify_file(path: str | os.PathLike) -> dict[str, Any]:
 
 
 # reading threads of a pack, by the mean file size: more threads only fight over the GIL when files come from the
-# page cache (16-core H100 machine, benchmarks/lmdb_pack_workers.py at 83c3f42: 20,000 x 4 KB packed in 0.41 s
+# page cache (16-core H100 machine, benchmarks/diagnostics/lmdb_pack_workers.py at 83c3f42: 20,000 x 4 KB packed in 0.41 s
 # reading in the calling thread, 0.43 s with 1 thread, 0.56 s with 2, 0.76 s with 4; 2,000 x 100 KB in 0.49 /
 # 0.33 / 0.33 / 0.38 s). With a reading thread, LMDB's stores (which release the GIL at every record) wait for it:
 # at 95d388c the 4 KB pack's commits took 0.25 s with one thread, 0.06 s reading in the calling thread (medians of

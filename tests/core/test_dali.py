@@ -165,7 +165,7 @@ def test_epochs_shorter_than_the_prefetch_queue(jpeg_tree, depth, batch_size):
 
 def test_without_the_producer_thread_epochs_stay_exact(jpeg_tree):
     dl = loader(jpeg_tree, batch_size=5, pipelines=2)
-    dl._threaded = False  # the training loop runs the pipelines itself (benchmarks/dali_loop.py threaded=0)
+    dl._threaded = False  # the training loop runs the pipelines itself (benchmarks/diagnostics/dali_loop.py threaded=0)
     assert sum((labels.tolist() for _, labels in dl), []) == rank_indices(24, 0)
     it = iter(dl)
     assert next(it)[1].tolist() == rank_indices(24, 1)[:5]  # stopped early: the rest of the epoch is discarded
