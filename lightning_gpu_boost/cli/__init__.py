@@ -10,6 +10,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-gpu-boost", description="Keep the GPU busy in PyTorch Lightning."
     )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
     from lightning_gpu_boost.cli import bench, demo, doctor, lmdb
 
@@ -36,9 +37,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that a user's input causes (a missing file, a wrong value, a damaged or interrupted pack)."""
+    from lightning_gpu_boost.core.lmdb_format import CorruptRecordError, IncompletePackError
+
+    return (OSError, ValueError, KeyError, ImportError, IncompletePackError, CorruptRecordError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a user error prints one line (``lightning-gpu-boost: error: ...``) and returns 2, with the
+    traceback only under ``--debug``; our own bugs keep their traceback."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except SystemExit as err:
+        if isinstance(err.code, str) and not args.debug:
+            print(f"lightning-gpu-boost: error: {err.code}", file=sys.stderr)
+            return 2
+        raise
+    except Exception as err:
+        if args.debug or not isinstance(err, user_errors()):
+            raise
+        print(f"lightning-gpu-boost: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

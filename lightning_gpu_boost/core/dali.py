@@ -85,7 +85,7 @@ class FolderSource:
 class PackSource:
     """Encoded images of an LMDB image pack (a pack file or a shard manifest), opened lazily in each process."""
 
-    def __init__(self, path: str | os.PathLike, check_crc: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, check_crc: bool = True) -> None:
         from lightning_gpu_boost.core.lmdb_format import open_pack
 
         self.root = str(path)
@@ -104,7 +104,7 @@ class PackSource:
         return self.reader.read(index, lambda r: (np.frombuffer(bytes(r.payload), dtype=np.uint8), r.label))
 
 
-def open_source(path: str | os.PathLike, check_crc: bool = False) -> FolderSource | PackSource:
+def open_source(path: str | os.PathLike, check_crc: bool = True) -> FolderSource | PackSource:
     """A :class:`FolderSource` for a directory, a :class:`PackSource` for an LMDB pack file or shard manifest."""
     if os.path.isdir(path):
         return FolderSource(path)

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -119,8 +119,38 @@ def decode_center_crop(path: str | os.PathLike, size: int, resize: int | None = 
         return _to_chw_uint8(_crop_resize(img, _draft_for_box(img, box, size), size))
 
 
+def walk_files(top: str | os.PathLike, visited: set[tuple[int, int]], skipped: list[str]) -> Iterator[str]:
+    """Every file under ``top`` in sorted order, following links to directories but visiting each real directory
+    once: a link into a directory already visited (an ancestor, itself, or one in ``visited`` from the caller) is
+    not followed and is added to ``skipped``. ``visited`` holds ``(st_dev, st_ino)`` pairs and is updated."""
+    stat = os.stat(top)
+    key = (stat.st_dev, stat.st_ino)
+    if key in visited:
+        skipped.append(str(top))
+        return
+    visited.add(key)
+    try:
+        entries = sorted(os.scandir(top), key=lambda e: e.name)
+    except OSError:
+        skipped.append(str(top))
+        return
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir()  # follows links
+        except OSError:
+            is_dir = False
+        if is_dir:
+            yield from walk_files(entry.path, visited, skipped)
+        else:
+            yield entry.path
+
+
 def scan_image_folder(root: str | os.PathLike) -> tuple[list[tuple[str, int]], list[str], int]:
     """List ``root/<class>/<image>`` files in a deterministic order.
+
+    Links are followed, but every real directory is visited once (by device and inode): a link back into an
+    ancestor, into itself, or into another class folder is skipped with one warning naming the links, so no file
+    is listed twice and none gets another class's label; a file reached twice (two links to it) is listed once.
 
     Returns:
         ``(samples, classes, ignored)``: ``(path, class_index)`` pairs, the sorted class names, and the count of
@@ -130,6 +160,8 @@ def scan_image_folder(root: str | os.PathLike) -> tuple[list[tuple[str, int]], l
         FileNotFoundError: ``root`` does not exist.
         ValueError: ``root`` has no class folders, or a class folder holds no image.
     """
+    import warnings
+
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"Image folder {str(root)!r} does not exist or is not a directory.")
@@ -142,21 +174,44 @@ def scan_image_folder(root: str | os.PathLike) -> tuple[list[tuple[str, int]], l
         )
     samples: list[tuple[str, int]] = []
     ignored = 0
+    skipped: list[str] = []
+    # the root and every class folder count as visited from the start: a link into them is never followed
+    reserved = {(s.st_dev, s.st_ino) for s in (os.stat(p) for p in [root, *(root / c for c in classes)])}
+    seen_files: set[tuple[int, int]] = set()
     for index, name in enumerate(classes):
         found = 0
-        for dirpath, _, filenames in sorted(os.walk(root / name, followlinks=True)):
-            prefix = os.path.join(dirpath, "")  # joined once: os.path.join per file costs more than the stat
-            for filename in sorted(filenames):
-                if filename.lower().endswith(IMG_EXTENSIONS):
-                    samples.append((prefix + filename, index))
-                    found += 1
-                elif not filename.startswith("."):
-                    ignored += 1
+        folder = root / name
+        visited = reserved - {(os.stat(folder).st_dev, os.stat(folder).st_ino)}
+        for path in walk_files(folder, visited, skipped):
+            filename = os.path.basename(path)
+            if filename.lower().endswith(IMG_EXTENSIONS):
+                try:
+                    stat = os.stat(path)
+                    key = (stat.st_dev, stat.st_ino)
+                except OSError:  # a dangling link: listed, so that the pack names it
+                    key = None
+                if key is not None and key in seen_files:
+                    skipped.append(path)
+                    continue
+                if key is not None:
+                    seen_files.add(key)
+                samples.append((path, index))
+                found += 1
+            elif not filename.startswith("."):
+                ignored += 1
+        reserved |= visited
         if not found:
             raise ValueError(
                 f"Class folder {str(root / name)!r} holds no image (extensions {', '.join(IMG_EXTENSIONS)}). "
                 "Remove the folder or add images, so that class indices stay what you expect."
             )
+    if skipped:
+        shown = ", ".join(repr(p) for p in skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        warnings.warn(
+            f"{str(root)!r}: {len(skipped)} links lead to a directory or file already listed (a loop, an ancestor, "
+            f"another class folder, or a second link to one file) and were not followed: {shown}.",
+            stacklevel=2,
+        )
     return samples, classes, ignored
 
 

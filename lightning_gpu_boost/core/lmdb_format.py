@@ -1,15 +1,18 @@
-"""The LMDB pack format (version 1): one safe, resumable, verifiable file of samples.
+"""The LMDB pack format (version 2): one safe, resumable, verifiable file of samples.
 
 Layout (documented in ``docs/lmdb_format.md``):
 
 - one LMDB file (``subdir=False``) with two named databases, ``records`` and ``meta``;
 - record keys: the sample index as 8-byte big-endian unsigned integers (so keys sort in index order);
-- record values: a 22-byte header ``>BBqQI`` (format version, codec, label or -1, payload length, CRC32 of the
-  payload) followed by the payload: the original encoded bytes (codec ``raw``: files are never re-encoded) or a
+- record values: a 22-byte header ``>BBqQI`` (format version, codec, label or -1, payload length, CRC32)
+  followed by the payload. Version 2: the CRC32 covers everything a read returns (the header's first 18 bytes:
+  version, codec, label, length; then the payload), and readers check it on every read by default; version 1
+  (packs written before): it covers the payload only. Readers read both. The payload is the original encoded bytes (codec ``raw``: files are never re-encoded) or a
   msgpack-encoded sample (codec ``msgpack``: dicts of arrays, numbers and strings; arrays as dtype/shape/bytes;
   never pickle);
 - meta keys: ``schema_version``, ``length``, ``classes``, ``class_to_idx``, ``fingerprint`` (of the source),
-  ``progress`` (next index, rewritten with every commit) and ``complete``, written last.
+  ``progress`` (next index, rewritten with every commit), ``meta_crc`` (version 2: CRC32 of every other meta key
+  and value but ``progress``, checked when a pack is opened) and ``complete``, written last.
 
 A pack is written to ``<dst>.partial`` and renamed to ``<dst>`` only once complete, so a crashed pack is detectable
 (no ``<dst>``, or no ``complete`` record) and resumable from its last commit.
@@ -29,8 +32,12 @@ from typing import Any
 
 from lightning_gpu_boost._imports import require
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: versions this reader reads (1: the CRC covers the payload only)
+READABLE_VERSIONS = (1, 2)
 HEADER = struct.Struct(">BBqQI")
+#: the header's bytes that the version-2 CRC covers before the payload (all but the CRC itself)
+CRC_PREFIX = HEADER.size - 4
 KEY = struct.Struct(">Q")
 CODECS = {"raw": 0, "msgpack": 1}
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
@@ -42,13 +49,22 @@ class IncompletePackError(RuntimeError):
 
 
 class CorruptRecordError(RuntimeError):
-    """A record's CRC32 does not match its payload."""
+    """A record's CRC32 does not match what it holds (label, codec, length or payload)."""
+
+
+def record_crc(value: bytes | bytearray | memoryview, version: int = SCHEMA_VERSION) -> int:
+    """The CRC32 a record of ``version`` stores: of the header's first 18 bytes and the payload (version 2), or of
+    the payload alone (version 1)."""
+    view = memoryview(value)
+    if version == 1:
+        return zlib.crc32(view[HEADER.size :])
+    return zlib.crc32(view[HEADER.size :], zlib.crc32(view[:CRC_PREFIX]))
 
 
 def encode_record(payload: bytes | memoryview, label: int = -1, codec: str = "raw") -> bytes:
-    return HEADER.pack(SCHEMA_VERSION, CODECS[codec], label, len(payload), zlib.crc32(payload)) + bytes(
-        payload
-    )
+    value = bytearray(HEADER.pack(SCHEMA_VERSION, CODECS[codec], label, len(payload), 0) + bytes(payload))
+    struct.pack_into(">I", value, CRC_PREFIX, record_crc(value))
+    return bytes(value)
 
 
 @dataclass(slots=True)
@@ -59,7 +75,16 @@ class Record:
     payload: memoryview
 
 
-def decode_record(index: int, value: bytes | memoryview, check_crc: bool = False) -> Record:
+def meta_crc(items: Any) -> int:
+    """CRC32 of a pack's meta keys and values (sorted by key), but ``progress`` and ``meta_crc`` themselves."""
+    crc = 0
+    for key, value in sorted((bytes(k), bytes(v)) for k, v in items):
+        if key not in (b"progress", b"meta_crc"):
+            crc = zlib.crc32(value, zlib.crc32(struct.pack(">I", len(value)), zlib.crc32(key + b"\0", crc)))
+    return crc
+
+
+def decode_record(index: int, value: bytes | memoryview, check_crc: bool = True) -> Record:
     """Parse a record value; ``check_crc`` recomputes the CRC32 (raises :class:`CorruptRecordError`)."""
     try:
         version, codec, label, length, crc = HEADER.unpack_from(value)
@@ -68,14 +93,15 @@ def decode_record(index: int, value: bytes | memoryview, check_crc: bool = False
             f"Record {index} is truncated ({len(value)} bytes, header needs {HEADER.size})."
         ) from None
     payload = memoryview(value)[HEADER.size :]
-    if version != SCHEMA_VERSION:
-        raise ValueError(
-            f"Record {index} has format version {version}; this reader knows version {SCHEMA_VERSION}."
-        )
-    if len(payload) != length or (check_crc and zlib.crc32(payload) != crc):
+    if version not in READABLE_VERSIONS:
         raise CorruptRecordError(
-            f"Record {index} is corrupt: CRC32 or length mismatch (stored length {length}, found {len(payload)}). "
-            "Repack the source or restore the file."
+            f"Record {index} has format version {version}; this reader knows versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))} (a damaged record, or a pack from a newer release)."
+        )
+    if len(payload) != length or codec not in CODEC_NAMES or (check_crc and record_crc(value, version) != crc):
+        raise CorruptRecordError(
+            f"Record {index} is corrupt: CRC32, codec or length mismatch (stored length {length}, found "
+            f"{len(payload)}). Repack the source or restore the file."
         )
     return Record(index, CODEC_NAMES.get(codec) or str(codec), label, payload)
 
@@ -285,6 +311,7 @@ class PackWriter:
             txn.put(b"schema_version", str(SCHEMA_VERSION).encode())
             txn.put(b"length", str(self.next_index).encode())
             txn.put(b"complete", msgpack.packb({"length": self.next_index}))
+            txn.put(b"meta_crc", str(meta_crc(txn.cursor())).encode())
         used = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
         self.env.sync(True)
         self.close()
@@ -400,7 +427,7 @@ class PackReader:
         ValueError: an unknown schema version.
     """
 
-    def __init__(self, path: str | os.PathLike, check_crc: bool = False, readahead: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, check_crc: bool = True, readahead: bool = True) -> None:
         self.path = str(path)
         self.check_crc = check_crc
         self.readahead = readahead
@@ -409,15 +436,28 @@ class PackReader:
         self._local = threading.local()
         with self._begin(META) as txn:
             complete, version, length = txn.get(b"complete"), txn.get(b"schema_version"), txn.get(b"length")
+            stored_crc = txn.get(b"meta_crc")
+            computed_crc = meta_crc(txn.cursor()) if stored_crc is not None else None
+            complete, version, length = (None if v is None else bytes(v) for v in (complete, version, length))
+            stored_crc = None if stored_crc is None else bytes(stored_crc)
         if complete is None:
             raise IncompletePackError(
                 f"{self.path!r} is an incomplete pack (interrupted); resume it with "
                 "`lightning-gpu-boost pack SRC DST --resume`."
             )
-        if version is None or int(version) != SCHEMA_VERSION:
-            raise ValueError(
-                f"{self.path!r} has schema version {version!r}; this reader knows {SCHEMA_VERSION}."
+        if version is None or not version.isdigit() or int(version) not in READABLE_VERSIONS:
+            raise CorruptRecordError(
+                f"{self.path!r} has schema version {version!r}; this reader knows versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))} (damaged metadata, or a pack from a newer release)."
             )
+        self.version = int(version)
+        if self.version >= 2 and (stored_crc is None or not stored_crc.isdigit() or int(stored_crc) != computed_crc):
+            raise CorruptRecordError(
+                f"The metadata of {self.path!r} (classes, length, ...) is corrupt: its CRC32 does not match. Repack "
+                "the source or restore the file."
+            )
+        if length is None or not length.isdigit():
+            raise CorruptRecordError(f"{self.path!r} has no valid length in its metadata.")
         self.length = int(length)
 
     def _open(self) -> Any:
@@ -474,7 +514,10 @@ class PackReader:
 def verify(path: str | os.PathLike) -> dict[str, Any]:
     """Check a pack (or every shard of a sharded pack, see :func:`verify_file`); returns one summary."""
     if is_manifest(path):
-        reader = ShardedPackReader(path)
+        try:
+            reader = ShardedPackReader(path)
+        except Exception as err:
+            return {"path": str(path), "records": 0, "bytes": 0, "ok": False, "errors": [f"cannot open: {err}"]}
         parts = [verify_file(Path(path).parent / shard["path"]) for shard in reader.shards]
         errors = [f"{part['path']}: {e}" for part in parts for e in part["errors"]]
         if sum(part["records"] for part in parts) != reader.length:
@@ -485,36 +528,48 @@ def verify(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def verify_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Check one pack file: structure (every B-tree page reachable by a full cursor walk, ``lmdb.verify`` where the
-    binding has it), every record's CRC32 and length, and that indices run 0..length-1. Returns a summary;
-    ``summary["ok"]`` is False with ``summary["errors"]`` naming the records otherwise."""
-    reader = PackReader(path)
+    """Check one pack file the way training reads it, and its structure.
+
+    Opens it through :class:`PackReader` (metadata and its CRC), reads every record ``0..length-1`` by key with the
+    CRC checked (what a DataLoader worker does), and walks the records in key order (every B-tree page reachable,
+    no key outside ``0..length-1``; ``lmdb.verify`` where the binding has it). Never raises for a damaged or
+    foreign file: ``summary["ok"]`` is False and ``summary["errors"]`` says what is wrong (at most 20 lines;
+    ``bad_records`` counts them all)."""
+    summary: dict[str, Any] = {"path": str(path), "records": 0, "bytes": 0, "bad_records": 0, "ok": False}
     errors: list[str] = []
+    try:
+        reader = PackReader(path)
+    except Exception as err:  # not a pack, truncated, damaged header or metadata, missing, incomplete
+        summary["errors"] = [f"cannot open: {err}"]
+        return summary
     lmdb = require("lmdb")
     if hasattr(lmdb, "verify"):
         try:
             lmdb.verify(str(path))
         except Exception as err:  # structure damaged
             errors.append(f"structure: {err}")
-    count, total, expected = 0, 0, 0
+    bad: set[int] = set()
+    for index in range(reader.length):  # by key, as training reads
+        try:
+            reader.read(index, lambda record: None)
+        except Exception as err:
+            bad.add(index)
+            errors.append(str(err))
+    count, total = 0, 0
     try:
         with reader._begin(RECORDS) as txn:
             for raw_key, value in txn.cursor():
-                index = KEY.unpack(bytes(raw_key))[0]
-                if index != expected:
-                    errors.append(f"record {expected} is missing (next key is {index})")
-                expected = index + 1
-                try:
-                    decode_record(index, value, check_crc=True)
-                except (CorruptRecordError, ValueError) as err:
-                    errors.append(str(err))
+                index = KEY.unpack(bytes(raw_key))[0] if len(raw_key) == KEY.size else -1
+                if not 0 <= index < reader.length:
+                    errors.append(f"a record key outside 0..{reader.length - 1}: {bytes(raw_key)!r}")
                 count += 1
                 total += len(value)
-    except lmdb.Error as err:
+    except Exception as err:
         errors.append(f"structure: {err}")
     if count != reader.length:
         errors.append(f"the pack says {reader.length} records but holds {count}")
-    return {"path": str(path), "records": count, "bytes": total, "ok": not errors, "errors": errors[:20]}
+    summary.update(records=count, bytes=total, bad_records=len(bad), ok=not errors, errors=errors[:20])
+    return summary
 
 
 # -------------------------------------------------------------------------------------------------- packers
@@ -545,7 +600,8 @@ def _scan_sources(root: str | os.PathLike, files: list[str]) -> tuple[str, list[
         rel = path[len(prefix) :] if path.startswith(prefix) and ".." not in path else os.path.relpath(path, root)
         lines.append(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n")
         sizes.append(stat.st_size)
-    return hashlib.sha256("".join(lines).encode()).hexdigest()[:32], sizes
+    # surrogateescape: file names that are not UTF-8 are packed and fingerprinted as their bytes
+    return hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:32], sizes
 
 
 def _read_records(items: list[tuple[str, int, int]]) -> list[bytearray]:
@@ -572,7 +628,8 @@ def _read_record(path: str, label: int, size: int) -> bytearray:
         os.close(fd)
     if got != size:
         raise OSError(f"{path!r} changed while it was packed ({size} bytes when scanned); pack a quiet source.")
-    HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, zlib.crc32(view))
+    HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, 0)
+    struct.pack_into(">I", value, CRC_PREFIX, zlib.crc32(view, zlib.crc32(memoryview(value)[:CRC_PREFIX])))
     return value
 
 
@@ -752,12 +809,14 @@ def shard_path(dst: str | os.PathLike, index: int) -> Path:
 class ShardedPackReader:
     """The same interface as :class:`PackReader` over the shards named by a manifest (global indices)."""
 
-    def __init__(self, path: str | os.PathLike, check_crc: bool = False, readahead: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, check_crc: bool = True, readahead: bool = True) -> None:
         import json
 
         manifest = json.loads(Path(path).read_text())
-        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != SCHEMA_VERSION:
-            raise ValueError(f"{str(path)!r} is not a version-{SCHEMA_VERSION} shard manifest.")
+        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") not in READABLE_VERSIONS:
+            raise ValueError(
+                f"{str(path)!r} is not a shard manifest of versions {', '.join(map(str, READABLE_VERSIONS))}."
+            )
         self.path, self.manifest = str(path), manifest
         self.shards = manifest["shards"]
         self.length = manifest["length"]
@@ -789,7 +848,7 @@ class ShardedPackReader:
         return {**self.__dict__, "_readers": {}}
 
 
-def open_pack(path: str | os.PathLike, check_crc: bool = False, readahead: bool = True) -> Any:
+def open_pack(path: str | os.PathLike, check_crc: bool = True, readahead: bool = True) -> Any:
     """A :class:`PackReader` for a pack file, a :class:`ShardedPackReader` for a shard manifest."""
     cls = ShardedPackReader if is_manifest(path) else PackReader
     return cls(path, check_crc=check_crc, readahead=readahead)

@@ -115,7 +115,7 @@ class DALIDataModule(pl.LightningDataModule):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
-        check_crc: bool = False,
+        check_crc: bool = True,
         pipelines: int | None = None,
         decoder_options: dict[str, Any] | None = None,
         pipeline_options: dict[str, Any] | None = None,

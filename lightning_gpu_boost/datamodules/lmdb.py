@@ -29,7 +29,7 @@ class LMDBImageDataset(ImageFolderDataset):
         val_resize: int | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
         on_error: Literal["raise", "skip"] = "raise",
-        check_crc: bool = False,
+        check_crc: bool = True,
     ) -> None:
         if image_size < 1:
             raise ValueError(f"image_size must be >= 1, got {image_size!r}.")
@@ -62,7 +62,7 @@ class LMDBSampleDataset(Dataset):
     """A pack of general samples (``pack_dataset``), each passed through ``decode`` (default: unchanged)."""
 
     def __init__(
-        self, path: str | os.PathLike, decode: Callable[[Any], Any] | None = None, check_crc: bool = False
+        self, path: str | os.PathLike, decode: Callable[[Any], Any] | None = None, check_crc: bool = True
     ):
         self.reader = open_pack(path, check_crc=check_crc)
         self.decode = decode
@@ -105,7 +105,7 @@ class LMDBDataModule(ImageFolderDataModule):
     """
 
     def __init__(
-        self, train_root: str, val_root: str | None = None, check_crc: bool = False, **kwargs: Any
+        self, train_root: str, val_root: str | None = None, check_crc: bool = True, **kwargs: Any
     ) -> None:
         super().__init__(train_root, val_root, **kwargs)
         self.check_crc = check_crc

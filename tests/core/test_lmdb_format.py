@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -128,8 +129,13 @@ def test_truncated_file_is_an_error(tree, tmp_path):
     path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
     truncated = tmp_path / "truncated.lmdb"
     truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(lf.CorruptRecordError, match="is truncated"):
-        lf.verify(truncated)
+    summary = lf.verify(truncated)  # a summary on every outcome, never a traceback
+    assert not summary["ok"] and summary["errors"], summary
+    for name, data in (("empty.lmdb", b""), ("text.lmdb", b"not an lmdb file\n" * 100)):
+        (tmp_path / name).write_bytes(data)
+        summary = lf.verify(tmp_path / name)
+        assert not summary["ok"] and summary["errors"][0].startswith("cannot open"), summary
+    assert not lf.verify(tmp_path / "missing.lmdb")["ok"]
 
 
 def test_clear_errors(tree, tmp_path):
@@ -249,3 +255,83 @@ def test_each_commit_starts_the_writeback(tree, tmp_path, monkeypatch):
     monkeypatch.setattr(lf, "_writeback", lambda: started.append)
     lf.pack_image_folder(tree, tmp_path / "pack.lmdb", commit_every=5, progress=False)
     assert len(started) == -(-len(scan_image_folder(tree)[0]) // 5) and all(fd >= 0 for fd in started)
+
+
+def _tree_with_loops(root):
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+
+    make_jpeg_folder(root, n=20, num_classes=2, size_range=(40, 60, 40, 60), workers=1, progress=False)
+    a = root / "class_000"
+    os.symlink("..", a / "up")  # a link back to the root: the other class's images under this class
+    os.symlink(".", a / "self")  # a link to itself
+    os.symlink(sorted(a.glob("*.jpg"))[0].name, a / "twice.jpg")  # a second name for one file
+    return root
+
+
+def test_links_into_ancestors_are_not_followed_and_labels_stay_right(tmp_path):
+    tree = _tree_with_loops(tmp_path / "src")
+    with pytest.warns(UserWarning, match="were not followed"):
+        path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    reader = lf.PackReader(path)
+    assert len(reader) == 20
+    files = {p.read_bytes(): int(p.parent.name[-3:]) for p in tree.glob("class_*/*.jpg") if not p.is_symlink()}
+    for i in range(len(reader)):
+        payload, label = reader.read(i, lambda r: (bytes(r.payload), r.label))
+        assert files[payload] == label
+
+
+def test_the_checksum_covers_the_label_and_the_metadata(tree, tmp_path):
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    data = bytearray(path.read_bytes())
+    value = lf.PackReader(path).read(3)  # the whole payload: JPEG headers repeat across files
+    at = data.find(value) - lf.HEADER.size + 2 + 7  # the label's last byte, in record 3's header
+    data[at] ^= 0x01
+    broken = tmp_path / "label.lmdb"
+    broken.write_bytes(bytes(data))
+    with pytest.raises(lf.CorruptRecordError, match="Record 3 is corrupt"):
+        lf.PackReader(broken).read(3)  # checked on every read by default
+    summary = lf.verify(broken)
+    assert not summary["ok"] and summary["bad_records"] == 1
+    data = bytearray(path.read_bytes())
+    at = data.find(b"class_001")
+    data[at + 8] ^= 0x02  # a class name in the metadata
+    broken.write_bytes(bytes(data))
+    assert "metadata" in lf.verify(broken)["errors"][0]
+
+
+def test_version_1_packs_still_read(tree, tmp_path):
+    import struct
+    import zlib
+
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    value = bytearray(lf.encode_record(b"payload", label=7))
+    struct.pack_into(">B", value, 0, 1)
+    struct.pack_into(">I", value, lf.CRC_PREFIX, zlib.crc32(b"payload"))  # version 1: the payload alone
+    record = lf.decode_record(0, bytes(value))
+    assert record.label == 7 and bytes(record.payload) == b"payload"
+    assert lf.PackReader(path).version == lf.SCHEMA_VERSION == 2
+
+
+def test_non_utf8_file_names_are_packed(tmp_path):
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+
+    tree = make_jpeg_folder(tmp_path / "src", n=4, num_classes=2, size_range=(40, 60, 40, 60), workers=1,
+                            progress=False)  # fmt: skip
+    first = sorted((tree / "class_000").glob("*.jpg"))[0]
+    os.rename(first, os.path.join(os.fsencode(first.parent), b"caf\xe9.jpg"))
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    assert len(lf.PackReader(path)) == 4 and lf.verify(path)["ok"]
+
+
+def test_cli_user_errors_are_one_line_and_exit_2(tree, tmp_path, capsys):
+    from lightning_gpu_boost.cli import main
+
+    assert main(["pack", str(tmp_path / "missing"), str(tmp_path / "out.lmdb")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lightning-gpu-boost: error: ") and "does not exist" in err and "Traceback" not in err
+    (tmp_path / "empty.lmdb").write_bytes(b"")
+    assert main(["verify", str(tmp_path / "empty.lmdb")]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert not summary["ok"] and summary["errors"][0].startswith("cannot open")
+    with pytest.raises(FileNotFoundError):
+        main(["--debug", "pack", str(tmp_path / "missing"), str(tmp_path / "out.lmdb")])
