@@ -16,8 +16,9 @@ reads every record and the class names, and the parent compares what came back w
 - a child that crashes (LMDB trusts its pages) counts as detected, and is reported.
 
 Pages are classified from their LMDB headers (meta, branch, leaf, overflow head, overflow data). Also measured:
-a tree with ``a/up -> ..``, ``a/self -> .`` and a second link to one file (records and labels after ``pack``), and
-the default checksum's cost against decoding a record.
+a tree with ``a/up -> ..``, ``a/self -> .`` and a second link to one file (records and labels after ``pack``), the
+default checksum's cost against decoding a record, and every wrong constructor value of
+``tests/constructor_cases.py`` (refused at construction, naming the argument).
 """
 
 from __future__ import annotations
@@ -217,6 +218,23 @@ def checksum_cost(pack: Path) -> dict:
             "mean_record_bytes": sum(map(len, values)) / len(values)}  # fmt: skip
 
 
+def constructors(work: Path) -> dict:
+    """Every wrong value of ``tests/constructor_cases.py`` for every public constructor: refused at construction
+    and named, or not."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from constructor_cases import cases, outcome
+
+    tree = make_jpeg_folder(work / "ctor", n=8, num_classes=2, size_range=(40, 60, 40, 60), workers=1, progress=False)
+    pack = lf.pack_image_folder(tree, work / "ctor.lmdb", progress=False)
+    tried, problems = 0, []
+    for cls, valid, arg, wrong in cases(tree, pack):
+        tried += 1
+        result = outcome(cls, valid, arg, wrong)
+        if result != "named":
+            problems.append({"class": cls.__name__, "argument": arg, "value": repr(wrong), "result": result})
+    return {"tried": tried, "late_or_unnamed": len(problems), "problems": problems[:20]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sample", type=int, help="offsets per page kind (default: every byte of every page)")
@@ -235,10 +253,11 @@ def main() -> None:
         results = {"image_folder_pack": sweep("image", image_pack, args.sample, work),
                    "sample_pack": sweep("sample", sample_pack, args.sample, work)}  # fmt: skip
         loops = dir_loops(work)
+        ctor = constructors(work)
     totals = {k: sum(r["counts"][k] for r in results.values()) for k in results["image_folder_pack"]["counts"]}
     kinds = sorted({k for r in results.values() for k in r["pages"]})
     figures = {"sample_per_page_kind": args.sample, "sweep_s": time.perf_counter() - start, "packs": results,
-               "totals": totals, "page_kinds": kinds, "dir_loop": loops, "checksum_cost": cost}  # fmt: skip
+               "totals": totals, "page_kinds": kinds, "dir_loop": loops, "checksum_cost": cost, "constructors": ctor}  # fmt: skip
     bars = {
         "byte_flips_tried": bar(totals["tried"], 2000, "flips"),
         "silent_wrong_reads": bar(totals["silent_wrong_reads"], 0, "reads", higher_is_better=False),
@@ -248,6 +267,8 @@ def main() -> None:
         "dir_loop_records": bar(loops["records"], loops["files"], "records"),
         "dir_loop_wrong_labels": bar(loops["wrong_labels"], 0, "records", higher_is_better=False),
         "default_checksum_cost_fraction": bar(cost["crc_fraction"], 0.01, "ratio", higher_is_better=False),
+        "constructor_wrong_values_tried": bar(ctor["tried"], 200, "values"),
+        "late_or_unnamed_errors": bar(ctor["late_or_unnamed"], 0, "values", higher_is_better=False),
     }
     for name, b in bars.items():
         print(f"{name}: {b['value']} (target {b['target']}, pass={b['pass']})")

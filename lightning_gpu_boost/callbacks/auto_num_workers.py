@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.workers import (
     WorkerProbe,
@@ -108,6 +109,15 @@ class AutoNumWorkers(Callback):
         persistent_workers: bool = True,
         worker_niceness: int = 0,
     ) -> None:
+        checks.check_number("budget_s", budget_s, low=0.0, low_open=True)
+        checks.check_number("tolerance", tolerance, low=0.0, high=1.0, high_open=True)
+        checks.check_int("max_workers", max_workers, low=0, allow_none=True)
+        checks.check_int("prefetch_factor", prefetch_factor, low=1)
+        checks.check_int("worker_niceness", worker_niceness, low=0, high=19)
+        for name, value in (("tune_val", tune_val), ("use_cache", use_cache), ("keep_user_value", keep_user_value),
+                            ("persistent_workers", persistent_workers)):  # fmt: skip
+            checks.check_bool(name, value)
+        checks.check_writable_file("cache_path", cache_path)
         if not budget_s > 0:
             raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
         if not 0 <= tolerance < 1:

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks.auto_num_workers import AutoNumWorkers
 from lightning_gpu_boost.callbacks.gpu_util_watchdog import GPUUtilWatchdog
 from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
@@ -70,6 +71,14 @@ class GPUBoost(Callback):
         on_starvation: Literal["warn", "raise", "ignore"] = "warn",
         gpu_normalize: bool = True,
     ) -> None:
+        for name, value in (("prefetch", prefetch), ("auto_workers", auto_workers), ("watchdog", watchdog),
+                            ("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark), ("channels_last", channels_last),
+                            ("gpu_normalize", gpu_normalize)):  # fmt: skip
+            checks.check_bool(name, value)
+        checks.check_normalize("normalize", normalize)
+        checks.check_choice("normalize_dtype", normalize_dtype, ("float32", "bfloat16", "float16"))
+        checks.check_number("workers_budget_s", workers_budget_s, low=0.0, low_open=True)
+        checks.check_choice("on_starvation", on_starvation, ("warn", "raise", "ignore"))
         self.parts: dict[str, Callback] = {}
         if prefetch:  # first: its uint8 rewrite must precede AutoNumWorkers' probe
             self.parts["prefetch"] = StreamPrefetch(

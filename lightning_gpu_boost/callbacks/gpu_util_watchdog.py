@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
@@ -85,20 +86,15 @@ class GPUUtilWatchdog(Callback):
         plot_path: str | None = None,
         summary: bool = True,
     ) -> None:
-        if not isinstance(window, int) or window < 2:
-            raise ValueError(f"window must be an int >= 2, got {window!r}.")
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}.")
-        if not 0 < wait_threshold < 1:
-            raise ValueError(f"wait_threshold must be in (0, 1), got {wait_threshold!r}.")
-        if not 0 < util_threshold <= 100:
-            raise ValueError(f"util_threshold must be in (0, 100], got {util_threshold!r}.")
-        if on_starvation not in ("warn", "raise", "ignore"):
-            raise ValueError(f"on_starvation must be 'warn', 'raise' or 'ignore', got {on_starvation!r}.")
-        if not isinstance(warn_every_n_steps, int) or warn_every_n_steps < 1:
-            raise ValueError(f"warn_every_n_steps must be an int >= 1, got {warn_every_n_steps!r}.")
-        if not sample_interval_s > 0:
-            raise ValueError(f"sample_interval_s must be > 0, got {sample_interval_s!r}.")
+        checks.check_int("window", window, low=2)
+        checks.check_int("warmup_steps", warmup_steps, low=0)
+        checks.check_number("wait_threshold", wait_threshold, low=0.0, high=1.0, low_open=True, high_open=True)
+        checks.check_number("util_threshold", util_threshold, low=0.0, high=100.0, low_open=True)
+        checks.check_choice("on_starvation", on_starvation, ("warn", "raise", "ignore"))
+        checks.check_int("warn_every_n_steps", warn_every_n_steps, low=1)
+        checks.check_number("sample_interval_s", sample_interval_s, low=0.0, low_open=True)
+        checks.check_writable_file("plot_path", plot_path)  # now, not after training
+        checks.check_bool("summary", summary)
         self.window = window
         self.warmup_steps = warmup_steps
         self.wait_threshold = wait_threshold

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.prefetch import (
     GPUNormalize,
@@ -85,10 +86,14 @@ class StreamPrefetch(Callback):
         cpu_lookahead: bool = False,
         move_normalize: bool = False,
     ) -> None:
-        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-            raise ValueError(f"depth must be an int >= 1, got {depth!r}.")
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {dtype!r}.")
+        checks.check_int("depth", depth, low=1)
+        checks.check_choice("dtype", dtype, ("float32", "bfloat16", "float16"))
+        checks.check_normalize("normalize", normalize)
+        if image_key is not None and (isinstance(image_key, bool) or not isinstance(image_key, (str, int))):
+            raise TypeError(f"image_key must be a str, an int or None, got {image_key!r}.")
+        for name, value in (("channels_last", channels_last), ("cpu_lookahead", cpu_lookahead),
+                            ("move_normalize", move_normalize)):  # fmt: skip
+            checks.check_bool(name, value)
         self.normalize = None
         if normalize is not None:
             mean, std = check_normalize(normalize)

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import default_num_workers
 from lightning_gpu_boost.core.workers import LowPriorityWorkerInit
 
@@ -81,6 +82,14 @@ class BoostDataModule(pl.LightningDataModule):
         worker_niceness: int = 0,
     ) -> None:
         super().__init__()
+        checks.check_bool("pin_memory", pin_memory, allow_none=True)
+        for name, value in (("persistent_workers", persistent_workers), ("drop_last", drop_last),
+                            ("shuffle", shuffle), ("prefetch", prefetch)):  # fmt: skip
+            checks.check_bool(name, value)
+        checks.check_number("auto_budget_s", auto_budget_s, low=0.0, low_open=True)
+        checks.check_int("worker_niceness", worker_niceness, low=0, high=19)
+        checks.check_callable("collate_fn", collate_fn)
+        checks.check_normalize("normalize", normalize)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}.")
         if (

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._imports import require
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.dali import DTYPES, DALILoader, Dtype, classification_graph, open_source
@@ -122,13 +123,26 @@ class DALIDataModule(pl.LightningDataModule):
         decoder_device: Literal["auto", "mixed", "cpu"] = "auto",
     ) -> None:
         super().__init__()
+        checks.check_existing_path("train_root", train_root)
+        checks.check_existing_path("val_root", val_root, allow_none=True)
+        checks.check_int("val_resize", val_resize, low=1, allow_none=True)
+        checks.check_pair("scale", scale, low=0.0, high=1.0)
+        checks.check_pair("ratio", ratio, low=0.0)
+        checks.check_normalize("normalize", normalize)
+        checks.check_number("hw_decoder_load", hw_decoder_load, low=0.0, high=1.0)
+        checks.check_int("seed", seed, low=0)
+        for name, value in (("flip", flip), ("channels_last", channels_last), ("shuffle", shuffle),
+                            ("drop_last", drop_last), ("check_crc", check_crc)):  # fmt: skip
+            checks.check_bool(name, value)
+        checks.check_dict("decoder_options", decoder_options)
+        checks.check_dict("pipeline_options", pipeline_options)
         for name, value in (("batch_size", batch_size), ("image_size", image_size),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
         for name, value in (("val_batch_size", val_batch_size), ("num_threads", num_threads),
                             ("pipelines", pipelines)):  # fmt: skip
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be None or an int >= 1, got {value!r}.")
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset, Subset
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -48,6 +49,12 @@ class ImageFolderDataset(Dataset):
         scale: tuple[float, float] = (0.08, 1.0),
         on_error: Literal["raise", "skip"] = "raise",
     ) -> None:
+        checks.check_existing_path("root", root)
+        checks.check_int("image_size", image_size, low=1)
+        checks.check_bool("train", train)
+        checks.check_int("val_resize", val_resize, low=1, allow_none=True)
+        checks.check_pair("scale", scale, low=0.0, high=1.0)
+        checks.check_choice("on_error", on_error, ("raise", "skip"))
         if image_size < 1:
             raise ValueError(f"image_size must be >= 1, got {image_size!r}.")
         if on_error not in ("raise", "skip"):
@@ -141,6 +148,14 @@ class ImageFolderDataModule(BoostDataModule):
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = (IMAGENET_MEAN, IMAGENET_STD),
         **kwargs,
     ) -> None:
+        checks.check_existing_path("train_root", train_root)
+        checks.check_existing_path("val_root", val_root, allow_none=True)
+        checks.check_number("val_split", val_split, low=0.0, high=1.0, high_open=True)
+        checks.check_int("image_size", image_size, low=1)
+        checks.check_int("val_resize", val_resize, low=1, allow_none=True)
+        checks.check_pair("scale", scale, low=0.0, high=1.0)
+        checks.check_choice("on_error", on_error, ("raise", "skip"))
+        checks.check_int("split_seed", split_seed, low=0)
         super().__init__(normalize=normalize, **kwargs)
         if not 0.0 <= val_split < 1.0:
             raise ValueError(f"val_split must be in [0, 1), got {val_split!r}.")

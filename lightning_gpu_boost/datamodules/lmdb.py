@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from torch.utils.data import Dataset
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.lmdb_format import Record, open_pack, unpack_sample
 from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataModule, ImageFolderDataset
 
@@ -31,6 +32,13 @@ class LMDBImageDataset(ImageFolderDataset):
         on_error: Literal["raise", "skip"] = "raise",
         check_crc: bool = True,
     ) -> None:
+        checks.check_existing_path("path", path)
+        checks.check_int("image_size", image_size, low=1)
+        checks.check_bool("train", train)
+        checks.check_int("val_resize", val_resize, low=1, allow_none=True)
+        checks.check_pair("scale", scale, low=0.0, high=1.0)
+        checks.check_choice("on_error", on_error, ("raise", "skip"))
+        checks.check_bool("check_crc", check_crc)
         if image_size < 1:
             raise ValueError(f"image_size must be >= 1, got {image_size!r}.")
         self.reader = open_pack(path, check_crc=check_crc)
@@ -64,6 +72,9 @@ class LMDBSampleDataset(Dataset):
     def __init__(
         self, path: str | os.PathLike, decode: Callable[[Any], Any] | None = None, check_crc: bool = True
     ):
+        checks.check_existing_path("path", path)
+        checks.check_callable("decode", decode)
+        checks.check_bool("check_crc", check_crc)
         self.reader = open_pack(path, check_crc=check_crc)
         self.decode = decode
 
@@ -107,6 +118,7 @@ class LMDBDataModule(ImageFolderDataModule):
     def __init__(
         self, train_root: str, val_root: str | None = None, check_crc: bool = True, **kwargs: Any
     ) -> None:
+        checks.check_bool("check_crc", check_crc)
         super().__init__(train_root, val_root, **kwargs)
         self.check_crc = check_crc
 

@@ -144,11 +144,11 @@ def test_plot(trainer_kwargs, tmp_path):
     [
         ({"window": 1}, "window must be an int >= 2, got 1"),
         ({"warmup_steps": -1}, "warmup_steps must be an int >= 0"),
-        ({"wait_threshold": 1.5}, r"wait_threshold must be in \(0, 1\), got 1.5"),
-        ({"util_threshold": 0}, "util_threshold must be in"),
-        ({"on_starvation": "panic"}, "on_starvation must be 'warn', 'raise' or 'ignore', got 'panic'"),
+        ({"wait_threshold": 1.5}, r"wait_threshold must be a number in \(0, 1\), got 1.5"),
+        ({"util_threshold": 0}, r"util_threshold must be a number in \(0, 100\], got 0"),
+        ({"on_starvation": "panic"}, "on_starvation must be one of 'warn', 'raise', 'ignore', got 'panic'"),
         ({"warn_every_n_steps": 0}, "warn_every_n_steps must be an int >= 1"),
-        ({"sample_interval_s": 0}, "sample_interval_s must be > 0"),
+        ({"sample_interval_s": 0}, "sample_interval_s must be a number > 0, got 0"),
     ],
 )
 def test_bad_arguments(kwargs, match):

@@ -25,8 +25,8 @@ class Indexed(BoostDataModule):
         ({"num_workers": -1}, "num_workers must be an int >= 0, None or 'auto', got -1"),
         ({"num_workers": "many"}, "got 'many'"),
         ({"prefetch_factor": 0}, "prefetch_factor must be an int >= 1, got 0"),
-        ({"pin_memory": "yes"}, "pin_memory must be True, False or None"),
-        ({"collate_fn": 3}, "collate_fn must be callable"),
+        ({"pin_memory": "yes"}, "pin_memory must be True or False or None, got 'yes'"),
+        ({"collate_fn": 3}, "collate_fn must be a callable or None, got 3"),
         ({"normalize": (1, 2, 3)}, "normalize must be"),
     ],
 )
@@ -60,7 +60,7 @@ def test_auto_num_workers_measures_each_stage():
     dm = Indexed(num_workers="auto", batch_size=4, auto_budget_s=5)
     assert dm.train_dataloader().num_workers == 0  # in-memory samples: workers only add overhead
     assert set(dm.auto_probes) == {"train"} and 0 in dm.auto_probes["train"].table
-    with pytest.raises(ValueError, match="auto_budget_s must be > 0"):
+    with pytest.raises(ValueError, match="auto_budget_s must be a number > 0"):
         Indexed(auto_budget_s=0)
 
 

@@ -140,7 +140,7 @@ def test_argument_errors(jpeg_tree):
         DALIDataModule(str(jpeg_tree), dtype="float64")
     with pytest.raises(ValueError, match="normalize=None"):
         DALIDataModule(str(jpeg_tree), dtype="uint8")
-    with pytest.raises(ValueError, match="hw_decoder_load must be in"):
+    with pytest.raises(ValueError, match=r"hw_decoder_load must be a number in \[0, 1\], got 2"):
         DALIDataModule(str(jpeg_tree), hw_decoder_load=2)
     with pytest.raises(ValueError, match="device must be 'auto' or 'cpu', got 'gpu'"):
         DALIDataModule(str(jpeg_tree), device="gpu")

@@ -38,15 +38,18 @@ def test_val_root_must_match_classes(jpeg_tree, tmp_path):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"val_split": 1.0}, "val_split must be in"),
+        ({"val_split": 1.0}, r"val_split must be a number in \[0, 1\), got 1.0"),
         ({"image_size": 0}, "image_size must be an int >= 1"),
-        ({"on_error": "ignore"}, "on_error must be 'raise' or 'skip', got 'ignore'"),
-        ({"val_split": 0.1, "val_root": "x"}, "either val_root or val_split"),
+        ({"on_error": "ignore"}, "on_error must be one of 'raise', 'skip', got 'ignore'"),
+        ({"val_split": 0.1, "val_root": "JPEG_TREE"}, "either val_root or val_split"),
     ],
 )
 def test_bad_arguments(jpeg_tree, kwargs, match):
+    kwargs = {k: str(jpeg_tree) if v == "JPEG_TREE" else v for k, v in kwargs.items()}
     with pytest.raises(ValueError, match=match):
         ImageFolderDataModule(str(jpeg_tree), **kwargs)
+    with pytest.raises(FileNotFoundError, match="val_root must be an existing file or folder, got 'x'"):
+        ImageFolderDataModule(str(jpeg_tree), val_root="x")
 
 
 def test_unreadable_image_raises_or_is_skipped(jpeg_tree, tmp_path):

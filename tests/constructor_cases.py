@@ -1,0 +1,116 @@
+"""Wrong values for every argument of every public constructor, and what a right answer looks like.
+
+Each case is ``(class, valid keyword arguments, argument, wrong value)``. The constructor must raise at once
+(ValueError, TypeError or FileNotFoundError) with a message that names the argument. Shared by
+``tests/test_constructors.py`` (a hypothesis property test) and ``benchmarks/integrity.py`` (the counted bar).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+NAN, INF = math.nan, math.inf
+
+#: wrong values by kind of argument
+WRONG: dict[str, list[Any]] = {
+    "bool": ["no", "yes", "True", 0, 1, 1.0, None, [True]],
+    "bool?": ["no", "false", 0, 1, 2.5, [None]],
+    "int>=0": [-1, 2.5, "3", True, NAN, INF, None, [1]],
+    "int>=0?": [-1, 2.5, "3", True, NAN, [1]],
+    "int>=1": [0, -3, 2.5, "4", True, NAN, None],
+    "int>=1?": [0, -3, 2.5, "4", False, NAN],
+    "nice": [-1, 20, 2.5, "5", True],
+    "float>0": [0, -1.0, NAN, INF, "1", True, None],
+    "unit": [-0.1, 1.5, NAN, INF, "0.5", True, None],  # [0, 1]
+    "unit_open": [-0.1, 1.0, 1.5, NAN, "0.5", True, None],  # [0, 1)
+    "open01": [0.0, 1.0, -0.2, NAN, "0.2", True, None],  # (0, 1)
+    "percent": [0, -5, 101, NAN, "80", True, None],  # (0, 100]
+    "pair01": [(0.5, 0.2), (0.0, 1.0), (0.1, 2.0), (NAN, 1.0), "0.1,1", (0.5,), None],
+    "pair>0": [(2.0, 1.0), (0.0, 1.0), (-1.0, 1.0), (NAN, 1.0), "1,2", (1.0,), None],
+    "normalize": [((0.5,), (0.0,)), ((0.5, 0.5), (1.0,)), ((NAN,), (1.0,)), ((0.5,), (-1.0,)), "imagenet", (1, 2),
+                  ((), ())],
+    "dtype": ["float64", "fp16", 16, None, True],
+    "path": ["/no/such/path/anywhere", 3, ""],
+    "path?": ["/no/such/path/anywhere", 3],
+    "writable?": ["/no/such/folder/out.png", 3],
+    "callable?": [3, "collate"],
+    "dict?": ["a=1", [("a", 1)], {1: 2}],
+    "key?": [2.5, True, [0]],
+}
+
+
+def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[str, Any], str, Any]]:
+    """Every (class, valid kwargs, argument, wrong value); ``jpeg_tree``: an image folder; ``pack``: its LMDB pack."""
+    from lightning_gpu_boost.callbacks import AutoNumWorkers, GPUBoost, GPUUtilWatchdog, StreamPrefetch
+    from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+    from lightning_gpu_boost.datamodules import BoostDataModule, ImageFolderDataModule
+    from lightning_gpu_boost.datamodules.dali import DALIDataModule
+    from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataset
+    from lightning_gpu_boost.datamodules.lmdb import LMDBDataModule, LMDBImageDataset, LMDBSampleDataset
+
+    tree, lmdb = str(jpeg_tree), str(pack)
+    boost = {"batch_size": "int>=1", "num_workers": "int>=0?", "pin_memory": "bool?", "persistent_workers": "bool",
+             "prefetch_factor": "int>=1", "drop_last": "bool", "shuffle": "bool", "collate_fn": "callable?",
+             "prefetch": "bool", "normalize": "normalize", "auto_budget_s": "float>0", "worker_niceness": "nice"}
+    image = {"image_size": "int>=1", "train": "bool", "val_resize": "int>=1?", "scale": "pair01", "on_error": "dtype"}
+    folder_dm = {"val_root": "path?", "val_split": "unit_open", "image_size": "int>=1", "val_resize": "int>=1?",
+                 "scale": "pair01", "on_error": "dtype", "split_seed": "int>=0", **boost}
+    specs: list[tuple[Callable[..., Any], dict[str, Any], dict[str, str]]] = [
+        (StreamPrefetch, {}, {"normalize": "normalize", "image_key": "key?", "dtype": "dtype",
+                              "channels_last": "bool", "depth": "int>=1", "cpu_lookahead": "bool",
+                              "move_normalize": "bool"}),
+        (GPUUtilWatchdog, {}, {"window": "int>=1", "warmup_steps": "int>=0", "wait_threshold": "open01",
+                               "util_threshold": "percent", "on_starvation": "dtype", "warn_every_n_steps": "int>=1",
+                               "sample_interval_s": "float>0", "plot_path": "writable?", "summary": "bool"}),
+        (AutoNumWorkers, {}, {"budget_s": "float>0", "tune_val": "bool", "use_cache": "bool",
+                              "cache_path": "writable?", "keep_user_value": "bool", "max_workers": "int>=0?",
+                              "tolerance": "unit_open", "prefetch_factor": "int>=1", "persistent_workers": "bool",
+                              "worker_niceness": "nice"}),
+        (GPUBoost, {}, {"prefetch": "bool", "auto_workers": "bool", "watchdog": "bool", "tf32": "bool",
+                        "cudnn_benchmark": "bool", "channels_last": "bool", "normalize": "normalize",
+                        "normalize_dtype": "dtype", "workers_budget_s": "float>0", "on_starvation": "dtype",
+                        "gpu_normalize": "bool"}),
+        (ThroughputMeter, {}, {"warmup": "int>=0", "steps": "int>=1?", "sample_gpu_util": "bool"}),
+        (BoostDataModule, {}, boost),
+        (ImageFolderDataset, {"root": tree}, {"root": "path", **image}),
+        (ImageFolderDataModule, {"train_root": tree}, {"train_root": "path", **folder_dm}),
+        (LMDBImageDataset, {"path": lmdb}, {"path": "path", **image, "check_crc": "bool"}),
+        (LMDBSampleDataset, {"path": lmdb}, {"path": "path", "decode": "callable?", "check_crc": "bool"}),
+        (LMDBDataModule, {"train_root": lmdb}, {"train_root": "path", "check_crc": "bool", **folder_dm,
+                                                 "val_root": "path?"}),
+        (DALIDataModule, {"train_root": tree}, {"train_root": "path", "val_root": "path?", "batch_size": "int>=1",
+                                                "val_batch_size": "int>=1?", "image_size": "int>=1",
+                                                "val_resize": "int>=1?", "scale": "pair01", "ratio": "pair>0",
+                                                "flip": "bool", "normalize": "normalize", "dtype": "dtype",
+                                                "channels_last": "bool", "device": "dtype",
+                                                "hw_decoder_load": "unit", "num_threads": "int>=1?",
+                                                "read_threads": "int>=1", "prefetch_queue_depth": "int>=1",
+                                                "shuffle": "bool", "seed": "int>=0", "drop_last": "bool",
+                                                "check_crc": "bool", "pipelines": "int>=1?",
+                                                "decoder_options": "dict?", "pipeline_options": "dict?",
+                                                "decoder_device": "dtype"}),
+    ]  # fmt: skip
+    for cls, valid, args in specs:
+        for arg, kind in args.items():
+            for wrong in WRONG[kind]:
+                if cls is GPUUtilWatchdog and arg == "window" and wrong == 1:
+                    continue  # 1 is wrong here too (window >= 2), but listed once under int>=1
+                yield cls, valid, arg, wrong
+
+
+def outcome(cls: Callable[..., Any], valid: dict[str, Any], arg: str, wrong: Any) -> str:
+    """``"named"`` (raised at construction, naming the argument), ``"unnamed"`` (raised without its name) or
+    ``"accepted"`` (a wrong value taken: it would fail late, or never)."""
+    kwargs = {**valid, arg: wrong}
+    try:
+        obj = cls(**kwargs)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        return "named" if arg in str(err) else f"unnamed: {type(err).__name__}: {err}"
+    finally:
+        pass
+    teardown = getattr(obj, "teardown", None)
+    if cls.__name__ == "DALIDataModule" and callable(teardown):
+        teardown("fit")
+    return "accepted"
