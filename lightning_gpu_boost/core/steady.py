@@ -118,9 +118,6 @@ class SteadyRate:
         return f" (not steady: halves {100 * self.halves_diff:.0f} % apart)"
 
 
-NO_WINDOW = SteadyRate(0.0, 0.0, 0.0, 0, 0, 0, 0.0)
-
-
 def _rate(units: Sequence[float], times: Sequence[float], start: int, end: int) -> float:
     """Units of steps ``start+1 .. end`` over the time between their ends (``times[i]``: end of step ``i``)."""
     seconds = times[end] - times[start]

@@ -22,6 +22,15 @@ from lightning_gpu_boost.core.images import (
 from lightning_gpu_boost.datamodules.base import BoostDataModule
 
 
+def check_image_args(image_size: Any, train: Any, val_resize: Any, scale: Any, on_error: Any) -> None:
+    """The decoding arguments every image dataset shares (folder and LMDB), checked at construction."""
+    checks.check_int("image_size", image_size, low=1)
+    checks.check_bool("train", train)
+    checks.check_int("val_resize", val_resize, low=1, allow_none=True)
+    checks.check_pair("scale", scale, low=0.0, high=1.0)
+    checks.check_choice("on_error", on_error, ("raise", "skip"))
+
+
 class ImageFolderDataset(Dataset):
     """``root/<class>/<image>`` files as ``(uint8 CHW tensor, label)`` pairs.
 
@@ -50,17 +59,7 @@ class ImageFolderDataset(Dataset):
         on_error: Literal["raise", "skip"] = "raise",
     ) -> None:
         checks.check_existing_path("root", root)
-        checks.check_int("image_size", image_size, low=1)
-        checks.check_bool("train", train)
-        checks.check_int("val_resize", val_resize, low=1, allow_none=True)
-        checks.check_pair("scale", scale, low=0.0, high=1.0)
-        checks.check_choice("on_error", on_error, ("raise", "skip"))
-        if image_size < 1:
-            raise ValueError(f"image_size must be >= 1, got {image_size!r}.")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}.")
-        if not (0 < scale[0] <= scale[1] <= 1):
-            raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {tuple(scale)!r}.")
+        check_image_args(image_size, train, val_resize, scale, on_error)
         self.root = str(root)
         self.samples, self.classes, self.ignored_files = scan_image_folder(root)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}

@@ -11,7 +11,11 @@ from torch.utils.data import Dataset
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.lmdb_format import Record, open_pack, unpack_sample
-from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataModule, ImageFolderDataset
+from lightning_gpu_boost.datamodules.image_folder import (
+    ImageFolderDataModule,
+    ImageFolderDataset,
+    check_image_args,
+)
 
 
 class LMDBImageDataset(ImageFolderDataset):
@@ -33,14 +37,8 @@ class LMDBImageDataset(ImageFolderDataset):
         check_crc: bool = True,
     ) -> None:
         checks.check_existing_path("path", path)
-        checks.check_int("image_size", image_size, low=1)
-        checks.check_bool("train", train)
-        checks.check_int("val_resize", val_resize, low=1, allow_none=True)
-        checks.check_pair("scale", scale, low=0.0, high=1.0)
-        checks.check_choice("on_error", on_error, ("raise", "skip"))
+        check_image_args(image_size, train, val_resize, scale, on_error)
         checks.check_bool("check_crc", check_crc)
-        if image_size < 1:
-            raise ValueError(f"image_size must be >= 1, got {image_size!r}.")
         self.reader = open_pack(path, check_crc=check_crc)
         if self.reader.meta("kind") != "image_folder":
             raise ValueError(
