@@ -118,14 +118,6 @@ class AutoNumWorkers(Callback):
                             ("persistent_workers", persistent_workers)):  # fmt: skip
             checks.check_bool(name, value)
         checks.check_writable_file("cache_path", cache_path)
-        if not budget_s > 0:
-            raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
-        if not 0 <= tolerance < 1:
-            raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}.")
-        if max_workers is not None and max_workers < 0:
-            raise ValueError(f"max_workers must be >= 0 or None, got {max_workers!r}.")
-        if prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be >= 1, got {prefetch_factor!r}.")
         self.budget_s = budget_s
         self.tune_val = tune_val
         self.use_cache = use_cache
@@ -135,8 +127,6 @@ class AutoNumWorkers(Callback):
         self.tolerance = tolerance
         self.prefetch_factor = prefetch_factor
         self.persistent_workers = persistent_workers
-        if not 0 <= worker_niceness <= 19:
-            raise ValueError(f"worker_niceness must be in [0, 19], got {worker_niceness!r}.")
         self.worker_niceness = worker_niceness
         #: stage -> chosen worker count (restored from checkpoints)
         self.chosen: dict[str, int] = {}

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.steady import (
     EXTRA_WARMUP,
@@ -60,13 +61,10 @@ class ThroughputMeter(Callback):
     """
 
     def __init__(self, warmup: int = 5, steps: int | None = None, sample_gpu_util: bool = True) -> None:
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0, got {warmup!r}.")
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-            raise ValueError(f"steps must be an int >= 1 or None, got {steps!r}.")
+        checks.check_int("warmup", warmup, low=0)
+        checks.check_int("steps", steps, low=1, allow_none=True)
         self.timed_steps = steps
-        if not isinstance(sample_gpu_util, bool):
-            raise ValueError(f"sample_gpu_util must be True or False, got {sample_gpu_util!r}.")
+        checks.check_bool("sample_gpu_util", sample_gpu_util)
         self.warmup = warmup
         self.sample_gpu_util = sample_gpu_util
         self._sampler: NVMLSampler | None = None

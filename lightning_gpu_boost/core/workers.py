@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.steady import MIN_WINDOW_STEPS, SteadyRate, min_warmup, steady_window
 
@@ -320,19 +321,15 @@ def tune_num_workers(
         >>> tune_num_workers(cheap, budget_s=5, max_workers=2).num_workers  # workers only add overhead
         0
     """
-    _check_number("budget_s", budget_s, low=0.0, low_open=True)
-    _check_number("tolerance", tolerance, low=0.0, high=1.0, high_open=True)
-    _check_number("min_window_s", min_window_s, low=0.0, low_open=True)
+    checks.check_number("budget_s", budget_s, low=0.0, low_open=True)
+    checks.check_number("tolerance", tolerance, low=0.0, high=1.0, high_open=True)
+    checks.check_number("min_window_s", min_window_s, low=0.0, low_open=True)
     if candidates is not None:
         candidates = list(candidates)
         if not candidates or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in candidates):
             raise ValueError(f"candidates must be a non-empty list of ints >= 0, got {candidates!r}.")
-    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
-                                    or max_workers < 0):  # fmt: skip
-        raise ValueError(f"max_workers must be an int >= 0 or None, got {max_workers!r}.")
-    if prefetch_factor is not None and (isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int)
-                                        or prefetch_factor < 1):  # fmt: skip
-        raise ValueError(f"prefetch_factor must be an int >= 1 or None, got {prefetch_factor!r}.")
+    checks.check_int("max_workers", max_workers, low=0, allow_none=True)
+    checks.check_int("prefetch_factor", prefetch_factor, low=1, allow_none=True)
     limit = max_workers_for_node() if max_workers is None else max_workers
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a worker; and leaves no busy intra-op thread team behind in this process
@@ -343,23 +340,6 @@ def tune_num_workers(
         )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
-
-
-def _check_number(
-    name: str, value: Any, low: float | None = None, high: float | None = None,
-    low_open: bool = False, high_open: bool = False,
-) -> None:  # fmt: skip
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value < high if high_open else value <= high
-    if not ok:
-        lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
-        hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
-        valid = f"in {lo}, {hi}" if low is not None and high is not None else (
-            f"{'>' if low_open else '>='} {low:g}" if low is not None else f"{'<' if high_open else '<='} {high:g}")
-        raise ValueError(f"{name} must be a number {valid}, got {value!r}.")
 
 
 def _search(

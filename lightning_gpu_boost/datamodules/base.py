@@ -98,16 +98,8 @@ class BoostDataModule(pl.LightningDataModule):
             and (not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0)
         ):
             raise ValueError(f"num_workers must be an int >= 0, None or 'auto', got {num_workers!r}.")
-        if pin_memory not in (None, True, False):
-            raise ValueError(f"pin_memory must be True, False or None (automatic), got {pin_memory!r}.")
-        if not isinstance(worker_niceness, int) or not 0 <= worker_niceness <= 19:
-            raise ValueError(f"worker_niceness must be an int in [0, 19], got {worker_niceness!r}.")
-        if not auto_budget_s > 0:
-            raise ValueError(f"auto_budget_s must be > 0 seconds, got {auto_budget_s!r}.")
         if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) or prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}.")
-        if collate_fn is not None and not callable(collate_fn):
-            raise ValueError(f"collate_fn must be callable or None, got {collate_fn!r}.")
         if normalize is not None:
             from lightning_gpu_boost.core.prefetch import check_normalize
 

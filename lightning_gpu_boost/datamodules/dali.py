@@ -152,12 +152,6 @@ class DALIDataModule(pl.LightningDataModule):
             raise ValueError(f"device must be 'auto' or 'cpu', got {device!r}.")
         if decoder_device not in ("auto", "mixed", "cpu"):
             raise ValueError(f"decoder_device must be 'auto', 'mixed' or 'cpu', got {decoder_device!r}.")
-        if not 0.0 <= hw_decoder_load <= 1.0:
-            raise ValueError(f"hw_decoder_load must be in [0, 1], got {hw_decoder_load!r}.")
-        if not (0 < scale[0] <= scale[1] <= 1):
-            raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {tuple(scale)!r}.")
-        if not (0 < ratio[0] <= ratio[1]):
-            raise ValueError(f"ratio must satisfy 0 < min <= max, got {tuple(ratio)!r}.")
         self.train_root, self.val_root = str(train_root), None if val_root is None else str(val_root)
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
         self.image_size, self.val_resize, self.scale, self.ratio = (

@@ -156,14 +156,8 @@ class ImageFolderDataModule(BoostDataModule):
         checks.check_choice("on_error", on_error, ("raise", "skip"))
         checks.check_int("split_seed", split_seed, low=0)
         super().__init__(normalize=normalize, **kwargs)
-        if not 0.0 <= val_split < 1.0:
-            raise ValueError(f"val_split must be in [0, 1), got {val_split!r}.")
         if val_root is not None and val_split:
             raise ValueError("Give either val_root or val_split, not both.")
-        if not isinstance(image_size, int) or image_size < 1:
-            raise ValueError(f"image_size must be an int >= 1, got {image_size!r}.")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}.")
         self.train_root = str(train_root)
         self.val_root = None if val_root is None else str(val_root)
         self.val_split = val_split
