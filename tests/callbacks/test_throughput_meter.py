@@ -51,7 +51,7 @@ def test_the_meter_times_the_loader_not_its_queue(trainer_kwargs, warmup):
     summary = meter.summary()
     assert summary["queue_batches"] == 4 * 2 + 1 and summary["warmup_steps"] >= 13
     assert trainer.global_step == meter.opened_at + 30, "the meter ends fit once its window is timed"
-    assert summary["samples_per_s"] == pytest.approx(steady, rel=0.10), (summary, steady)
+    assert summary["samples_per_s"] == pytest.approx(steady, rel=0.15), (summary, steady)  # the queue alone would read ~1.4x
 
 
 @pytest.mark.parametrize("warmup", [0, 3])
