@@ -54,9 +54,9 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
     boost = {"batch_size": "int>=1", "num_workers": "int>=0?", "pin_memory": "bool?", "persistent_workers": "bool",
              "prefetch_factor": "int>=1", "drop_last": "bool", "shuffle": "bool", "collate_fn": "callable?",
              "prefetch": "bool", "normalize": "normalize", "auto_budget_s": "float>0", "worker_niceness": "nice"}
-    image = {"image_size": "int>=1", "train": "bool", "val_resize": "int>=1?", "scale": "pair01", "on_error": "dtype"}
+    image = {"image_size": "int>=1", "train": "bool", "val_resize": "int>=1?", "scale": "pair01", "bad_samples": "dtype"}
     folder_dm = {"val_root": "path?", "val_split": "unit_open", "image_size": "int>=1", "val_resize": "int>=1?",
-                 "scale": "pair01", "on_error": "dtype", "split_seed": "int>=0", **boost}
+                 "scale": "pair01", "bad_samples": "dtype", "split_seed": "int>=0", **boost}
     specs: list[tuple[Callable[..., Any], dict[str, Any], dict[str, str]]] = [
         (StreamPrefetch, {}, {"normalize": "normalize", "image_key": "key?", "dtype": "dtype",
                               "channels_last": "bool", "depth": "int>=1", "cpu_lookahead": "bool",

@@ -39,9 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors that a user's input causes (a missing file, a wrong value, a damaged or interrupted pack)."""
+    from lightning_gpu_boost.core.bad_samples import BadSampleError
     from lightning_gpu_boost.core.lmdb_format import CorruptRecordError, IncompletePackError
 
-    return (OSError, ValueError, KeyError, ImportError, IncompletePackError, CorruptRecordError)
+    return (OSError, ValueError, KeyError, ImportError, IncompletePackError, CorruptRecordError, BadSampleError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -82,10 +82,52 @@ def _draft_for_box(img: Image.Image, box: Box, size: int) -> Box:
     return (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
 
 
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """3-channel 8-bit RGB from any mode: grayscale, palette, RGBA/LA (alpha dropped), CMYK, and 16- or 32-bit
+    grayscale (scaled to 8 bits, not clipped)."""
+    if img.mode == "RGB":
+        return img
+    if img.mode.startswith("I") or img.mode == "F":
+        values = np.asarray(img).astype(np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") or values.max(initial=0) > 255 else 255.0
+        img = Image.fromarray(np.clip(values * (255.0 / top) + 0.5, 0, 255).astype(np.uint8), "L")
+    return img.convert("RGB")
+
+
 def _crop_resize(img: Image.Image, box: Box, size: int) -> Image.Image:
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    return img.resize((size, size), Image.BILINEAR, box=box)
+    return _to_rgb(img).resize((size, size), Image.BILINEAR, box=box)
+
+
+_TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+
+
+def _orientation(img: Image.Image) -> int:
+    """The EXIF orientation (1 = as stored) of an opened image; 1 where there is none or it cannot be read."""
+    if "exif" not in img.info and img.format != "TIFF":
+        return 1
+    try:
+        value = int(img.getexif().get(0x0112, 1) or 1)
+    except Exception:  # a damaged EXIF block: show the image as stored
+        return 1
+    return value if 1 <= value <= 8 else 1
+
+
+def _decode_box(img: Image.Image, box_of: Callable[[int, int], Box], size: int) -> Image.Image:
+    """Crop ``box_of(width, height)`` (in the upright image's coordinates, after its EXIF orientation) and resize
+    it to ``size`` x ``size``, decoding JPEG at the coarsest DCT scale that covers the box."""
+    orientation = _orientation(img)
+    if orientation == 1:
+        box = box_of(*img.size)
+        return _crop_resize(img, _draft_for_box(img, box, size), size)
+    from PIL import ImageOps
+
+    width, height = img.size[::-1] if orientation in _TRANSPOSED else img.size
+    box = box_of(width, height)
+    box_w, box_h = box[2] - box[0], box[3] - box[1]
+    _draft_for_box(img, (0, 0, box_h, box_w) if orientation in _TRANSPOSED else (0, 0, box_w, box_h), size)
+    upright = ImageOps.exif_transpose(img)  # decodes at the draft scale, then turns the pixels upright
+    sx, sy = upright.size[0] / width, upright.size[1] / height
+    return _crop_resize(upright, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy), size)
 
 
 def _to_chw_uint8(img: Image.Image) -> torch.Tensor:
@@ -104,8 +146,7 @@ def decode_random_resized_crop(
     """Decode ``path`` into a random-resized, randomly flipped ``uint8`` CHW crop of ``size`` x ``size``."""
     rnd = rng or random
     with Image.open(path) as img:
-        box = random_resized_crop_box(*img.size, scale, ratio, rnd)
-        out = _crop_resize(img, _draft_for_box(img, box, size), size)
+        out = _decode_box(img, lambda w, h: random_resized_crop_box(w, h, scale, ratio, rnd), size)
     if rnd.random() < flip_p:
         out = out.transpose(Image.FLIP_LEFT_RIGHT)
     return _to_chw_uint8(out)
@@ -115,8 +156,7 @@ def decode_center_crop(path: str | os.PathLike, size: int, resize: int | None = 
     """Decode ``path``, resize its shorter side to ``resize`` (default ``size / 0.875``) and center-crop ``size``."""
     resize = resize or int(round(size / 0.875))
     with Image.open(path) as img:
-        box = center_crop_box(*img.size, size, resize)
-        return _to_chw_uint8(_crop_resize(img, _draft_for_box(img, box, size), size))
+        return _to_chw_uint8(_decode_box(img, lambda w, h: center_crop_box(w, h, size, resize), size))
 
 
 def walk_files(top: str | os.PathLike, visited: set[tuple[int, int]], skipped: list[str]) -> Iterator[str]:

@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lightning_gpu_boost._imports import require
 
@@ -251,6 +251,7 @@ class PackWriter:
         with self.env.begin(db=self.meta) as txn:
             stored = txn.get(b"fingerprint")
             progress = txn.get(b"progress")
+            state = txn.get(b"pack_state")
         if stored is not None and stored.decode() != fingerprint:
             self.close()
             raise ValueError(
@@ -259,6 +260,9 @@ class PackWriter:
             )
         if progress is not None:
             self.next_index = int(progress)
+        #: the packer's own progress, stored with every commit (``pack_image_folder``: the next source file and
+        #: the bad files skipped so far), so a resume keeps what the policy decided
+        self.state: dict[str, Any] = {} if state is None else require("msgpack").unpackb(state, raw=False)
         self._fingerprint = fingerprint
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
@@ -270,23 +274,27 @@ class PackWriter:
         """Add an already encoded record value (:func:`encode_record`)."""
         self.add_values([value])
 
-    def add_values(self, values: list[bytes] | list[bytearray]) -> None:
+    def add_values(self, values: list[bytes] | list[bytearray], auto_commit: bool = True) -> None:
         """Add already encoded record values, in order; commits once ``commit_every`` records or ``commit_bytes``
-        bytes are pending."""
+        bytes are pending (``auto_commit=False``: only when :meth:`commit` is called, for a caller whose
+        :attr:`state` must describe exactly the committed records)."""
         start = self.next_index + len(self._pending)
         self._pending.extend(zip(map(KEY.pack, range(start, start + len(values))), values, strict=True))
         self._pending_bytes += sum(map(len, values))
-        if len(self._pending) >= self.commit_every or self._pending_bytes >= self.commit_bytes:
+        if auto_commit and (len(self._pending) >= self.commit_every or self._pending_bytes >= self.commit_bytes):
             self.commit()
 
-    def commit(self) -> None:
-        """Store the pending records and the progress in one transaction (retried with a larger map if full)."""
-        if not self._pending:
+    def commit(self, force: bool = False) -> None:
+        """Store the pending records, the progress and :attr:`state` in one transaction (retried with a larger map
+        if full); ``force``: commit the state even without pending records."""
+        if not self._pending and not force:
             return
         while True:
             try:
                 with self.env.begin(write=True) as txn:
-                    consumed, added = txn.cursor(db=self.records).putmulti(self._pending, append=True)
+                    consumed, added = (
+                        txn.cursor(db=self.records).putmulti(self._pending, append=True) if self._pending else (0, 0)
+                    )
                     if added != len(self._pending):
                         raise RuntimeError(
                             f"LMDB stored {added} of {len(self._pending)} records at index {self.next_index}: "
@@ -294,6 +302,8 @@ class PackWriter:
                         )
                     txn.put(b"fingerprint", self._fingerprint.encode(), db=self.meta)
                     txn.put(b"progress", str(self.next_index + added).encode(), db=self.meta)
+                    if self.state:
+                        txn.put(b"pack_state", require("msgpack").packb(self.state, use_bin_type=True), db=self.meta)
                 break
             except self._lmdb.MapFullError:
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
@@ -476,7 +486,15 @@ class PackReader:
         return env.begin(db=self._dbs[name], buffers=True)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None, "_local": None}
+        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None, "_local": None, "_paths": None}
+
+    def source_path(self, index: int) -> str:
+        """Record ``index``'s file, relative to the packed folder (``meta("paths")``; packs before it: the
+        record's number)."""
+        paths = self.__dict__.get("_paths")
+        if paths is None:
+            paths = self._paths = self.meta("paths") or []
+        return paths[index] if 0 <= index < len(paths) else f"record {index} of {self.path}"
 
     def __len__(self) -> int:
         return self.length
@@ -511,30 +529,36 @@ class PackReader:
                 yield decode_record(KEY.unpack(bytes(raw_key))[0], value, check_crc)
 
 
-def verify(path: str | os.PathLike) -> dict[str, Any]:
+def verify(path: str | os.PathLike, decode: bool = False) -> dict[str, Any]:
     """Check a pack (or every shard of a sharded pack, see :func:`verify_file`); returns one summary."""
     if is_manifest(path):
         try:
             reader = ShardedPackReader(path)
         except Exception as err:
             return {"path": str(path), "records": 0, "bytes": 0, "ok": False, "errors": [f"cannot open: {err}"]}
-        parts = [verify_file(Path(path).parent / shard["path"]) for shard in reader.shards]
+        parts = [verify_file(Path(path).parent / shard["path"], decode) for shard in reader.shards]
         errors = [f"{part['path']}: {e}" for part in parts for e in part["errors"]]
         if sum(part["records"] for part in parts) != reader.length:
             errors.append(f"the manifest says {reader.length} records but the shards hold a different number")
-        return {"path": str(path), "records": sum(p["records"] for p in parts), "bytes": sum(p["bytes"] for p in parts),
-                "shards": len(parts), "ok": not errors, "errors": errors[:20]}  # fmt: skip
-    return verify_file(path)
+        summary = {"path": str(path), "records": sum(p["records"] for p in parts),
+                   "bytes": sum(p["bytes"] for p in parts), "shards": len(parts), "ok": not errors,
+                   "errors": errors[:20]}  # fmt: skip
+        if decode:
+            summary["undecodable_records"] = sum(p.get("undecodable_records", 0) for p in parts)
+            summary["undecodable"] = [u for p in parts for u in p.get("undecodable", [])][:100]
+        return summary
+    return verify_file(path, decode)
 
 
-def verify_file(path: str | os.PathLike) -> dict[str, Any]:
+def verify_file(path: str | os.PathLike, decode: bool = False) -> dict[str, Any]:
     """Check one pack file the way training reads it, and its structure.
 
     Opens it through :class:`PackReader` (metadata and its CRC), reads every record ``0..length-1`` by key with the
     CRC checked (what a DataLoader worker does), and walks the records in key order (every B-tree page reachable,
     no key outside ``0..length-1``; ``lmdb.verify`` where the binding has it). Never raises for a damaged or
     foreign file: ``summary["ok"]`` is False and ``summary["errors"]`` says what is wrong (at most 20 lines;
-    ``bad_records`` counts them all)."""
+    ``bad_records`` counts them all). ``decode``: every image record is also decoded in full; the undecodable ones
+    are listed by index and original path (``undecodable``, at most 100; ``undecodable_records`` counts them)."""
     summary: dict[str, Any] = {"path": str(path), "records": 0, "bytes": 0, "bad_records": 0, "ok": False}
     errors: list[str] = []
     try:
@@ -569,7 +593,27 @@ def verify_file(path: str | os.PathLike) -> dict[str, Any]:
     if count != reader.length:
         errors.append(f"the pack says {reader.length} records but holds {count}")
     summary.update(records=count, bytes=total, bad_records=len(bad), ok=not errors, errors=errors[:20])
+    if decode:
+        undecodable = _undecodable(reader, bad)
+        summary.update(undecodable_records=len(undecodable), undecodable=undecodable[:100])
+        summary["ok"] = summary["ok"] and not undecodable
     return summary
+
+
+def _undecodable(reader: PackReader, skip: set[int]) -> list[dict[str, Any]]:
+    """Image records that do not decode in full (``verify --decode``), by index and original path."""
+    from lightning_gpu_boost.core.bad_samples import check_image, decode_problem
+
+    if reader.meta("kind") != "image_folder":
+        return []
+    found = []
+    for index in range(reader.length):
+        if index in skip:
+            continue
+        problem = reader.read(index, lambda r: check_image(r.payload) or decode_problem(r.payload))
+        if problem is not None:
+            found.append({"index": index, "path": reader.source_path(index), "reason": problem})
+    return found
 
 
 # -------------------------------------------------------------------------------------------------- packers
@@ -589,34 +633,48 @@ def pack_workers(sizes: list[int]) -> int:
 
 def _scan_sources(root: str | os.PathLike, files: list[str]) -> tuple[str, list[int]]:
     """The fingerprint of a source tree (its files' relative paths, sizes and modification times) and the files'
-    sizes, from one ``stat`` each."""
+    sizes, from one ``stat`` each (-1 for a file that cannot be stat'ed: a dangling link, checked when read)."""
     import hashlib
 
     prefix = os.path.join(str(root), "")
     lines, sizes = [], []
     for path in files:
-        stat = os.stat(path)
+        try:
+            stat = os.stat(path)
+            size, mtime = stat.st_size, stat.st_mtime_ns
+        except OSError:
+            size, mtime = -1, 0
         # the relative path (a slice where it is under root: relpath per file costs more than the stat)
         rel = path[len(prefix) :] if path.startswith(prefix) and ".." not in path else os.path.relpath(path, root)
-        lines.append(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n")
-        sizes.append(stat.st_size)
+        lines.append(f"{rel}\0{size}\0{mtime}\n")
+        sizes.append(size)
     # surrogateescape: file names that are not UTF-8 are packed and fingerprinted as their bytes
     return hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:32], sizes
 
 
-def _read_records(items: list[tuple[str, int, int]]) -> list[bytearray]:
-    return [_read_record(path, label, size) for path, label, size in items]
+def _read_records(items: list[tuple[str, int, int]], check: str | None) -> list[bytearray | tuple[str, str]]:
+    return [_read_record(path, label, size, check) for path, label, size in items]
 
 
-def _read_record(path: str, label: int, size: int) -> bytearray:
+def _read_record(path: str, label: int, size: int, check: str | None = "structure") -> bytearray | tuple[str, str]:
     """The record value of a file of ``size`` bytes (from the fingerprint's ``stat``), built where it is read (a
     reading thread): header space, then the bytes read straight into place, then the header with the CRC32 (zlib
     releases the GIL on large buffers). Plain ``os`` calls: ``open()``'s file object costs more than reading a
-    small file."""
+    small file. A file that cannot be read, or fails ``check`` (:func:`~lightning_gpu_boost.core.bad_samples.check_image`),
+    comes back as ``(path, reason)``."""
+    if size < 0:
+        try:
+            os.stat(path)
+        except OSError as err:
+            return path, f"cannot read: {err.strerror or err}"
+        raise OSError(f"{path!r} appeared while it was packed; pack a quiet source.")
     value = bytearray(HEADER.size + size)
     view = memoryview(value)[HEADER.size :]
     extra = bytearray(1)  # filled only if the file grew since its stat
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:  # no permission, removed since the scan
+        return path, f"cannot read: {err.strerror or err}"
     try:
         got = os.readv(fd, [view, extra])
         while got < size:  # a loop: network filesystems may return short reads
@@ -624,13 +682,24 @@ def _read_record(path: str, label: int, size: int) -> bytearray:
             if not n:
                 break
             got += n
+    except OSError as err:  # an I/O error, a directory named like an image
+        return path, f"cannot read: {err.strerror or err}"
     finally:
         os.close(fd)
     if got != size:
         raise OSError(f"{path!r} changed while it was packed ({size} bytes when scanned); pack a quiet source.")
+    if check is not None:
+        from lightning_gpu_boost.core.bad_samples import check_image
+
+        problem = check_image(view, check)  # type: ignore[arg-type]
+        if problem is not None:
+            return path, problem
     HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, 0)
     struct.pack_into(">I", value, CRC_PREFIX, zlib.crc32(view, zlib.crc32(memoryview(value)[:CRC_PREFIX])))
     return value
+
+
+OnBad = Literal["skip", "fail"]
 
 
 def pack_image_folder(
@@ -641,6 +710,8 @@ def pack_image_folder(
     commit_every: int = 1000,
     progress: bool = True,
     shard_size: int | None = None,
+    on_bad: OnBad = "skip",
+    check: Literal["structure", "decode", "none"] = "structure",
 ) -> Path:
     """Pack a class-per-folder image tree into one LMDB file, storing each file's bytes unchanged.
 
@@ -649,22 +720,36 @@ def pack_image_folder(
     commit that also records the progress, so ``resume=True`` continues a crashed pack at its last commit.
     Non-image files are skipped and counted (``meta("ignored_files")``).
 
+    Each file is checked where it is read (``check``, see :func:`~lightning_gpu_boost.core.bad_samples.check_image`:
+    ``"structure"`` by default, ``"decode"`` for a reduced decode too, ``"none"``). A bad file (empty, not an
+    image, truncated, undecodable, unreadable, a dangling link) is, with ``on_bad="skip"``, left out and listed
+    with its path and reason in the pack's metadata (``meta("bad_samples")``) and in ``<dst>.bad-samples.json``;
+    with ``on_bad="fail"``, the pack stops at once with a :class:`~lightning_gpu_boost.core.bad_samples.BadSampleError`
+    naming it (resume after fixing it). Records stay numbered ``0..n-1``; ``meta("paths")`` holds each record's
+    path relative to ``src``.
+
     With ``shard_size``, records go to ``<dst>-shard-00000``, ``<dst>-shard-00001``... (complete packs of at
-    most ``shard_size`` records each) and ``dst`` becomes a JSON manifest naming them, written last; ``resume``
-    skips finished shards. :func:`open_pack` and :class:`~lightning_gpu_boost.datamodules.LMDBDataModule` read
-    either form.
+    most ``shard_size`` source files each) and ``dst`` becomes a JSON manifest naming them, written last;
+    ``resume`` skips finished shards. :func:`open_pack` and :class:`~lightning_gpu_boost.datamodules.LMDBDataModule`
+    read either form.
 
     Raises:
-        FileNotFoundError, ValueError: from the tree scan (missing root, empty tree, empty class folder).
+        FileNotFoundError, ValueError: from the tree scan (missing root, empty tree, empty class folder), or a bad
+            ``on_bad``/``check``.
         FileExistsError: ``dst`` exists, or an interrupted pack exists and ``resume`` is False.
+        BadSampleError: a bad file with ``on_bad="fail"``.
     """
+    from lightning_gpu_boost import _checks as checks
+
+    checks.check_choice("on_bad", on_bad, ("skip", "fail"))
+    checks.check_choice("check", check, ("structure", "decode", "none"))
     if shard_size is not None:
-        return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size)
+        return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size, on_bad, check)
     from lightning_gpu_boost.core.images import scan_image_folder
 
     samples, classes, ignored = scan_image_folder(src)
     return _pack_files(
-        src, dst, samples, _image_meta(classes, ignored), resume, workers, commit_every, progress
+        src, dst, samples, _image_meta(classes, ignored), resume, workers, commit_every, progress, on_bad, check
     )
 
 
@@ -677,6 +762,16 @@ def _image_meta(classes: list[str], ignored: int) -> dict[str, Any]:
     }
 
 
+def _relative(path: str, root: str | os.PathLike) -> str:
+    rel = os.path.relpath(path, root)
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # non-UTF-8 names, for messages
+
+
+def bad_samples_report_path(dst: str | os.PathLike) -> Path:
+    """Where ``pack`` lists the files it skipped: ``<dst>.bad-samples.json``."""
+    return Path(f"{dst}.bad-samples.json")
+
+
 def _pack_files(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -686,18 +781,25 @@ def _pack_files(
     workers: int | None,
     commit_every: int,
     progress: bool,
+    on_bad: str = "skip",
+    check: str = "structure",
 ) -> Path:
     """Pack the files of ``samples`` (path, label) into ``dst``: read by threads in windows of ``commit_every``,
     one commit per window, so memory stays bounded and a resume restarts at a window's edge."""
+    import json
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from tqdm.auto import tqdm
 
+    from lightning_gpu_boost.core.bad_samples import BadSampleError
+
     fingerprint, sizes = _scan_sources(src, [p for p, _ in samples])
     items = [(path, label, size) for (path, label), size in zip(samples, sizes, strict=True)]
-    threads = pack_workers(sizes) if workers is None else workers
-    writer = PackWriter(dst, fingerprint, resume, commit_every, reserve=_pack_bytes(sizes))
-    start = writer.next_index
+    threads = pack_workers([s for s in sizes if s >= 0]) if workers is None else workers
+    writer = PackWriter(dst, fingerprint, resume, commit_every, reserve=_pack_bytes([max(0, s) for s in sizes]))
+    start = int(writer.state.get("source_next", writer.next_index))
+    bad: list[dict[str, str]] = list(writer.state.get("bad", []))
+    level = None if check == "none" else check
     try:
         with (
             ThreadPoolExecutor(max(1, threads)) as pool,
@@ -712,9 +814,11 @@ def _pack_files(
                 window = items[lo : lo + commit_every]
                 if threads == 0:  # read here, between commits: no thread competes with LMDB for the GIL
                     done: Future = Future()
-                    done.set_result(_read_records(window))
+                    done.set_result(_read_records(window, level))
                     return [done]
-                return [pool.submit(_read_records, window[i : i + chunk]) for i in range(0, len(window), chunk)]
+                return [
+                    pool.submit(_read_records, window[i : i + chunk], level) for i in range(0, len(window), chunk)
+                ]
 
             windows = range(start, len(samples), commit_every)
             ahead = submit(windows[0]) if windows else []
@@ -723,17 +827,34 @@ def _pack_files(
                 done = 0
                 for future in current:  # the next window is read while this one is stored and committed
                     values = future.result()
-                    writer.add_values(values)
+                    good = [v for v in values if not isinstance(v, tuple)]
+                    for path, reason in (v for v in values if isinstance(v, tuple)):
+                        if on_bad == "fail":
+                            raise BadSampleError(
+                                f"Bad file {path!r}: {reason}. Fix or remove it and pack again (delete "
+                                f"{str(dst)!r}.partial first: the source changed), or pack with --on-bad skip to "
+                                "leave such files out and list them."
+                            )
+                        bad.append({"path": _relative(path, src), "reason": reason})
+                    writer.add_values(good, auto_commit=False)  # one commit per window, with its state
                     done += len(values)
-                writer.commit()
+                writer.state = {"source_next": min(lo + commit_every, len(samples)), "bad": bad}
+                writer.commit(force=True)
                 bar.update(done)
     except BaseException:
         writer.close()
         raise
-    return writer.finish(meta)
+    skipped = {entry["path"] for entry in bad}
+    paths = [rel for rel in (_relative(p, src) for p, _ in samples) if rel not in skipped]
+    report = bad_samples_report_path(dst)
+    if bad:
+        report.write_text(json.dumps({"pack": str(dst), "source": str(src), "bad_samples": bad}, indent=1))
+    elif report.exists():
+        report.unlink()
+    return writer.finish({**meta, "bad_samples": bad, "paths": paths})
 
 
-def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: int) -> Path:
+def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: int, on_bad, check) -> Path:
     import json
 
     from lightning_gpu_boost.core.images import scan_image_folder
@@ -744,18 +865,27 @@ def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: 
     if dst.exists():
         raise FileExistsError(f"{str(dst)!r} already exists; remove it or choose another destination.")
     samples, classes, ignored = scan_image_folder(src)
-    shards = []
+    shards, bad, offset = [], [], 0
     for k, lo in enumerate(range(0, len(samples), shard_size)):
         part, chunk = shard_path(dst, k), samples[lo : lo + shard_size]
         if not part.exists():  # finished shards are kept on resume
             _pack_files(
-                src, part, chunk, _image_meta(classes, ignored), resume, workers, commit_every, progress
+                src, part, chunk, _image_meta(classes, ignored), resume, workers, commit_every, progress, on_bad,
+                check,
             )
-        shards.append({"path": part.name, "offset": lo, "length": len(chunk)})
+        reader = PackReader(part)
+        bad += reader.meta("bad_samples") or []
+        shards.append({"path": part.name, "offset": offset, "length": reader.length})
+        offset += reader.length
+        bad_samples_report_path(part).unlink(missing_ok=True)  # one report for the whole pack, below
     manifest = {
-        "format": MANIFEST_FORMAT, "version": SCHEMA_VERSION, "length": len(samples), "shards": shards,
-        "meta": _image_meta(classes, ignored),
+        "format": MANIFEST_FORMAT, "version": SCHEMA_VERSION, "length": offset, "shards": shards,
+        "meta": {**_image_meta(classes, ignored), "bad_samples": bad},
     }  # fmt: skip
+    if bad:
+        bad_samples_report_path(dst).write_text(
+            json.dumps({"pack": str(dst), "source": str(src), "bad_samples": bad}, indent=1)
+        )
     tmp = Path(f"{dst}.tmp")
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, dst)  # the manifest is written last
@@ -839,6 +969,10 @@ class ShardedPackReader:
             shard = Path(self.path).parent / self.shards[k]["path"]
             self._readers[k] = PackReader(shard, self.check_crc, self.readahead)
         return self._readers[k], index - self.shards[k]["offset"]
+
+    def source_path(self, index: int) -> str:
+        reader, local = self._shard(index)
+        return reader.source_path(local)
 
     def read(self, index: int, decode: Callable[[Record], Any] = lambda r: bytes(r.payload)) -> Any:
         reader, local = self._shard(index)

@@ -16,6 +16,15 @@ from lightning_gpu_boost.core.workers import LowPriorityWorkerInit
 Stage = Literal["train", "val", "test", "predict"]
 
 
+def _bad_sample_owner(dataset: Any) -> Any:
+    """The dataset (under ``Subset`` wrappers) that skips bad samples and counts them, or None."""
+    while dataset is not None and not hasattr(dataset, "bad_sample_tracker") and hasattr(dataset, "dataset"):
+        dataset = dataset.dataset
+    if getattr(dataset, "bad_samples", None) == "skip" and hasattr(dataset, "bad_sample_tracker"):
+        return dataset
+    return None
+
+
 class BoostDataModule(pl.LightningDataModule):
     """A LightningDataModule that turns your datasets into DataLoaders with GPU-friendly defaults.
 
@@ -148,8 +157,11 @@ class BoostDataModule(pl.LightningDataModule):
                 from lightning_gpu_boost.callbacks.auto_num_workers import agreed_probe
 
                 # the CPU-aware default is "the user's value": kept where the probe cannot rank the counts
+                from lightning_gpu_boost.core.bad_samples import SkipBadCollate
+
+                collate = SkipBadCollate(self.collate_fn) if _bad_sample_owner(dataset) else self.collate_fn
                 probe_loader = DataLoader(
-                    dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=self.collate_fn,
+                    dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=collate,
                     num_workers=default_num_workers(),
                 )  # fmt: skip
                 probe = agreed_probe(self.trainer, probe_loader, budget_s=self.auto_budget_s)
@@ -187,8 +199,18 @@ class BoostDataModule(pl.LightningDataModule):
         return kwargs
 
     def make_dataloader(self, dataset: Dataset, stage: Stage) -> DataLoader:
-        """Build the DataLoader for ``stage`` from ``dataset``."""
-        return DataLoader(dataset, **self.dataloader_kwargs(dataset, stage))
+        """Build the DataLoader for ``stage`` from ``dataset``. A dataset with ``bad_samples="skip"`` (ours, or
+        any with a ``bad_sample_tracker``) gets :class:`~lightning_gpu_boost.core.bad_samples.SkipBadCollate`
+        around the collate function and a :class:`~lightning_gpu_boost.callbacks.bad_samples.BadSampleReport`."""
+        kwargs = self.dataloader_kwargs(dataset, stage)
+        owner = _bad_sample_owner(dataset)
+        if owner is not None:
+            from lightning_gpu_boost.callbacks.bad_samples import attach
+            from lightning_gpu_boost.core.bad_samples import SkipBadCollate
+
+            kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"))
+            attach(self.trainer, {stage: owner})
+        return DataLoader(dataset, **kwargs)
 
     # -- LightningDataModule hooks ----------------------------------------------------------------------------
     def _loader(self, stage: Stage) -> DataLoader | list:

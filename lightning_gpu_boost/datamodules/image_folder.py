@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import random
-import warnings
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image
 from torch.utils.data import Dataset, Subset
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost.core.bad_samples import POLICIES, BadSample, BadSampleError, BadSampleTracker
 from lightning_gpu_boost.core.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -22,13 +23,13 @@ from lightning_gpu_boost.core.images import (
 from lightning_gpu_boost.datamodules.base import BoostDataModule
 
 
-def check_image_args(image_size: Any, train: Any, val_resize: Any, scale: Any, on_error: Any) -> None:
+def check_image_args(image_size: Any, train: Any, val_resize: Any, scale: Any, bad_samples: Any) -> None:
     """The decoding arguments every image dataset shares (folder and LMDB), checked at construction."""
     checks.check_int("image_size", image_size, low=1)
     checks.check_bool("train", train)
     checks.check_int("val_resize", val_resize, low=1, allow_none=True)
     checks.check_pair("scale", scale, low=0.0, high=1.0)
-    checks.check_choice("on_error", on_error, ("raise", "skip"))
+    checks.check_choice("bad_samples", bad_samples, POLICIES)
 
 
 class ImageFolderDataset(Dataset):
@@ -40,9 +41,11 @@ class ImageFolderDataset(Dataset):
         train: random-resized crop + horizontal flip if ``True``; resize + center crop if ``False``.
         val_resize: shorter side before the center crop (default ``image_size / 0.875``).
         scale: area range of the random-resized crop.
-        on_error: what an unreadable image does: ``"raise"`` an error naming the file, or ``"skip"`` it (a
-            warning names it, :attr:`skipped` counts it in this process) and return the next readable sample
-            with that sample's own label.
+        bad_samples: what a file that cannot be read or decoded does: ``"raise"`` an error naming it and the fix,
+            or ``"skip"``: :meth:`__getitem__` returns a :class:`~lightning_gpu_boost.core.bad_samples.BadSample`
+            that :class:`~lightning_gpu_boost.core.bad_samples.SkipBadCollate` drops from its batch (BoostDataModule
+            wraps the collate and reports the count per epoch); :attr:`bad_sample_tracker` counts them across
+            worker processes.
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
@@ -56,10 +59,10 @@ class ImageFolderDataset(Dataset):
         train: bool = True,
         val_resize: int | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
-        on_error: Literal["raise", "skip"] = "raise",
+        bad_samples: Literal["raise", "skip"] = "raise",
     ) -> None:
         checks.check_existing_path("root", root)
-        check_image_args(image_size, train, val_resize, scale, on_error)
+        check_image_args(image_size, train, val_resize, scale, bad_samples)
         self.root = str(root)
         self.samples, self.classes, self.ignored_files = scan_image_folder(root)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
@@ -68,8 +71,12 @@ class ImageFolderDataset(Dataset):
         self.train = train
         self.val_resize = val_resize
         self.scale = tuple(scale)
-        self.on_error = on_error
-        self.skipped = 0
+        self.bad_samples = bad_samples
+        self.bad_sample_tracker = BadSampleTracker(len(self.samples))
+
+    def sample_path(self, index: int) -> str:
+        """Sample ``index``'s original file."""
+        return self.samples[index][0]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -80,20 +87,25 @@ class ImageFolderDataset(Dataset):
             return decode_random_resized_crop(path, self.image_size, scale=self.scale, rng=random)
         return decode_center_crop(path, self.image_size, self.val_resize)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        for attempt in range(len(self.samples)):
-            path, label = self.samples[(index + attempt) % len(self.samples)]
-            try:
-                return self._load(path), label
-            except (OSError, ValueError, SyntaxError) as err:
-                if self.on_error == "raise":
-                    raise RuntimeError(
-                        f"Cannot decode image {path!r} (class {self.classes[label]!r}): {err}. "
-                        "Fix or remove the file, or pass on_error='skip' to skip unreadable images."
-                    ) from err
-                self.skipped += 1
-                warnings.warn(f"Skipped unreadable image {path!r}: {err}", RuntimeWarning, stacklevel=2)
-        raise RuntimeError(f"No image under {self.root!r} could be decoded.")
+    def bad(self, index: int, err: BaseException) -> BadSample:
+        """Apply the ``bad_samples`` policy to sample ``index`` that failed with ``err``."""
+        path = self.sample_path(index)
+        reason = str(err).split(" <_io.BytesIO")[0] or type(err).__name__
+        if self.bad_samples == "raise":
+            raise BadSampleError(
+                f"Cannot use sample {index} ({path!r}) of {self.root!r}: {reason}. Fix or remove the file (`lightning-"
+                "gpu-boost pack` leaves such files out and lists them), or pass bad_samples='skip' to drop bad "
+                "samples from their batches."
+            ) from err
+        self.bad_sample_tracker.mark(index)
+        return BadSample(index, path, reason)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | BadSample:
+        path, label = self.samples[index]
+        try:
+            return self._load(path), label
+        except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as err:
+            return self.bad(index, err)
 
 
 class ImageFolderDataModule(BoostDataModule):
@@ -114,7 +126,9 @@ class ImageFolderDataModule(BoostDataModule):
         image_size: crop size.
         val_resize: shorter side before the validation center crop (default ``image_size / 0.875``).
         scale: area range of the training random-resized crop.
-        on_error: ``"raise"`` on an unreadable image, or ``"skip"`` it with a warning (counted).
+        bad_samples: a file that cannot be read or decoded: ``"raise"`` an error naming it, or ``"skip"`` it: it is
+            dropped from its batch (that batch is one sample short; no good sample is repeated or lost), counted per
+            epoch (logged as ``bad_samples/train`` and ``bad_samples/val``) and named in one warning per epoch.
         split_seed: seed of the ``val_split`` partition.
         **kwargs: :class:`~lightning_gpu_boost.datamodules.BoostDataModule` arguments (``batch_size``,
             ``num_workers``, ``pin_memory``, ``prefetch``, ...).
@@ -142,7 +156,7 @@ class ImageFolderDataModule(BoostDataModule):
         image_size: int = 224,
         val_resize: int | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
-        on_error: Literal["raise", "skip"] = "raise",
+        bad_samples: Literal["raise", "skip"] = "raise",
         split_seed: int = 0,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = (IMAGENET_MEAN, IMAGENET_STD),
         **kwargs,
@@ -153,7 +167,7 @@ class ImageFolderDataModule(BoostDataModule):
         checks.check_int("image_size", image_size, low=1)
         checks.check_int("val_resize", val_resize, low=1, allow_none=True)
         checks.check_pair("scale", scale, low=0.0, high=1.0)
-        checks.check_choice("on_error", on_error, ("raise", "skip"))
+        checks.check_choice("bad_samples", bad_samples, POLICIES)
         checks.check_int("split_seed", split_seed, low=0)
         super().__init__(normalize=normalize, **kwargs)
         if val_root is not None and val_split:
@@ -164,7 +178,7 @@ class ImageFolderDataModule(BoostDataModule):
         self.image_size = image_size
         self.val_resize = val_resize
         self.scale = tuple(scale)
-        self.on_error = on_error
+        self.bad_samples = bad_samples
         self.split_seed = split_seed
         self._datasets: dict[str, Dataset] = {}
 
@@ -175,7 +189,7 @@ class ImageFolderDataModule(BoostDataModule):
             train,
             self.val_resize,
             self.scale,
-            self.on_error,  # type: ignore[arg-type]
+            self.bad_samples,  # type: ignore[arg-type]
         )
 
     def _build(self) -> None:

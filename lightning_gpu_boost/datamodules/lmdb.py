@@ -7,10 +7,12 @@ import os
 from collections.abc import Callable
 from typing import Any, Literal
 
+from PIL import Image
 from torch.utils.data import Dataset
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.core.lmdb_format import Record, open_pack, unpack_sample
+from lightning_gpu_boost.core.bad_samples import BadSampleTracker
+from lightning_gpu_boost.core.lmdb_format import CorruptRecordError, Record, open_pack, unpack_sample
 from lightning_gpu_boost.datamodules.image_folder import (
     ImageFolderDataModule,
     ImageFolderDataset,
@@ -33,11 +35,11 @@ class LMDBImageDataset(ImageFolderDataset):
         train: bool = True,
         val_resize: int | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
-        on_error: Literal["raise", "skip"] = "raise",
+        bad_samples: Literal["raise", "skip"] = "raise",
         check_crc: bool = True,
     ) -> None:
         checks.check_existing_path("path", path)
-        check_image_args(image_size, train, val_resize, scale, on_error)
+        check_image_args(image_size, train, val_resize, scale, bad_samples)
         checks.check_bool("check_crc", check_crc)
         self.reader = open_pack(path, check_crc=check_crc)
         if self.reader.meta("kind") != "image_folder":
@@ -49,19 +51,24 @@ class LMDBImageDataset(ImageFolderDataset):
         self.class_to_idx = self.reader.meta("class_to_idx")
         self.ignored_files = self.reader.meta("ignored_files") or 0
         self.image_size, self.train, self.val_resize = image_size, train, val_resize
-        self.scale, self.on_error, self.skipped = tuple(scale), on_error, 0
+        self.scale, self.bad_samples = tuple(scale), bad_samples
+        self.bad_sample_tracker = BadSampleTracker(len(self.reader))
+
+    def sample_path(self, index: int) -> str:
+        """Record ``index``'s original file (relative to the packed folder), from the pack's metadata."""
+        return self.reader.source_path(index)
 
     def __len__(self) -> int:
         return len(self.reader)
 
     def __getitem__(self, index: int):  # type: ignore[override]
         def decode(record: Record):
-            try:
-                return self._load(io.BytesIO(record.payload)), record.label
-            except (OSError, ValueError, SyntaxError) as err:
-                raise RuntimeError(f"Cannot decode record {index} of {self.root!r}: {err}.") from err
+            return self._load(io.BytesIO(record.payload)), record.label
 
-        return self.reader.read(index, decode)
+        try:
+            return self.reader.read(index, decode)
+        except (CorruptRecordError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as err:
+            return self.bad(index, err)
 
 
 class LMDBSampleDataset(Dataset):
@@ -127,6 +134,6 @@ class LMDBDataModule(ImageFolderDataModule):
             train,
             self.val_resize,
             self.scale,
-            self.on_error,
+            self.bad_samples,
             self.check_crc,  # type: ignore[arg-type]
         )

@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from lightning_gpu_boost.core.bad_samples import BadSample, BadSampleError
 from lightning_gpu_boost.datamodules import ImageFolderDataModule, ImageFolderDataset
 from lightning_gpu_boost.models import ImageClassifier
 
@@ -40,7 +41,7 @@ def test_val_root_must_match_classes(jpeg_tree, tmp_path):
     [
         ({"val_split": 1.0}, r"val_split must be a number in \[0, 1\), got 1.0"),
         ({"image_size": 0}, "image_size must be an int >= 1"),
-        ({"on_error": "ignore"}, "on_error must be one of 'raise', 'skip', got 'ignore'"),
+        ({"bad_samples": "ignore"}, "bad_samples must be one of 'raise', 'skip', got 'ignore'"),
         ({"val_split": 0.1, "val_root": "JPEG_TREE"}, "either val_root or val_split"),
     ],
 )
@@ -59,13 +60,13 @@ def test_unreadable_image_raises_or_is_skipped(jpeg_tree, tmp_path):
     bad.write_bytes(b"not a jpeg")
     strict = ImageFolderDataset(root, image_size=16)
     index = [p for p, _ in strict.samples].index(str(bad))
-    with pytest.raises(RuntimeError, match="Cannot decode image .*class_001"):
+    with pytest.raises(BadSampleError, match="Cannot use sample .*class_001.*bad_samples='skip'"):
         strict[index]
-    lenient = ImageFolderDataset(root, image_size=16, on_error="skip")
-    with pytest.warns(RuntimeWarning, match="Skipped unreadable image"):
-        image, label = lenient[index]
-    assert lenient.skipped == 1
-    assert label == lenient.samples[index + 1][1]  # the next sample, with its own label
+    lenient = ImageFolderDataset(root, image_size=16, bad_samples="skip")
+    sample = lenient[index]
+    assert isinstance(sample, BadSample) and sample.path == str(bad) and sample.index == index
+    assert lenient.bad_sample_tracker.total() == 1
+    assert isinstance(lenient[index + 1][0], torch.Tensor), "the next sample is untouched"
 
 
 def test_empty_tree_is_a_clear_error(tmp_path):

@@ -1,0 +1,273 @@
+"""Bad samples: found cheaply where bytes are read, named by their original path, skipped or raised by policy.
+
+Framework-free: :func:`check_image` (used by ``pack`` in its reading threads and by the DALI feeder),
+:class:`BadSample` (what a dataset returns in place of a sample it cannot decode under ``bad_samples="skip"``),
+:class:`SkipBadCollate` (drops them from the batch) and :class:`BadSampleTracker` (counts them across DataLoader
+worker processes through shared memory, so the training process can report them per epoch).
+
+Two check levels:
+
+- ``"structure"`` (``pack``'s default): the bytes are a known image format and end where the format says (JPEG:
+  markers walked to the scan, then an end-of-image marker after it; PNG: the chunk chain read to ``IEND``); other
+  formats are opened and decoded by Pillow. Catches empty files, HTML or text saved under an image name, random
+  bytes, truncated downloads, and unreadable or dangling files, at a few microseconds per file.
+- ``"decode"``: Pillow opens the image and decodes it at the smallest JPEG draft scale (1/8), which also catches
+  damage inside the compressed data; it costs about as much as a reduced decode (see ``docs/bad_samples.md``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+CheckLevel = Literal["structure", "decode"]
+CHECK_LEVELS = ("structure", "decode")
+POLICIES = ("raise", "skip")
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+class BadSampleError(RuntimeError):
+    """A sample that cannot be read or decoded; the message names its original path and the fix."""
+
+
+def _jpeg_problem(data: bytes | memoryview) -> str | None:
+    n, i, frame = len(data), 2, False
+    while i < n:
+        if data[i] != 0xFF:
+            return f"damaged JPEG: no marker at byte {i}"
+        while i < n and data[i] == 0xFF:  # fill bytes
+            i += 1
+        if i >= n:
+            break
+        marker = data[i]
+        i += 1
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a segment
+            continue
+        if marker == 0xD9:
+            return "damaged JPEG: ends before its image data"
+        if i + 2 > n:
+            break
+        length = (data[i] << 8) | data[i + 1]
+        if length < 2:
+            return f"damaged JPEG: segment of length {length} at byte {i}"
+        frame = frame or marker in _JPEG_SOF
+        if marker == 0xDA:  # start of scan: the compressed data follows, then (eventually) the end marker
+            if not frame:
+                return "damaged JPEG: image data without a frame header"
+            if bytes(data[-2:]) == b"\xff\xd9" or bytes(data).find(b"\xff\xd9", i + length) >= 0:
+                return None
+            return "truncated JPEG: no end-of-image marker after the image data"
+        i += length
+    return f"truncated JPEG: the file ends inside its headers ({n} bytes)"
+
+
+def _png_problem(data: bytes | memoryview) -> str | None:
+    n, i, first = len(data), 8, True
+    while i + 8 <= n:
+        length, kind = struct.unpack_from(">I4s", data, i)
+        if first and kind != b"IHDR":
+            return "damaged PNG: the first chunk is not IHDR"
+        first = False
+        end = i + 12 + length
+        if end > n:
+            return f"truncated PNG: chunk {kind!r} runs past the end of the file ({n} bytes)"
+        if kind == b"IEND":
+            return None
+        i = end
+    return f"truncated PNG: no IEND chunk ({n} bytes)"
+
+
+def _pillow_problem(data: bytes | memoryview, draft: bool) -> str | None:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if draft and img.format == "JPEG":
+                img.draft("RGB", (max(1, img.size[0] // 8), max(1, img.size[1] // 8)))
+            img.load()
+    except Exception as err:  # Pillow raises OSError, ValueError, SyntaxError, EOFError, DecompressionBombError...
+        text = str(err).split(" <_io.BytesIO")[0]
+        return f"cannot decode: {text or type(err).__name__}"
+    return None
+
+
+def check_image(data: bytes | bytearray | memoryview, level: CheckLevel = "structure") -> str | None:
+    """Why ``data`` (an encoded image file's bytes) is not a usable image, or ``None`` if it passes ``level``."""
+    if len(data) == 0:
+        return "empty file (0 bytes)"
+    head = bytes(data[:16])
+    if head[:3] == b"\xff\xd8\xff":
+        problem = _jpeg_problem(data)
+    elif head[:8] == _PNG_SIGNATURE:
+        problem = _png_problem(data)
+    elif head.lstrip()[:1] == b"<":
+        return "not an image: the file is HTML or XML text"
+    else:
+        return _pillow_problem(data, draft=False)  # other formats: Pillow decodes them
+    if problem is None and level == "decode":
+        return _pillow_problem(data, draft=True)
+    return problem
+
+
+def decode_problem(data: bytes | bytearray | memoryview) -> str | None:
+    """Why ``data`` does not decode in full with Pillow (``verify --decode``), or ``None``."""
+    return _pillow_problem(data, draft=False)
+
+
+def check_file(path: str | os.PathLike, level: CheckLevel = "structure") -> str | None:
+    """:func:`check_image` of a file, with unreadable files (dangling links, no permission) reported the same way."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        return f"cannot read: {err.strerror or err}"
+    return check_image(data, level)
+
+
+# ------------------------------------------------------------------------------------------ reading time
+
+
+@dataclass(frozen=True)
+class BadSample:
+    """Returned by a dataset in place of a sample it cannot use under ``bad_samples="skip"``; dropped from its
+    batch by :class:`SkipBadCollate`."""
+
+    index: int
+    path: str
+    reason: str
+
+
+class BadSampleTracker:
+    """Counts bad samples per index in shared memory: written by DataLoader workers (each index is loaded by one
+    worker at a time, so no count is lost), read by the training process (:meth:`total`, :meth:`since`)."""
+
+    def __init__(self, n: int) -> None:
+        import torch
+
+        self.counts = torch.zeros(n, dtype=torch.int32).share_memory_()
+
+    def mark(self, index: int) -> None:
+        self.counts[index] += 1
+
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def snapshot(self) -> Any:
+        return self.counts.clone()
+
+    def since(self, snapshot: Any) -> tuple[int, list[int]]:
+        """Bad samples met since ``snapshot`` (:meth:`snapshot`): their count and their indices."""
+        diff = self.counts - snapshot
+        return int(diff.sum()), diff.nonzero().flatten().tolist()
+
+
+def describe(paths: Sequence[str], total: int) -> str:
+    shown = ", ".join(repr(p) for p in paths)
+    return shown + (f" and {total - len(paths)} more" if total > len(paths) else "")
+
+
+class SkipBadCollate:
+    """Wraps a collate function: :class:`BadSample` entries are dropped, so the batch holds the good samples (a
+    batch that held ``k`` bad samples is ``k`` short; no good sample is repeated or lost)."""
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any] | None = None) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: list[Any]) -> Any:
+        good = [s for s in samples if not isinstance(s, BadSample)]
+        if not good:
+            bad = [s for s in samples if isinstance(s, BadSample)]
+            raise BadSampleError(
+                f"Every sample of a batch is bad ({describe([s.path for s in bad[:5]], len(bad))}: {bad[0].reason}); "
+                "remove or repack the broken files (`lightning-gpu-boost pack` skips and lists them)."
+            )
+        if self.collate_fn is None:
+            from torch.utils.data import default_collate
+
+            return default_collate(good)
+        return self.collate_fn(good)
+
+
+# ------------------------------------------------------------------------------------------- test material
+
+#: the kinds of broken file :func:`add_broken_files` writes (what real datasets hold)
+BROKEN_KINDS = ("empty", "html", "random_bytes", "truncated_jpeg", "truncated_png", "dangling_link")
+
+
+def _encoded(mode: str, fmt: str, size: tuple[int, int] = (64, 48), **save: Any) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(sum(map(ord, mode + fmt)))
+    rgb = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB")
+    if mode == "I;16":
+        img = Image.fromarray(rng.integers(0, 65536, (size[1], size[0]), dtype=np.uint16))
+    else:
+        img = rgb.convert(mode)
+    out = io.BytesIO()
+    img.save(out, fmt, **save)
+    return out.getvalue()
+
+
+def add_broken_files(root: str | os.PathLike, per_kind: int = 1, seed: int = 0) -> list[str]:
+    """Write ``per_kind`` broken files of each of :data:`BROKEN_KINDS` into the class folders of ``root`` (round
+    robin), named ``broken-<kind>-<i>.jpg``/``.png``; returns their paths relative to ``root``, sorted."""
+    import random
+
+    rnd = random.Random(seed)
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    jpeg, png = _encoded("RGB", "JPEG", (96, 64)), _encoded("RGB", "PNG", (96, 64))
+    written = []
+    for i in range(per_kind):
+        for k, kind in enumerate(BROKEN_KINDS):
+            folder = os.path.join(root, classes[(i * len(BROKEN_KINDS) + k) % len(classes)])
+            name = f"broken-{kind}-{i}.{'png' if kind == 'truncated_png' else 'jpg'}"
+            path = os.path.join(folder, name)
+            if kind == "dangling_link":
+                os.symlink(os.path.join(folder, f"missing-{i}.jpg"), path)
+            else:
+                data = {
+                    "empty": b"",
+                    "html": b"<!DOCTYPE html><html><body><h1>404 Not Found</h1></body></html>\n",
+                    "random_bytes": rnd.randbytes(4096),
+                    "truncated_jpeg": jpeg[: len(jpeg) // 2],
+                    "truncated_png": png[: len(png) * 2 // 3],
+                }[kind]
+                with open(path, "wb") as f:
+                    f.write(data)
+            written.append(os.path.relpath(path, root))
+    return sorted(written)
+
+
+#: unusual images that are not broken: each must come out as upright 3-channel uint8 RGB
+UNUSUAL_KINDS = ("grayscale", "cmyk", "rgba", "palette", "gray16", "exif_rotated")
+
+
+def add_unusual_images(folder: str | os.PathLike) -> dict[str, str]:
+    """Write one image of each of :data:`UNUSUAL_KINDS` into ``folder``; returns kind -> path. The EXIF-rotated
+    JPEG is stored 48 wide x 64 high with orientation 6 (shown rotated: 64 wide x 48 high)."""
+    from PIL import Image
+
+    files = {
+        "grayscale": ("gray.jpg", _encoded("L", "JPEG")),
+        "cmyk": ("cmyk.jpg", _encoded("CMYK", "JPEG")),
+        "rgba": ("rgba.png", _encoded("RGBA", "PNG")),
+        "palette": ("palette.png", _encoded("P", "PNG")),
+        "gray16": ("gray16.png", _encoded("I;16", "PNG")),
+    }
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    files["exif_rotated"] = ("rotated.jpg", _encoded("RGB", "JPEG", (48, 64), exif=exif.tobytes()))
+    paths = {}
+    for kind, (name, data) in files.items():
+        path = os.path.join(folder, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        paths[kind] = path
+    return paths
