@@ -204,10 +204,12 @@ def _encoded(mode: str, fmt: str, size: tuple[int, int] = (64, 48), **save: Any)
     import numpy as np
     from PIL import Image
 
-    rng = np.random.default_rng(sum(map(ord, mode + fmt)))
-    rgb = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB")
+    # smooth ramps (red left to right, green top to bottom): a turned or mirrored decode shows
+    x = np.linspace(0, 1, size[0])[None, :].repeat(size[1], 0)
+    y = np.linspace(0, 1, size[1])[:, None].repeat(size[0], 1)
+    rgb = Image.fromarray((np.stack([x, y, 0.5 + 0 * x], -1) * 255).astype(np.uint8), "RGB")
     if mode == "I;16":
-        img = Image.fromarray(rng.integers(0, 65536, (size[1], size[0]), dtype=np.uint16))
+        img = Image.fromarray((x * 65535).astype(np.uint16))
     else:
         img = rgb.convert(mode)
     out = io.BytesIO()

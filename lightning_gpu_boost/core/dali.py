@@ -75,6 +75,9 @@ class FolderSource:
         path, label = self.samples[index]
         return np.fromfile(path, dtype=np.uint8), label
 
+    def sample_path(self, index: int) -> str:
+        return self.samples[index][0]
+
     def path(self, index: int) -> tuple[np.ndarray, int]:
         """The file's path as UTF-8 bytes (for DALI's ``fn.io.file.read``) and its label."""
         if self._encoded is None:
@@ -103,6 +106,9 @@ class PackSource:
     def read(self, index: int) -> tuple[np.ndarray, int]:
         return self.reader.read(index, lambda r: (np.frombuffer(bytes(r.payload), dtype=np.uint8), r.label))
 
+    def sample_path(self, index: int) -> str:
+        return self.reader.source_path(index)
+
 
 def open_source(path: str | os.PathLike, check_crc: bool = True) -> FolderSource | PackSource:
     """A :class:`FolderSource` for a directory, a :class:`PackSource` for an LMDB pack file or shard manifest."""
@@ -121,29 +127,58 @@ class _Feeder:
     order (read ahead by a thread pool) and raises ``StopIteration`` when the plan is used up."""
 
     def __init__(
-        self, source: Any, read_threads: int, read_ahead: int, keep: int, paths: bool = False
-    ) -> None:
+        self, source: Any, read_threads: int, read_ahead: int, keep: int, paths: bool = False,
+        bad_samples: str = "raise", tracker: Any = None,
+    ) -> None:  # fmt: skip
         self.source = source
         self._get = source.path if paths else source.read  # paths: DALI's threads read the files
+        #: bytes read here are checked (:func:`check_image`, structure) so that DALI never sees a broken file
+        self._check = not paths
+        self.bad_samples, self.tracker = bad_samples, tracker
         self.read_threads = read_threads
         self.read_ahead = read_ahead
-        self._plan: deque[list[int]] = deque()
+        self._plan: deque[tuple[int, list[int]]] = deque()
         self._pending: deque[Future] = deque()
         self._pool: ThreadPoolExecutor | None = None
         self._keep: deque[Any] = deque(maxlen=keep)
 
-    def _read_batch(self, indices: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
-        items = [self._get(i) for i in indices]
+    def _read_batch(self, epoch: int, indices: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
+        from lightning_gpu_boost.core.bad_samples import BadSampleError, check_image, describe
+        from lightning_gpu_boost.core.lmdb_format import CorruptRecordError
+
+        items, bad = [], []
+        for i in indices:
+            try:
+                item = self._get(i)
+                problem = check_image(memoryview(item[0])) if self._check else None
+            except (OSError, CorruptRecordError) as err:
+                problem = str(err)
+            if problem is None:
+                items.append(item)
+                continue
+            if self.bad_samples == "raise":
+                raise BadSampleError(
+                    f"Cannot use sample {i} ({self.source.sample_path(i)!r}) of {self.source.root!r}: {problem}. "
+                    "Fix or remove the file (`lightning-gpu-boost pack` leaves such files out and lists them), or "
+                    "pass bad_samples='skip' to drop bad samples from their batches."
+                )
+            self.tracker.mark(i, epoch)  # dropped from this batch: the batch is one sample short
+            bad.append(i)
+        if not items:
+            raise BadSampleError(
+                f"Every sample of a batch is bad ({describe([self.source.sample_path(i) for i in bad[:5]], len(bad))});"
+                " remove or repack the broken files."
+            )
         return [data for data, _ in items], np.array([label for _, label in items], dtype=np.int64)
 
     def _fill(self) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix="dali-read")
         while self._plan and len(self._pending) < self.read_ahead:
-            self._pending.append(self._pool.submit(self._read_batch, self._plan.popleft()))
+            self._pending.append(self._pool.submit(self._read_batch, *self._plan.popleft()))
 
-    def extend(self, batches: list[list[int]]) -> None:
-        """Plan ``batches`` after those already planned."""
+    def extend(self, batches: list[tuple[int, list[int]]]) -> None:
+        """Plan ``batches`` (``(epoch, indices)``) after those already planned."""
         self._plan.extend(batches)
         self._fill()
 
@@ -172,6 +207,30 @@ class _Feeder:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+class _EpochBadSamples:
+    """Bad samples a loader dropped, by the epoch their batch belongs to (DALI reads into the next epoch ahead of
+    time); :class:`~lightning_gpu_boost.callbacks.bad_samples.BadSampleReport` reads it like a
+    :class:`~lightning_gpu_boost.core.bad_samples.BadSampleTracker`: ``snapshot()`` at an epoch's start,
+    ``since(snapshot)`` at its end."""
+
+    def __init__(self, loader: DALILoader) -> None:
+        self._loader = loader
+        self.events: list[tuple[int, int]] = []  # (epoch, index); appended by reading threads
+
+    def mark(self, index: int, epoch: int) -> None:
+        self.events.append((epoch, index))
+
+    def total(self) -> int:
+        return len(self.events)
+
+    def snapshot(self) -> int:
+        return self._loader.epoch
+
+    def since(self, epoch: int) -> tuple[int, list[int]]:
+        indices = [i for e, i in list(self.events) if e == epoch]
+        return len(indices), indices
 
 
 class _EpochSetter:
@@ -279,7 +338,7 @@ class _Producer(threading.Thread):
                 self.loader._pos += 1
                 self._put(item)
         except BaseException as err:  # handed to the training loop, which raises it
-            self._put(err)
+            self._put(self.loader._name_bad_files(err))
 
 
 class DALILoader:
@@ -337,7 +396,12 @@ class DALILoader:
         channels_last: bool = False,
         pipelines: int = 1,
         pipeline_options: dict[str, Any] | None = None,
+        bad_samples: Literal["raise", "skip"] = "raise",
     ) -> None:
+        from lightning_gpu_boost import _checks as checks
+        from lightning_gpu_boost.core.bad_samples import POLICIES
+
+        checks.check_choice("bad_samples", bad_samples, POLICIES)
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
                             ("world_size", world_size), ("pipelines", pipelines)):  # fmt: skip
@@ -366,8 +430,12 @@ class DALILoader:
         self._threaded = True  # False: no producer thread (diagnosis, benchmarks/diagnostics/dali_loop.py)
         self._primed: set[int] = set()  # pipelines whose first schedule_run (DALI's prefetch) happened
         self._alive: deque[tuple[Any, Any]] = deque()  # (copy event, DALI outputs) until the copy is done
-        #: files are read by DALI's CPU threads (``fn.io.file.read``) when the source can name them
-        self.reads_in_dali = callable(getattr(source, "path", None))
+        #: files are read by DALI's CPU threads (``fn.io.file.read``) when the source can name them, unless bad
+        #: samples are skipped: then Python reads and checks every file, and drops the broken ones from the batch
+        self.reads_in_dali = callable(getattr(source, "path", None)) and bad_samples == "raise"
+        self.bad_samples = bad_samples
+        #: bad samples dropped (``bad_samples="skip"``), per index; with ``sample_path`` for BadSampleReport
+        self.bad_sample_tracker = _EpochBadSamples(self)
         self._feeders = [
             _Feeder(
                 source,
@@ -375,6 +443,8 @@ class DALILoader:
                 read_ahead=max(2, prefetch_queue_depth + 1),
                 keep=prefetch_queue_depth + 3,
                 paths=self.reads_in_dali,
+                bad_samples=bad_samples,
+                tracker=self.bad_sample_tracker,
             )
             for _ in range(pipelines)
         ]
@@ -384,6 +454,32 @@ class DALILoader:
 
     def __len__(self) -> int:
         return num_batches(len(self.source), self.batch_size, self.world_size, self.drop_last)
+
+    def sample_path(self, index: int) -> str:
+        return self.source.sample_path(index)
+
+    def _name_bad_files(self, err: BaseException) -> BaseException:
+        """An error of DALI's decoder on files its threads read (folders, ``bad_samples="raise"``) names no file:
+        check the files of the batches in flight and name the bad ones."""
+        if not self.reads_in_dali or not isinstance(err, RuntimeError):
+            return err
+        from lightning_gpu_boost.core.bad_samples import BadSampleError, check_file
+
+        bad = []
+        for feeder in self._feeders:
+            for paths, _ in list(feeder._keep):
+                for path in (bytes(p).decode("utf-8", "surrogateescape") for p in paths):
+                    problem = check_file(path, "decode")
+                    if problem is not None:
+                        bad.append(f"'{path}' ({problem})")
+        if not bad:
+            return err
+        named = BadSampleError(
+            f"DALI could not decode a batch holding {'; '.join(bad[:5])}{' and more' if len(bad) > 5 else ''}. Fix or remove the files "
+            "(`lightning-gpu-boost pack` leaves such files out and lists them), or pass bad_samples='skip'."
+        )
+        named.__cause__ = err
+        return named
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -427,7 +523,7 @@ class DALILoader:
     def _plan(self, epoch: int) -> None:
         batches = self.epoch_batches(epoch)
         for k, feeder in enumerate(self._feeders):  # batch j to pipeline j % P: they decode side by side
-            feeder.extend(batches[k :: self.pipelines])
+            feeder.extend([(epoch, b) for b in batches[k :: self.pipelines]])
         self._stream.append((epoch, len(batches)))
 
     def _restart(self) -> None:

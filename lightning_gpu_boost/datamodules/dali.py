@@ -65,6 +65,12 @@ class DALIDataModule(pl.LightningDataModule):
             H100 runs 0.99 kept 87-94 % of the ceiling with ~2 CPU cores busy, DALI's default 0.65 82-92 % with ~4.
         decoder_options: more arguments of the DALI decoder (e.g. ``{"use_fast_idct": True}``).
         pipeline_options: more ``nvidia.dali.Pipeline`` arguments (e.g. ``{"exec_dynamic": False}``).
+        bad_samples: a file or record that cannot be read or is not a whole image: ``"raise"`` an error naming it, or
+            ``"skip"``: Python reads and checks every file (structure, as ``pack`` does; folders are then not read by
+            DALI's threads) and drops broken ones from their batch (one sample short), counted per epoch (logged as
+            ``bad_samples/train``, ``bad_samples/val``) and named in one warning per epoch. Damage inside the
+            compressed data that the structure check cannot see still stops DALI's decoder: ``lightning-gpu-boost
+            pack --check decode`` finds it ahead.
         num_threads: DALI CPU threads per process (default: this process's share of the usable CPUs, minus one).
         read_threads: threads reading encoded files or records ahead.
         prefetch_queue_depth: batches DALI prepares ahead.
@@ -121,8 +127,10 @@ class DALIDataModule(pl.LightningDataModule):
         decoder_options: dict[str, Any] | None = None,
         pipeline_options: dict[str, Any] | None = None,
         decoder_device: Literal["auto", "mixed", "cpu"] = "auto",
+        bad_samples: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__()
+        checks.check_choice("bad_samples", bad_samples, ("raise", "skip"))
         checks.check_existing_path("train_root", train_root)
         checks.check_existing_path("val_root", val_root, allow_none=True)
         checks.check_int("val_resize", val_resize, low=1, allow_none=True)
@@ -166,6 +174,7 @@ class DALIDataModule(pl.LightningDataModule):
         self.shuffle, self.seed, self.drop_last, self.check_crc = shuffle, seed, drop_last, check_crc
         self.pipelines, self.decoder_options = pipelines, dict(decoder_options or {})
         self.pipeline_options, self.decoder_device = dict(pipeline_options or {}), decoder_device
+        self.bad_samples = bad_samples
         #: where GPU pipelines decode (``"mixed"`` or ``"cpu"``), resolved from ``decoder_device`` when one is built
         self.decoder_in_use: Literal["mixed", "cpu"] = "mixed" if decoder_device == "mixed" else "cpu"
         self._loaders: dict[str, DALILoader] = {}
@@ -236,7 +245,12 @@ class DALIDataModule(pl.LightningDataModule):
             channels_last=self.channels_last,
             pipelines=self.pipelines or (1 if device_id is None else 2),
             pipeline_options=self.pipeline_options,
+            bad_samples=self.bad_samples,
         )
+        if self.bad_samples == "skip":
+            from lightning_gpu_boost.callbacks.bad_samples import attach
+
+            attach(self.trainer, {"train" if train else "val": loader})
         if device_id is None:
             where = "CPU (decode on the CPU)"
         elif self.decoder_in_use == "cpu":
