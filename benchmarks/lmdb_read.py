@@ -15,6 +15,12 @@ alternating runs of each DataModule, medians.
 
 Bars (issue 6): LMDB >= files in every cell and >= 2x files with ~4 KB records; packing at least as fast as
 `cp -r`; LMDBDataModule >= ImageFolderDataModule images/s at the same workers.
+
+Pack check (issue 21): the demo tree packed with `check="none"` and with the default `check="structure"` (and
+`"decode"`, for reference), alternating, 5 each, medians, page cache warm (the strictest case: reading costs least);
+bar: the default check costs <= 10 % of pack time. `--pack-check-only` runs just this part.
+
+    python benchmarks/lmdb_read.py --pack-check-only --images 8000
 """
 
 from __future__ import annotations
@@ -97,6 +103,29 @@ def loader_images_per_s(dm, batches: int) -> float:
     return seen / (time.perf_counter() - start)
 
 
+def pack_check(root: Path, tmp: Path, runs: int = 5) -> dict:
+    """Pack ``root`` with each check level, alternating, ``runs`` times each; medians and the cost fractions."""
+    levels = ("none", "structure", "decode")
+    times: dict[str, list[float]] = {level: [] for level in levels}
+    pack_image_folder(root, tmp / "warm.lmdb", check="none", progress=False)  # the page cache holds the tree
+    close_readers(tmp / "warm.lmdb")
+    os.remove(tmp / "warm.lmdb")
+    for k in range(runs):
+        for level in levels:
+            os.sync()
+            dst = tmp / f"check-{level}-{k}.lmdb"
+            start = time.perf_counter()
+            pack_image_folder(root, dst, check=level, progress=False)
+            times[level].append(time.perf_counter() - start)
+            close_readers(dst)
+            os.remove(dst)
+    median = {level: statistics.median(t) for level, t in times.items()}
+    files = sum(1 for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return {"files": files, "runs_s": times, "median_s": median,
+            "structure_cost_fraction": median["structure"] / median["none"] - 1,
+            "decode_cost_fraction": median["decode"] / median["none"] - 1}  # fmt: skip
+
+
 def main() -> None:
     parser = parser_for(__doc__)
     parser.add_argument("--large", type=int, default=2000, help="~100 KB records")
@@ -106,10 +135,20 @@ def main() -> None:
         "--workers", type=int, default=None, help="DataLoader workers (default: usable CPUs - 1)"
     )
     parser.add_argument("--batches", type=int, default=100, help="batches per end-to-end run")
+    parser.add_argument("--pack-check-only", action="store_true", help="only time the pack-time check")
     args = parser.parse_args()
     figures: dict = {"config": vars(args), "reads": {}}
     bars = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("LGB_BENCH_TMP")) as tmp:
+        figures["pack_check"] = pack_check(demo_tree(args), Path(tmp))
+        cost = figures["pack_check"]["structure_cost_fraction"]
+        bars["pack_check_cost_fraction"] = {"value": cost, "target": 0.10, "unit": "fraction of pack time",
+                                            "pass": cost <= 0.10}  # fmt: skip
+        print(f"pack check: {100 * cost:.1f} % of pack time (decode check: "
+              f"{100 * figures['pack_check']['decode_cost_fraction']:.0f} %)")  # fmt: skip
+        if args.pack_check_only:
+            print(f"wrote {write_result('lmdb_read', figures, bars, args.out)}")
+            return
         for name, n, size in (("100KB", args.large, 100_000), ("4KB", args.small, 4_000)):
             src = make_tree(Path(tmp) / f"src-{name}", n, size)
             files = sorted(str(p) for p in src.rglob("*.jpg"))
