@@ -167,6 +167,15 @@ class BadSampleTracker:
         return int(diff.sum()), diff.nonzero().flatten().tolist()
 
 
+def bad_sample_error(index: int, path: str, root: str, reason: str) -> BadSampleError:
+    """The error a reader raises under ``bad_samples="raise"``: the sample, its original file, the fix."""
+    return BadSampleError(
+        f"Cannot use sample {index} ({path!r}) of {root!r}: {reason}. Fix or remove the file (`lightning-gpu-boost "
+        "pack` leaves such files out and lists them), or pass bad_samples='skip' to drop bad samples from their "
+        "batches."
+    )
+
+
 def describe(paths: Sequence[str], total: int) -> str:
     shown = ", ".join(repr(p) for p in paths)
     return shown + (f" and {total - len(paths)} more" if total > len(paths) else "")

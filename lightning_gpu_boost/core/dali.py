@@ -143,7 +143,12 @@ class _Feeder:
         self._keep: deque[Any] = deque(maxlen=keep)
 
     def _read_batch(self, epoch: int, indices: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
-        from lightning_gpu_boost.core.bad_samples import BadSampleError, check_image, describe
+        from lightning_gpu_boost.core.bad_samples import (
+            BadSampleError,
+            bad_sample_error,
+            check_image,
+            describe,
+        )
         from lightning_gpu_boost.core.lmdb_format import CorruptRecordError
 
         items, bad = [], []
@@ -157,11 +162,7 @@ class _Feeder:
                 items.append(item)
                 continue
             if self.bad_samples == "raise":
-                raise BadSampleError(
-                    f"Cannot use sample {i} ({self.source.sample_path(i)!r}) of {self.source.root!r}: {problem}. "
-                    "Fix or remove the file (`lightning-gpu-boost pack` leaves such files out and lists them), or "
-                    "pass bad_samples='skip' to drop bad samples from their batches."
-                )
+                raise bad_sample_error(i, self.source.sample_path(i), self.source.root, problem)
             self.tracker.mark(i, epoch)  # dropped from this batch: the batch is one sample short
             bad.append(i)
         if not items:

@@ -12,7 +12,7 @@ from PIL import Image
 from torch.utils.data import Dataset, Subset
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.core.bad_samples import POLICIES, BadSample, BadSampleError, BadSampleTracker
+from lightning_gpu_boost.core.bad_samples import POLICIES, BadSample, BadSampleTracker, bad_sample_error
 from lightning_gpu_boost.core.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -72,7 +72,8 @@ class ImageFolderDataset(Dataset):
         self.val_resize = val_resize
         self.scale = tuple(scale)
         self.bad_samples = bad_samples
-        self.bad_sample_tracker = BadSampleTracker(len(self.samples))
+        #: counts of skipped samples (``bad_samples="skip"`` only: shared memory, passed to every worker)
+        self.bad_sample_tracker = BadSampleTracker(len(self.samples)) if bad_samples == "skip" else None
 
     def sample_path(self, index: int) -> str:
         """Sample ``index``'s original file."""
@@ -92,11 +93,7 @@ class ImageFolderDataset(Dataset):
         path = self.sample_path(index)
         reason = str(err).split(" <_io.BytesIO")[0] or type(err).__name__
         if self.bad_samples == "raise":
-            raise BadSampleError(
-                f"Cannot use sample {index} ({path!r}) of {self.root!r}: {reason}. Fix or remove the file (`lightning-"
-                "gpu-boost pack` leaves such files out and lists them), or pass bad_samples='skip' to drop bad "
-                "samples from their batches."
-            ) from err
+            raise bad_sample_error(index, path, self.root, reason) from err
         self.bad_sample_tracker.mark(index)
         return BadSample(index, path, reason)
 

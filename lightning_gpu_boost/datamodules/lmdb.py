@@ -52,7 +52,7 @@ class LMDBImageDataset(ImageFolderDataset):
         self.ignored_files = self.reader.meta("ignored_files") or 0
         self.image_size, self.train, self.val_resize = image_size, train, val_resize
         self.scale, self.bad_samples = tuple(scale), bad_samples
-        self.bad_sample_tracker = BadSampleTracker(len(self.reader))
+        self.bad_sample_tracker = BadSampleTracker(len(self.reader)) if bad_samples == "skip" else None
 
     def sample_path(self, index: int) -> str:
         """Record ``index``'s original file (relative to the packed folder), from the pack's metadata."""
