@@ -1,6 +1,6 @@
 """No silent wrong data: flip every byte of a small pack, then verify it and read it as training does (CPU).
 
-    python benchmarks/integrity.py                 # every byte of every page (about an hour on 2 CPUs)
+    python benchmarks/integrity.py --jobs 2        # every byte of every page (about 80 minutes on 2 CPUs)
     python benchmarks/integrity.py --sample 600    # 600 offsets per page kind and pack (the committed run)
     python benchmarks/integrity.py --sample 20 --no-write   # CI: every page kind, in seconds
 
@@ -121,7 +121,46 @@ def check(kind: str, path: str) -> tuple[bool, object]:
     return pickle.loads(payload)
 
 
-def sweep(kind: str, pack: Path, offsets_per_kind: int | None, work: Path, seed: int = 0) -> dict:
+COUNTS = ("tried", "unchanged_reads", "detected_by_read", "detected_by_verify", "crashes", "silent_wrong_reads",
+          "verify_missed_flips_that_change_reads")  # fmt: skip
+
+
+def _flip_one(kind: str, data: bytes, reference: object, off: int, target: Path) -> dict[str, int]:
+    """Flip one bit of byte ``off``, write the copy to ``target``, verify and read it: the outcome's counts."""
+    flipped = bytearray(data)
+    flipped[off] ^= 1 << (off % 8)
+    target.write_bytes(flipped)
+    ok, got = check(kind, str(target))
+    outcome = {"tried": 1}
+    if isinstance(got, tuple) and got and got[0] == "crash":
+        outcome["crashes"] = 1
+    elif isinstance(got, tuple):  # a read raised: detected
+        outcome["detected_by_read"] = 1
+    elif got != reference:
+        outcome["silent_wrong_reads"] = 1
+    else:
+        outcome["unchanged_reads"] = 1
+    changed = got != reference
+    if not ok and changed:
+        outcome["detected_by_verify"] = 1
+    if ok and changed:
+        outcome["verify_missed_flips_that_change_reads"] = 1
+    return outcome
+
+
+_JOB: dict = {}
+
+
+def _job_init(kind: str, data: bytes, reference: object, work: Path) -> None:
+    _JOB.update(kind=kind, data=data, reference=reference, target=work / f"{kind}-{os.getpid()}.lmdb")
+
+
+def _job_run(item: tuple[str, int]) -> tuple[str, int, dict[str, int]]:
+    page_kind, off = item
+    return page_kind, off, _flip_one(_JOB["kind"], _JOB["data"], _JOB["reference"], off, _JOB["target"])
+
+
+def sweep(kind: str, pack: Path, offsets_per_kind: int | None, work: Path, seed: int = 0, jobs: int = 1) -> dict:
     data = pack.read_bytes()
     kinds = page_kinds(data)
     reference = read_all(kind, str(pack))
@@ -132,37 +171,26 @@ def sweep(kind: str, pack: Path, offsets_per_kind: int | None, work: Path, seed:
     rng = random.Random(seed)
     if offsets_per_kind is not None:
         by_kind = {k: sorted(rng.sample(v, min(offsets_per_kind, len(v)))) for k, v in by_kind.items()}
-    counts = {"tried": 0, "unchanged_reads": 0, "detected_by_read": 0, "detected_by_verify": 0, "crashes": 0,
-              "silent_wrong_reads": 0, "verify_missed_flips_that_change_reads": 0}  # fmt: skip
+    counts = dict.fromkeys(COUNTS, 0)
     examples: list[dict] = []
     per_kind = {k: dict.fromkeys(counts, 0) for k in by_kind}
-    target = work / f"{kind}.lmdb"
-    for k, offsets in by_kind.items():
-        for off in offsets:
-            flipped = bytearray(data)
-            flipped[off] ^= 1 << (off % 8)
-            target.write_bytes(flipped)
-            ok, got = check(kind, str(target))
-            outcome = {"tried": 1}
-            if isinstance(got, tuple) and got and got[0] == "crash":
-                outcome["crashes"] = 1
-            elif isinstance(got, tuple):  # a read raised: detected
-                outcome["detected_by_read"] = 1
-            elif got != reference:
-                outcome["silent_wrong_reads"] = 1
-            else:
-                outcome["unchanged_reads"] = 1
-            changed = got != reference
-            if not ok and changed:
-                outcome["detected_by_verify"] = 1
-            if ok and changed:
-                outcome["verify_missed_flips_that_change_reads"] = 1
-            for name, v in outcome.items():
-                counts[name] += v
-                per_kind[k][name] += v
-            if (outcome.get("silent_wrong_reads") or outcome.get("verify_missed_flips_that_change_reads")) and \
-                    len(examples) < 10:  # fmt: skip
-                examples.append({"offset": off, "page": off // PAGE, "page_kind": k, "verify_ok": ok})
+    items = [(k, off) for k, offsets in by_kind.items() for off in offsets]
+    if jobs > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(jobs, _job_init, (kind, data, reference, work)) as pool:
+            results = list(pool.imap(_job_run, items, chunksize=64))
+    else:
+        _job_init(kind, data, reference, work)
+        results = [_job_run(item) for item in items]
+    for k, off, outcome in results:
+        for name, v in outcome.items():
+            counts[name] += v
+            per_kind[k][name] += v
+        if (outcome.get("silent_wrong_reads") or outcome.get("verify_missed_flips_that_change_reads")) and \
+                len(examples) < 10:  # fmt: skip
+            examples.append({"offset": off, "page": off // PAGE, "page_kind": k,
+                             "verify_ok": not outcome.get("detected_by_verify")})  # fmt: skip
     return {"file_bytes": len(data), "pages": dict(sorted({k: kinds.count(k) for k in set(kinds)}.items())),
             "counts": counts, "per_page_kind": per_kind, "examples": examples}  # fmt: skip
 
@@ -240,6 +268,7 @@ def main() -> None:
     parser.add_argument("--sample", type=int, help="offsets per page kind (default: every byte of every page)")
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
     parser.add_argument("--no-write", action="store_true", help="print the bars only (the CI smoke run)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes that flip and check offsets side by side")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -250,13 +279,13 @@ def main() -> None:
         photos = make_jpeg_folder(work / "big", n=12, num_classes=2, workers=1, progress=False)  # ~70 KiB JPEGs
         cost = checksum_cost(lf.pack_image_folder(photos, work / "big.lmdb", progress=False))
         start = time.perf_counter()
-        results = {"image_folder_pack": sweep("image", image_pack, args.sample, work),
-                   "sample_pack": sweep("sample", sample_pack, args.sample, work)}  # fmt: skip
+        results = {"image_folder_pack": sweep("image", image_pack, args.sample, work, jobs=args.jobs),
+                   "sample_pack": sweep("sample", sample_pack, args.sample, work, jobs=args.jobs)}  # fmt: skip
         loops = dir_loops(work)
         ctor = constructors(work)
     totals = {k: sum(r["counts"][k] for r in results.values()) for k in results["image_folder_pack"]["counts"]}
     kinds = sorted({k for r in results.values() for k in r["pages"]})
-    figures = {"sample_per_page_kind": args.sample, "sweep_s": time.perf_counter() - start, "packs": results,
+    figures = {"sample_per_page_kind": args.sample, "jobs": args.jobs, "sweep_s": time.perf_counter() - start, "packs": results,
                "totals": totals, "page_kinds": kinds, "dir_loop": loops, "checksum_cost": cost, "constructors": ctor}  # fmt: skip
     bars = {
         "byte_flips_tried": bar(totals["tried"], 2000, "flips"),
