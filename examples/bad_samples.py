@@ -1,5 +1,6 @@
 """Bad samples: a folder with broken files is packed (the broken ones listed, not packed), and a folder read
-directly trains with bad_samples="skip" (each broken file dropped from its batch, counted per epoch)."""
+directly trains with bad_samples="skip" (each broken file dropped, the next samples take its place so batches
+stay full, counted per epoch)."""
 
 import tempfile
 

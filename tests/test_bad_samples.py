@@ -108,14 +108,26 @@ class Counting(pl.LightningModule):
         super().__init__()
         self.layer = torch.nn.Linear(3, 2)
         self.seen: dict[int, int] = {}
+        self.sizes: dict[int, list[int]] = {}
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
         self.seen[self.current_epoch] = self.seen.get(self.current_epoch, 0) + len(labels)
+        self.sizes.setdefault(self.current_epoch, []).append(len(labels))
         return self.layer(images.float().mean((2, 3))).sum()
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _assert_full_batches(model, total: int, size: int) -> None:
+    """Skipped samples' places are taken by the next samples: as many batches as the loader's length, full but
+    for the last few (the samples left after the last full batch, spread over the batches still owed)."""
+    batches = -(-total // size)
+    for sizes in model.sizes.values():
+        assert len(sizes) == batches, sizes
+        tail = next(i for i, k in enumerate(sizes) if k != size)
+        assert tail >= batches - 3 and all(0 < k <= size for k in sizes[tail:]), sizes
 
 
 def _fit(dm, epochs: int = 2):
@@ -139,6 +151,7 @@ def test_skip_trains_every_good_sample_each_epoch_and_raise_names_the_file(broke
         model, trainer = _fit(dm)
     bad = len(broken) - (source == "lmdb")  # the dangling link is not in the pack
     assert model.seen == {0: GOOD, 1: GOOD}
+    _assert_full_batches(model, GOOD + bad, 8)
     assert trainer.callback_metrics["bad_samples/train"] == bad
     with pytest.raises(BadSampleError, match="broken-.*bad_samples='skip'"):
         _fit(cls(root, image_size=16, batch_size=8, num_workers=0), epochs=1)
@@ -153,6 +166,7 @@ def test_dali_skip_and_raise(broken_tree):
                         read_threads=2)  # fmt: skip
     model, trainer = _fit(dm)
     assert model.seen == {0: GOOD, 1: GOOD} and trainer.callback_metrics["bad_samples/train"] == len(broken)
+    _assert_full_batches(model, GOOD + len(broken), 8)
     with pytest.raises(BadSampleError, match="broken-.*bad_samples='skip'"):
         _fit(DALIDataModule(root, image_size=16, batch_size=8, device="cpu", num_threads=2), epochs=1)
 
@@ -197,3 +211,92 @@ def test_a_pack_of_copied_trees_is_unchanged_without_bad_files(tmp_path, jpeg_tr
     shutil.copytree(jpeg_tree, root)
     reader = lf.open_pack(lf.pack_image_folder(root, tmp_path / "p.lmdb", progress=False))
     assert reader.meta("bad_samples") == [] and not (tmp_path / "p.lmdb.bad-samples.json").exists()
+
+
+def test_refill_reforms_full_batches_of_any_structure_each_sample_once():
+    from collections import namedtuple
+
+    from lightning_gpu_boost.core.bad_samples import (
+        BadSample,
+        Refill,
+        SkipBadCollate,
+        batch_layout,
+        can_refill,
+    )
+
+    Pair = namedtuple("Pair", "x y")
+
+    def sample(i):
+        return {"x": torch.full((3, 2), float(i)), "id": i, "name": f"s{i}", "pair": Pair(torch.tensor(i), [i])}
+
+    collate = SkipBadCollate(refill=True)
+    bad = {3, 4, 5, 6, 7, 8, 9, 21}  # a whole batch and more bad
+    batches = [collate([BadSample(i, "p", "r") if i in bad else sample(i) for i in range(j, min(j + 4, 30))])
+               for j in range(0, 30, 4)]  # fmt: skip
+    assert batches[1].n == 0 and batches[0].n == 3
+    out = list(Refill(batches, 4, expected=len(batches)))
+    assert len(out) == len(batches) == 8
+    ids = [int(i) for b in out for i in b["id"]]
+    assert ids == [i for i in range(30) if i not in bad]  # each good sample once, in order
+    assert [len(b["id"]) for b in out] == [4, 4, 4, 4, 2, 2, 1, 1]
+    for b in out:  # every part of a sample stays with it
+        mine = b["id"].tolist()
+        assert [int(v) for v in b["x"][:, 0, 0]] == mine == b["pair"].x.tolist() == b["pair"].y[0].tolist()
+        assert b["name"] == [f"s{i}" for i in mine] and isinstance(b["pair"], Pair)
+    # nothing skipped: the batches pass through untouched
+    clean = [collate([sample(i) for i in range(j, j + 4)]) for j in range(0, 16, 4)]
+    assert [b is c.batch for b, c in zip(Refill(clean, 4, 4), clean, strict=True)] == [True] * 4
+    # three variable-size CHW images in a list: a list of samples, never sliced along channels
+    images = [torch.zeros(3, 5 + k, 4) for k in range(3)]
+    assert batch_layout(images[:1], images, 3) == "L"
+    # padding that depends on the batch cannot be re-formed: short batches go on as they are, with a warning
+    assert not can_refill(batch_layout(torch.zeros(1, 5), torch.zeros(3, 9), 3))
+    warned = []
+    padded = SkipBadCollate(lambda s: torch.nn.utils.rnn.pad_sequence(s, batch_first=True), refill=True)
+    seqs = [padded([torch.ones(k + 1) for k in range(j, j + 3)]) for j in (0, 3)]
+    seqs[0] = padded([torch.ones(1), BadSample(1, "p", "r"), torch.ones(3)])
+    assert [len(b) for b in Refill(seqs, 3, 2, warn=warned.append)] == [2, 3] and len(warned) == 1
+
+
+def test_refill_keeps_pinned_memory_pinned():
+    if not torch.cuda.is_available():
+        pytest.skip("pinning needs CUDA")
+    from lightning_gpu_boost.core.bad_samples import Counted, Refill
+
+    parts = [Counted(torch.arange(k).pin_memory(), k, "B") for k in (3, 4, 4)]
+    out = list(Refill(parts, 4, 3))
+    assert [len(b) for b in out] == [4, 4, 3] and all(b.is_pinned() for b in out)
+
+
+def test_skip_under_ddp_keeps_every_rank_in_step_with_full_batches(broken_tree, tmp_path):
+    from tests.helpers import run_ddp
+
+    root, broken = broken_tree
+    results = run_ddp(
+        f"""
+        import lightning.pytorch as pl
+        from lightning_gpu_boost.datamodules import ImageFolderDataModule
+        from lightning_gpu_boost.models import ImageClassifier
+        class Spy(pl.Callback):
+            sizes = []
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                self.sizes.append(len(batch[1]))
+        dm = ImageFolderDataModule({root!r}, image_size=16, batch_size=8, num_workers=1, bad_samples="skip")
+        trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp", max_epochs=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[Spy()])
+        trainer.fit(ImageClassifier("small_cnn", num_classes=3), datamodule=dm)
+        loader = trainer.train_dataloader
+        (OUT / f"rank{{trainer.global_rank}}.json").write_text(json.dumps(
+            {{"sizes": Spy.sizes, "loader": type(loader).__name__, "len": len(loader),
+              "bad": float(trainer.callback_metrics["bad_samples/train"])}}))
+        """,
+        tmp_path,
+    )
+    per_rank = (GOOD + len(broken)) // 2  # 150 each: 19 batches of 8 (the last 6)
+    assert [r["len"] for r in results] == [19, 19] and all(r["loader"] == "RefillDataLoader" for r in results)
+    assert sum(r["bad"] for r in results) == len(broken)
+    for r in results:
+        sizes = r["sizes"]
+        assert len(sizes) == 19 and sum(sizes) == per_rank - r["bad"]
+        assert all(k == 8 for k in sizes[:-2]), sizes

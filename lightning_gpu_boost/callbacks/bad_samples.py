@@ -55,8 +55,8 @@ class BadSampleReport(pl.Callback):
         if count:
             rank_zero_warn(
                 f"Epoch {trainer.current_epoch}: skipped {count} bad {stage} samples (bad_samples='skip'): "
-                f"{describe(paths, len(indices))}. `lightning-gpu-boost pack` lists such files; remove them to "
-                "keep every batch full."
+                f"{describe(paths, len(indices))}. The next samples took their places; "
+                "`lightning-gpu-boost pack` leaves such files out and lists them."
             )
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -183,24 +183,237 @@ def describe(paths: Sequence[str], total: int) -> str:
 
 class SkipBadCollate:
     """Wraps a collate function: :class:`BadSample` entries are dropped, so the batch holds the good samples (a
-    batch that held ``k`` bad samples is ``k`` short; no good sample is repeated or lost)."""
+    batch that held ``k`` bad samples is ``k`` short; no good sample is repeated or lost).
 
-    def __init__(self, collate_fn: Callable[[list[Any]], Any] | None = None) -> None:
+    With ``refill=True`` (what :class:`RefillDataLoader` sets) each batch travels as a :class:`Counted` that says how
+    many samples it holds and which of its parts carry the batch dimension, so that :class:`Refill` can re-form
+    full batches in the main process; a batch whose samples are all bad then travels empty instead of raising."""
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any] | None = None, refill: bool = False) -> None:
         self.collate_fn = collate_fn
+        self.refill = refill
+
+    def _collate(self, samples: list[Any]) -> Any:
+        if self.collate_fn is None:
+            from torch.utils.data import default_collate
+
+            return default_collate(samples)
+        return self.collate_fn(samples)
 
     def __call__(self, samples: list[Any]) -> Any:
         good = [s for s in samples if not isinstance(s, BadSample)]
         if not good:
+            if self.refill:
+                return Counted(None, 0, None)
             bad = [s for s in samples if isinstance(s, BadSample)]
             raise BadSampleError(
                 f"Every sample of a batch is bad ({describe([s.path for s in bad[:5]], len(bad))}: {bad[0].reason}); "
                 "remove or repack the broken files (`lightning-gpu-boost pack` skips and lists them)."
             )
-        if self.collate_fn is None:
-            from torch.utils.data import default_collate
+        batch = self._collate(good)
+        if not self.refill:
+            return batch
+        layout = batch_layout(self._collate(good[:1]), batch, len(good)) if len(good) > 1 else None
+        return Counted(batch, len(good), layout)
 
-            return default_collate(good)
-        return self.collate_fn(good)
+
+# ----------------------------------------------------------------------------- full batches after skipped samples
+
+#: layout leaves: ``"B"`` an array whose first dimension is the batch, ``"L"`` a list of samples, ``"C"`` anything
+#: else (a per-batch value, padding that depends on the batch's samples): a batch holding one cannot be re-formed
+Layout = Any
+
+
+def batch_layout(one: Any, full: Any, n: int) -> Layout:
+    """Which parts of the collated batch ``full`` (of ``n >= 2`` samples) carry the batch dimension, found by
+    comparing it with one sample collated alone (``one``): arrays whose first dimension goes 1 -> n with the rest
+    of the shape unchanged are ``"B"``, lists that go 1 -> n entries are lists of samples (``"L"``), containers of
+    the same keys or length are walked, and everything else is ``"C"``."""
+    shape_one, shape_full = getattr(one, "shape", None), getattr(full, "shape", None)
+    if shape_one is not None and shape_full is not None and type(one) is type(full):
+        ok = len(shape_full) >= 1 and shape_full[0] == n and shape_one[0] == 1 and shape_full[1:] == shape_one[1:]
+        return "B" if ok else "C"
+    if isinstance(full, dict) and isinstance(one, dict):
+        if full.keys() != one.keys():
+            return "C"
+        return {k: batch_layout(one[k], full[k], n) for k in full}
+    if isinstance(full, (list, tuple)) and isinstance(one, (list, tuple)) and type(one) is type(full):
+        if len(one) == 1 and len(full) == n:
+            return "L"
+        if len(one) == len(full):
+            return [batch_layout(a, b, n) for a, b in zip(one, full, strict=True)]
+    return "C"
+
+
+def can_refill(layout: Layout) -> bool:
+    if isinstance(layout, dict):
+        return bool(layout) and all(can_refill(v) for v in layout.values())
+    if isinstance(layout, list):
+        return bool(layout) and all(can_refill(v) for v in layout)
+    return layout in ("B", "L")
+
+
+def _take(batch: Any, layout: Layout, start: int, stop: int) -> Any:
+    if layout in ("B", "L"):
+        return batch[start:stop]
+    if isinstance(layout, dict):
+        return type(batch)((k, _take(batch[k], layout[k], start, stop)) for k in batch)
+    parts = [_take(b, sub, start, stop) for b, sub in zip(batch, layout, strict=True)]
+    return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
+
+
+def _join(batches: list[Any], layout: Layout) -> Any:
+    first = batches[0]
+    if len(batches) == 1:
+        return first
+    if layout == "L":
+        return type(first)(x for b in batches for x in b)
+    if layout == "B":
+        import torch
+
+        if isinstance(first, torch.Tensor):
+            if first.device.type == "cpu" and all(b.is_pinned() for b in batches):  # stay page-locked
+                out = torch.empty((sum(len(b) for b in batches), *first.shape[1:]), dtype=first.dtype,
+                                  pin_memory=True)  # fmt: skip
+                return torch.cat(batches, out=out)
+            return torch.cat(batches)
+        import numpy as np
+
+        return np.concatenate(batches)
+    if isinstance(layout, dict):
+        return type(first)((k, _join([b[k] for b in batches], layout[k])) for k in first)
+    parts = [_join([b[i] for b in batches], sub) for i, sub in enumerate(layout)]
+    return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
+
+
+@dataclass
+class Counted:
+    """A collated batch with its sample count and :func:`batch_layout` (``None`` where it holds one sample), as
+    :class:`SkipBadCollate` sends it to :class:`Refill`."""
+
+    batch: Any
+    n: int
+    layout: Layout
+
+    def pin_memory(self, device: Any = None) -> Counted:  # the DataLoader's pinning thread calls this
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return Counted(None if self.batch is None else pin_memory(self.batch, device), self.n, self.layout)
+
+
+class Refill:
+    """Re-forms full batches where skipped samples left some short: a batch ``k`` short takes the first ``k``
+    samples of the next, and so on, so every batch but the epoch's last holds ``batch_size`` samples and every
+    good sample comes exactly once, in order. The number of batches stays ``expected`` (the loader's ``len()``:
+    under DDP every rank must run the same number of steps): one full batch is held back once batches are being
+    re-formed, and at the end the samples left are spread over the batches still owed.
+
+    Batches pass through untouched until the first short one. A batch that cannot be re-formed (a part without a
+    batch dimension, padding that depends on its samples) is passed on short, with one warning.
+
+    Args:
+        batches: an iterable of :class:`Counted` batches (anything else passes through).
+        batch_size: the samples per full batch.
+        expected: how many batches the epoch has (``None``: unknown, e.g. an iterable dataset).
+        warn: called once with a message where batches cannot be re-formed.
+    """
+
+    def __init__(
+        self, batches: Any, batch_size: int, expected: int | None = None, warn: Callable[[str], Any] | None = None
+    ) -> None:
+        self.batches, self.batch_size, self.expected, self.warn = batches, batch_size, expected, warn
+        #: batches re-formed in the last iteration (0 where nothing was skipped)
+        self.reformed = 0
+
+    def __iter__(self):
+        size, expected = self.batch_size, self.expected
+        self.reformed = 0
+        emitted = received = buffered = 0
+        parts: list[Any] = []  # (batch, n) not yet handed out, oldest first
+        ready: list[Any] = []  # full batches formed, the last one held back
+        layout: Layout = None
+        refilling = False
+        warned = False
+        for item in self.batches:
+            received += 1
+            if not isinstance(item, Counted):
+                emitted += 1
+                yield item
+                continue
+            if item.layout is not None:
+                layout = item.layout
+            n = item.n
+            if not refilling:
+                last = expected is not None and received >= expected
+                if n == size or (last and n > 0):
+                    emitted += 1
+                    yield item.batch
+                    continue
+                if layout is None or not can_refill(layout):
+                    if not warned and self.warn is not None:
+                        warned = True
+                        self.warn(
+                            "Skipped bad samples left a batch short, and its batches cannot be re-formed (a part "
+                            "without a batch dimension, or padding that depends on the samples): short batches are "
+                            "passed on as they are."
+                        )
+                    if n > 0:
+                        emitted += 1
+                        yield item.batch
+                    continue
+                refilling = True
+            if n > 0:
+                parts.append((item.batch, n))
+                buffered += n
+            while buffered >= size:
+                ready.append(self._cut(parts, size, layout))
+                buffered -= size
+            while len(ready) > 1:
+                emitted += 1
+                self.reformed += 1
+                yield ready.pop(0)
+        if not refilling:
+            return
+        # what is left: the held-back batch and the rest, spread over the batches still owed
+        if ready:
+            parts.insert(0, (ready.pop(), size))
+            buffered += size
+        if not buffered:
+            return
+        owed = max(1, (expected - emitted) if expected is not None else -(-buffered // size))
+        for k in self._sizes(buffered, owed, size):
+            self.reformed += 1
+            yield self._cut(parts, k, layout)
+        if owed > buffered and self.warn is not None:
+            self.warn(f"Too many bad samples: this epoch has {owed - buffered} batch(es) fewer than its length.")
+
+    @staticmethod
+    def _sizes(total: int, owed: int, size: int) -> list[int]:
+        """``owed`` batch sizes summing to ``total``: full batches first where that leaves each batch a sample."""
+        if owed <= 1:
+            return [total]
+        if total >= (owed - 1) * size + 1:
+            return [size] * (owed - 1) + [total - (owed - 1) * size]
+        if total < owed:
+            return [1] * total
+        base, extra = divmod(total, owed)
+        return [base + 1] * extra + [base] * (owed - extra)
+
+    @staticmethod
+    def _cut(parts: list[Any], k: int, layout: Layout) -> Any:
+        """The first ``k`` samples of ``parts`` as one batch (removed from ``parts``)."""
+        taken, need = [], k
+        while need:
+            batch, n = parts[0]
+            if n <= need:
+                taken.append(batch)
+                parts.pop(0)
+                need -= n
+            else:
+                taken.append(_take(batch, layout, 0, need))
+                parts[0] = (_take(batch, layout, need, n), n - need)
+                need = 0
+        return _join(taken, layout)
 
 
 # ------------------------------------------------------------------------------------------- test material

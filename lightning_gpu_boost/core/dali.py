@@ -163,7 +163,7 @@ class _Feeder:
                 continue
             if self.bad_samples == "raise":
                 raise bad_sample_error(i, self.source.sample_path(i), self.source.root, problem)
-            self.tracker.mark(i, epoch)  # dropped from this batch: the batch is one sample short
+            self.tracker.mark(i, epoch)  # dropped from this batch; DALILoader refills the batch
             bad.append(i)
         if not items:
             raise BadSampleError(
@@ -555,7 +555,15 @@ class DALILoader:
             producer.join()
 
     def __iter__(self):
-        return self._run()
+        if self.bad_samples != "skip":
+            return self._run()
+        # skipped samples leave batches short: re-form full ones from the samples that follow (on the device)
+        import warnings
+
+        from lightning_gpu_boost.core.bad_samples import Counted, Refill
+
+        counted = (Counted(batch, len(batch[1]), ["B", "B"]) for batch in self._run())
+        return iter(Refill(counted, self.batch_size, len(self), warn=warnings.warn))
 
     def _run(self):
         # The epoch starts at the first ``next()``, not at ``iter()``: Lightning calls ``iter()`` before

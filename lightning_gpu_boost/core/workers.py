@@ -139,17 +139,58 @@ def clone_loader(
 #: (IPC, pickling, collate calls: a millisecond or more) cannot change the ranking
 PROBE_BATCH_S = 0.25
 
+#: the probe keeps the loader's own batch size where the search's three costliest usual measurements (the most
+#: workers, half and a quarter of them) fit in this share of the budget at that size
+REAL_BATCH_BUDGET_SHARE = 1 / 3
 
-def probe_batch_size(loader: DataLoader, sample_s: float | None) -> int | None:
-    """Samples per probe batch: the loader's own batch size, or fewer where one sample is slow (time per sample,
-    not whole waves: a probe batch still holds :data:`PROBE_BATCH_S` of work); ``None`` where the loader's
-    batching cannot be changed (a custom batch sampler, no ``batch_size``)."""
+
+def measurement_seconds(workers: int, batch_s: float, prefetch_factor: int, min_window_s: float, cpus: int) -> float:
+    """Seconds one steady-state measurement of ``workers`` should take where one batch costs ``batch_s`` in one
+    process: startup, the queue and a few batches, the window (at least ``min_window_s``), the shutdown."""
+    batches = min_warmup(workers * prefetch_factor if workers else 0) + max(MIN_WINDOW_STEPS, 2 * max(1, workers))
+    startup = 0.2 + 0.03 * workers if workers else 0.0
+    return startup + max(min_window_s, batches * batch_s / max(1, min(workers, cpus))) + batch_s
+
+
+def probe_batch_size(
+    loader: DataLoader,
+    sample_s: float | None,
+    budget_s: float = 30.0,
+    max_workers: int = 1,
+    prefetch_factor: int = 2,
+    min_window_s: float = 1.0,
+    cpus: int | None = None,
+) -> int | None:
+    """Samples per probe batch: the loader's own batch size wherever the search fits the budget at that size (a
+    smaller batch can rank worker counts differently: a worker's cost per batch is not always linear in its
+    samples); fewer only where it would not fit, down to :data:`PROBE_BATCH_S` of work per batch (e.g. one
+    12 MP photo), which still ranks counts by time per sample while a worker's fixed cost per batch stays
+    negligible. ``None`` where the loader's batching cannot be changed (a custom batch sampler, no
+    ``batch_size``)."""
     size = loader.batch_size
     if size is None or type(loader.batch_sampler) is not BatchSampler or isinstance(loader.dataset, IterableDataset):
         return None
     if not sample_s or sample_s <= 0:
         return size
-    return max(1, min(size, math.ceil(PROBE_BATCH_S / sample_s)))
+    cpus = cpus or max(1, usable_cpus())
+    top = max(1, max_workers)
+    counts = sorted({top, max(1, top // 2), max(1, top // 4)})
+
+    def fits(b: int) -> bool:
+        spent = sum(measurement_seconds(w, b * sample_s, prefetch_factor, min_window_s, cpus) for w in counts)
+        return spent <= budget_s * REAL_BATCH_BUDGET_SHARE
+
+    if fits(size):
+        return size
+    low = max(1, min(size, math.ceil(PROBE_BATCH_S / sample_s)))
+    high = size  # the largest batch that fits, never below ``low``
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def sample_seconds(loader: DataLoader, max_s: float = 1.0) -> float | None:
@@ -354,9 +395,9 @@ def _search(
     start = time.perf_counter()
     user = dataloader.num_workers
     sample_s = sample_seconds(dataloader, max_s=min(1.0, budget_s / 10))
-    small = probe_batch_size(dataloader, sample_s)
-    batch = dataloader.batch_size or 1
     cpus = max(1, usable_cpus())
+    small = probe_batch_size(dataloader, sample_s, budget_s, limit, prefetch_factor, min_window_s, cpus)
+    batch = dataloader.batch_size or 1
     table: dict[int, float] = {}
     windows: dict[int, dict[str, Any]] = {}
 
@@ -364,10 +405,7 @@ def _search(
         """Seconds a measurement of ``w`` workers should take: startup, the queue, the window, the shutdown."""
         if sample_s is None:
             return min_window_s
-        per_batch = (small or batch) * sample_s
-        batches = min_warmup(w * prefetch_factor if w else 0) + max(MIN_WINDOW_STEPS, 2 * max(1, w))
-        startup = 0.2 + 0.03 * w if w else 0.0
-        return startup + max(min_window_s, batches * per_batch / max(1, min(w, cpus))) + per_batch
+        return measurement_seconds(w, (small or batch) * sample_s, prefetch_factor, min_window_s, cpus)
 
     def measure(w: int, again: bool = False) -> bool:
         left = budget_s - (time.perf_counter() - start)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost import _checks as checks
@@ -23,6 +23,27 @@ def _bad_sample_owner(dataset: Any) -> Any:
     if getattr(dataset, "bad_samples", None) == "skip" and hasattr(dataset, "bad_sample_tracker"):
         return dataset
     return None
+
+
+class RefillDataLoader(DataLoader):
+    """A DataLoader whose batches stay full when bad samples are skipped: with a
+    :class:`~lightning_gpu_boost.core.bad_samples.SkipBadCollate` (``refill=True``) as its ``collate_fn``, its
+    iterator is wrapped in :class:`~lightning_gpu_boost.core.bad_samples.Refill`, which re-forms the batches that
+    skipped samples left short from the samples that follow (each good sample once, in order; as many batches as
+    ``len()``). Any other collate function: a plain DataLoader. Lightning re-creates it like any DataLoader (its
+    ``DistributedSampler`` under DDP)."""
+
+    def __iter__(self):
+        from lightning_gpu_boost.core.bad_samples import Refill, SkipBadCollate
+
+        iterator = super().__iter__()
+        if not (isinstance(self.collate_fn, SkipBadCollate) and self.collate_fn.refill and self.batch_size):
+            return iterator
+        try:
+            expected = len(self)
+        except TypeError:  # an iterable dataset without a length
+            expected = None
+        return iter(Refill(iterator, self.batch_size, expected, warn=rank_zero_warn))
 
 
 class BoostDataModule(pl.LightningDataModule):
@@ -201,15 +222,17 @@ class BoostDataModule(pl.LightningDataModule):
     def make_dataloader(self, dataset: Dataset, stage: Stage) -> DataLoader:
         """Build the DataLoader for ``stage`` from ``dataset``. A dataset with ``bad_samples="skip"`` (ours, or
         any with a ``bad_sample_tracker``) gets :class:`~lightning_gpu_boost.core.bad_samples.SkipBadCollate`
-        around the collate function and a :class:`~lightning_gpu_boost.callbacks.bad_samples.BadSampleReport`."""
+        around the collate function, a :class:`RefillDataLoader` (full batches: a batch a skipped sample left
+        short takes the next samples) and a :class:`~lightning_gpu_boost.callbacks.bad_samples.BadSampleReport`."""
         kwargs = self.dataloader_kwargs(dataset, stage)
         owner = _bad_sample_owner(dataset)
         if owner is not None:
             from lightning_gpu_boost.callbacks.bad_samples import attach
             from lightning_gpu_boost.core.bad_samples import SkipBadCollate
 
-            kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"))
+            kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"), refill=True)
             attach(self.trainer, {stage: owner})
+            return RefillDataLoader(dataset, **kwargs)
         return DataLoader(dataset, **kwargs)
 
     # -- LightningDataModule hooks ----------------------------------------------------------------------------

@@ -67,7 +67,7 @@ class DALIDataModule(pl.LightningDataModule):
         pipeline_options: more ``nvidia.dali.Pipeline`` arguments (e.g. ``{"exec_dynamic": False}``).
         bad_samples: a file or record that cannot be read or is not a whole image: ``"raise"`` an error naming it, or
             ``"skip"``: Python reads and checks every file (structure, as ``pack`` does; folders are then not read by
-            DALI's threads) and drops broken ones from their batch (one sample short), counted per epoch (logged as
+            DALI's threads) and drops broken ones; the next samples take their places (batches stay full), counted per epoch (logged as
             ``bad_samples/train``, ``bad_samples/val``) and named in one warning per epoch. Damage inside the
             compressed data that the structure check cannot see still stops DALI's decoder: ``lightning-gpu-boost
             pack --check decode`` finds it ahead.

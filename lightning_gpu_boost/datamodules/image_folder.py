@@ -124,7 +124,7 @@ class ImageFolderDataModule(BoostDataModule):
         val_resize: shorter side before the validation center crop (default ``image_size / 0.875``).
         scale: area range of the training random-resized crop.
         bad_samples: a file that cannot be read or decoded: ``"raise"`` an error naming it, or ``"skip"`` it: it is
-            dropped from its batch (that batch is one sample short; no good sample is repeated or lost), counted per
+            dropped and the next samples take its place (batches stay full; no good sample is repeated or lost), counted per
             epoch (logged as ``bad_samples/train`` and ``bad_samples/val``) and named in one warning per epoch.
         split_seed: seed of the ``val_split`` partition.
         **kwargs: :class:`~lightning_gpu_boost.datamodules.BoostDataModule` arguments (``batch_size``,

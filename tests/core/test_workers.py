@@ -119,9 +119,14 @@ def test_probe_batches_follow_the_sample_cost_and_workers_are_joined():
     import multiprocessing
 
     loader = DataLoader(CPUHeavy(), batch_size=128)
-    assert workers.probe_batch_size(loader, sample_s=0.004) == 63  # 0.25 s of work per probe batch
-    assert workers.probe_batch_size(loader, sample_s=1e-6) == 128  # cheap samples: the real batch size
-    assert workers.probe_batch_size(loader, sample_s=0.5) == 1  # slow samples: time per sample
+    size = workers.probe_batch_size
+    assert size(loader, sample_s=1e-6, max_workers=16, cpus=16) == 128  # cheap samples: the real batch size
+    assert size(loader, sample_s=0.004, budget_s=60, max_workers=16, cpus=16) == 128  # it fits the budget
+    shrunk = size(loader, sample_s=0.004, budget_s=8, max_workers=16, cpus=16)  # it does not: fewer samples ...
+    assert 63 <= shrunk < 128  # ... but never less than 0.25 s of work per probe batch
+    fit = [workers.measurement_seconds(w, shrunk * 0.004, 2, 1.0, 16) for w in (16, 8, 4)]
+    assert sum(fit) <= 8 / 3 or shrunk == 63
+    assert size(loader, sample_s=0.5, max_workers=16, cpus=16) == 1  # slow samples: time per sample
     assert 0.003 < workers.sample_seconds(loader) < 0.02
     clone = workers.clone_loader(loader, 2, batch_size=32)
     assert clone.batch_sampler.batch_sampler.batch_size == 32
