@@ -300,3 +300,28 @@ def test_skip_under_ddp_keeps_every_rank_in_step_with_full_batches(broken_tree, 
         sizes = r["sizes"]
         assert len(sizes) == 19 and sum(sizes) == per_rank - r["bad"]
         assert all(k == 8 for k in sizes[:-2]), sizes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decoder_device", ["mixed", "cpu"])
+@pytest.mark.parametrize("source", ["folder", "lmdb"])
+def test_dali_gpu_pipeline_skips_bad_samples_with_full_batches(broken_tree, tmp_path, decoder_device, source):
+    pytest.importorskip("nvidia.dali")
+    from lightning_gpu_boost.datamodules import DALIDataModule
+
+    root, broken = broken_tree
+    bad = len(broken)
+    if source == "lmdb":
+        root, bad = str(lf.pack_image_folder(root, tmp_path / "raw.lmdb", check="none", progress=False)), bad - 1
+    kwargs = {"image_size": 16, "batch_size": 8, "decoder_device": decoder_device, "num_threads": 2}
+    dm = DALIDataModule(root, bad_samples="skip", **kwargs)
+    model = Counting()
+    trainer = pl.Trainer(max_epochs=2, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(model, dm)
+    assert model.seen == {0: GOOD, 1: GOOD} and trainer.callback_metrics["bad_samples/train"] == bad
+    _assert_full_batches(model, GOOD + bad, 8)
+    with pytest.raises(BadSampleError, match="broken-"):
+        _fit_gpu = pl.Trainer(max_epochs=1, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
+                              enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        _fit_gpu.fit(Counting(), DALIDataModule(root, **kwargs))
