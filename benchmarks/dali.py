@@ -27,6 +27,7 @@ from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.core.lmdb_format import pack_image_folder
 from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.core.steady import worst_halves_diff
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
 
 
@@ -129,6 +130,9 @@ def main() -> None:
         "dali_folder_of_ceiling": bar(folder["of_ceiling"], 0.95, "ratio"),
         "dali_lmdb_of_ceiling": bar(lmdb["of_ceiling"], 0.90, "ratio"),
     }
+    # every timed case: ThroughputMeter's window (queue skipped, halves compared; core/steady.py)
+    timed = {k: figures[k] for k in ("ceiling", "ceiling_one_epoch", "dali_folder", "dali_lmdb", "dali_folder_variants")}
+    bars["steady_state_halves_max_diff"] = bar(worst_halves_diff(timed), 0.05, "ratio", higher_is_better=False)
     print(f"wrote {write_result('dali', figures, bars, args.out)}")
 
 

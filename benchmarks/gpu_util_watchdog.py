@@ -22,6 +22,7 @@ from lightning_gpu_boost.baselines import plain_image_folder
 from lightning_gpu_boost.callbacks import GPUUtilWatchdog, StreamPrefetch
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.core.steady import worst_halves_diff
 from lightning_gpu_boost.models import ImageClassifier
 
 
@@ -63,20 +64,20 @@ def main() -> None:
     # 1. compute-bound ResNet-50 on pinned uint8 batches: with vs without the watchdog, interleaved
     batches = make_batches(3, bs, 224, torch.uint8)
     runs: dict[str, list[float]] = {"without_ms": [], "with_ms": []}
+    windows: dict[str, list[dict]] = {"without": [], "with": []}  # each run's steady window (core/steady.py)
     compute_dogs = []
     for _ in range(args.repeats):
-        runs["without_ms"].append(
-            fit(DataLoader(Batches(batches, warmup + steps), batch_size=None), [], steps, warmup)["step_ms"]
-        )
+        window = fit(DataLoader(Batches(batches, warmup + steps), batch_size=None), [], steps, warmup)
+        windows["without"].append(window)
+        runs["without_ms"].append(window["step_ms"])
         dog = GPUUtilWatchdog(warmup_steps=warmup)
         compute_dogs.append(dog)
-        runs["with_ms"].append(
-            fit(DataLoader(Batches(batches, warmup + steps), batch_size=None), [dog], steps, warmup)[
-                "step_ms"
-            ]
-        )
+        window = fit(DataLoader(Batches(batches, warmup + steps), batch_size=None), [dog], steps, warmup)
+        windows["with"].append(window)
+        runs["with_ms"].append(window["step_ms"])
     without, with_dog = min(runs["without_ms"]), min(runs["with_ms"])
-    f["compute_bound"] = {**runs, "overhead": with_dog / without - 1, "summaries": [d.summaries for d in compute_dogs],
+    f["compute_bound"] = {**runs, "windows": windows, "overhead": with_dog / without - 1,
+                          "summaries": [d.summaries for d in compute_dogs],
                           "warnings": [w["message"] for d in compute_dogs for w in d.warnings]}  # fmt: skip
 
     # 2. a well-fed loader: in-memory uint8 images, 4 workers, pinned, StreamPrefetch
@@ -116,6 +117,10 @@ def main() -> None:
         ),
         "plain_jpeg_diagnosis_names_num_workers": bar(float(names_workers), 1.0, "bool"),
         "warnings_compute_bound_and_well_fed": bar(warnings_where_fed, 0, "warnings", higher_is_better=False),
+        # the timed cases (the plain JPEG run stops at its first warning: its figure is that step, not a rate)
+        "steady_state_halves_max_diff": bar(
+            worst_halves_diff({"compute_bound": windows, "well_fed": fed_run}), 0.05, "ratio", higher_is_better=False
+        ),
     }
     print(
         f"compute-bound: {without:.2f} ms without, {with_dog:.2f} ms with ({100 * (with_dog / without - 1):+.2f} %)"

@@ -38,6 +38,13 @@ from _common import demo_tree, parser_for
 
 from lightning_gpu_boost.core.lmdb_format import PackReader, close_readers, pack_image_folder
 from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.core.steady import (
+    SteadyRate,
+    min_warmup,
+    queue_batches,
+    steady_window,
+    worst_halves_diff,
+)
 from lightning_gpu_boost.datamodules import ImageFolderDataModule, LMDBDataModule
 
 
@@ -90,17 +97,22 @@ def read_pack(path: str, order: list[int]) -> float:
     return len(order) / (time.perf_counter() - start)
 
 
-def loader_images_per_s(dm, batches: int) -> float:
+def loader_window(dm, batches: int) -> SteadyRate:
+    """The train loader alone in steady state (core/steady.py): the queue (workers x prefetch_factor batches) and
+    4 more are skipped, then ``batches`` are timed and their halves compared; images/s."""
     loader = dm.train_dataloader()  # one loader: its persistent workers serve every epoch
+    queue = queue_batches(loader)
     it = iter(loader)
-    next(it)
-    start, seen = time.perf_counter(), 0
-    for _ in range(batches):
+    stamps, units = [time.perf_counter()], [0.0]
+    for _ in range(min_warmup(queue) + batches):
         try:
-            seen += len(next(it)[1])
+            batch = next(it)
         except StopIteration:
             it = iter(loader)
-    return seen / (time.perf_counter() - start)
+            batch = next(it)
+        stamps.append(time.perf_counter())
+        units.append(float(len(batch[1])))
+    return steady_window(stamps, units, queue=queue)
 
 
 def pack_check(root: Path, tmp: Path, runs: int = 5) -> dict:
@@ -158,7 +170,8 @@ def main() -> None:
             for k in range(3):
                 os.sync()
                 start = time.perf_counter()
-                pack = str(pack_image_folder(src, Path(tmp) / f"{name}-{k}.lmdb", progress=False))
+                # random bytes named .jpg: raw I/O, no image check (check="none")
+                pack = str(pack_image_folder(src, Path(tmp) / f"{name}-{k}.lmdb", check="none", progress=False))
                 pack_runs.append(time.perf_counter() - start)
                 os.sync()
                 start = time.perf_counter()
@@ -212,13 +225,19 @@ def main() -> None:
         workers = args.workers if args.workers is not None else max(0, (os.cpu_count() or 2) - 1)
         common = {"image_size": 224, "batch_size": args.batch_size, "num_workers": workers}
         # alternating, 3 each, medians: one short window moves by several percent
-        folder_runs, lmdb_runs = [], []
+        folder_windows, lmdb_windows = [], []
         for _ in range(3):
-            folder_runs.append(loader_images_per_s(ImageFolderDataModule(str(root), **common), args.batches))
-            lmdb_runs.append(loader_images_per_s(LMDBDataModule(pack, **common), args.batches))
+            folder_windows.append(loader_window(ImageFolderDataModule(str(root), **common), args.batches))
+            lmdb_windows.append(loader_window(LMDBDataModule(pack, **common), args.batches))
+        folder_runs, lmdb_runs = [w.rate for w in folder_windows], [w.rate for w in lmdb_windows]
         folder_ips, lmdb_ips = statistics.median(folder_runs), statistics.median(lmdb_runs)
         figures["end_to_end"] = {"workers": workers, "image_folder_img_s": folder_ips, "lmdb_img_s": lmdb_ips,
-                                 "image_folder_runs": folder_runs, "lmdb_runs": lmdb_runs}  # fmt: skip
+                                 "image_folder_runs": folder_runs, "lmdb_runs": lmdb_runs,
+                                 "windows": {"image_folder": [w.as_dict() for w in folder_windows],
+                                             "lmdb": [w.as_dict() for w in lmdb_windows]}}  # fmt: skip
+        bars["steady_state_halves_max_diff"] = bar(
+            worst_halves_diff(figures["end_to_end"]["windows"]), 0.05, "ratio", higher_is_better=False
+        )
         bars["lmdb_datamodule_vs_image_folder"] = bar(lmdb_ips / folder_ips, 1.0, "x")
         print(f"end to end ({workers} workers): ImageFolderDataModule {folder_ips:,.0f} img/s, LMDBDataModule "
               f"{lmdb_ips:,.0f} img/s")  # fmt: skip

@@ -23,6 +23,7 @@ from lightning_gpu_boost.callbacks import StreamPrefetch
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD
 from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.core.steady import worst_halves_diff
 from lightning_gpu_boost.models import ImageClassifier
 
 
@@ -64,7 +65,13 @@ def copy_ms(batch: tuple, repeats: int = 20) -> float:
     return 1000 * (time.perf_counter() - start) / repeats
 
 
-def step_ms(model: pl.LightningModule, batches: list, steps: int, warmup: int, callbacks=()) -> float:
+#: every timed window of the run (ThroughputMeter summaries: queue, warm-up, timed steps, halves)
+WINDOWS: dict[str, list[dict]] = {}
+
+
+def step_ms(model: pl.LightningModule, batches: list, steps: int, warmup: int, callbacks=(), name: str = "") -> float:
+    """Mean step time over the steady window (the loader has no workers: no queue; the rule of core/steady.py
+    still skips 4 steps at least and moves the window later where its halves differ by more than 5 %)."""
     meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
     trainer = pl.Trainer(
         accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=warmup + steps,
@@ -72,7 +79,11 @@ def step_ms(model: pl.LightningModule, batches: list, steps: int, warmup: int, c
         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
     )  # fmt: skip
     trainer.fit(model, DataLoader(Batches(batches, warmup + steps), batch_size=None))
-    return meter.summary()["step_ms"]
+    summary = meter.summary()
+    WINDOWS.setdefault(name, []).append(summary)
+    if not summary.get("steady", True):
+        print(f"  {name}: not steady (halves {100 * summary['halves_diff']:.0f} % apart)")
+    return summary["step_ms"]
 
 
 def main() -> None:
@@ -126,7 +137,7 @@ def main() -> None:
     runs: dict[str, list[float]] = {key: [] for key in cases}
     for _ in range(args.repeats):  # interleaved, so drift hits every case alike; the best run counts
         for key, (batches, callbacks) in cases.items():
-            runs[key].append(step_ms(light(), batches, steps, warmup, [make() for make in callbacks]))
+            runs[key].append(step_ms(light(), batches, steps, warmup, [make() for make in callbacks], key))
     f.update({key: min(values) for key, values in runs.items()})
     f["runs_ms"] = runs
     del resident
@@ -138,13 +149,16 @@ def main() -> None:
 
     resnet_runs: dict[str, list[float]] = {"resnet50_plain_ms": [], "resnet50_stream_prefetch_ms": []}
     for _ in range(args.repeats):
-        resnet_runs["resnet50_plain_ms"].append(step_ms(resnet(), uint8_pinned, args.resnet_steps, warmup))
+        resnet_runs["resnet50_plain_ms"].append(
+            step_ms(resnet(), uint8_pinned, args.resnet_steps, warmup, name="resnet50_plain_ms")
+        )
         resnet_runs["resnet50_stream_prefetch_ms"].append(
-            step_ms(resnet(), uint8_pinned, args.resnet_steps, warmup, [StreamPrefetch()])
+            step_ms(resnet(), uint8_pinned, args.resnet_steps, warmup, [StreamPrefetch()], "resnet50_stream_prefetch_ms")
         )
     f.update({key: min(values) for key, values in resnet_runs.items()})
     f["resnet50_runs_ms"] = resnet_runs
 
+    f["windows"] = WINDOWS
     bound = max(f["copy_alone_ms"], f["compute_alone_ms"])
     bars = {
         "prefetch_step_over_max_copy_compute": bar(
@@ -158,9 +172,11 @@ def main() -> None:
         "resnet50_prefetch_step_over_plain_step": bar(
             f["resnet50_stream_prefetch_ms"] / f["resnet50_plain_ms"], 1.01, "x", higher_is_better=False
         ),
+        "steady_state_halves_max_diff": bar(worst_halves_diff(WINDOWS), 0.05, "ratio", higher_is_better=False),
     }
     for key, value in f.items():
-        print(f"{key:>32}: {value}")
+        if key != "windows":
+            print(f"{key:>32}: {value}")
     for key, b in bars.items():
         print(f"{key:>40}: {b['value']:.3f} (target {b['target']}, pass={b['pass']})")
     config = {"batch_size": bs, "image_size": size, "width": args.width, "steps": steps, "warmup": warmup,
