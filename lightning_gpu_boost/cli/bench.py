@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning_gpu_boost.core.doctor import ResidentBatches
     from lightning_gpu_boost.core.images import make_jpeg_folder
     from lightning_gpu_boost.core.results import bar, write_result
+    from lightning_gpu_boost.core.steady import worst_halves_diff
     from lightning_gpu_boost.datamodules import ImageFolderDataModule
     from lightning_gpu_boost.models import ImageClassifier
 
@@ -141,9 +142,12 @@ def run(args: argparse.Namespace) -> int:
         bars["dali_folder_of_ceiling"] = bar(results["dali_folder"]["of_ceiling"], 0.95, "ratio")
     if "dali_lmdb" in rate:
         bars["dali_lmdb_of_ceiling"] = bar(results["dali_lmdb"]["of_ceiling"], 0.90, "ratio")
+    # every case is ThroughputMeter's steady window: the worst halves difference says whether all were steady
+    bars["steady_state_halves_max_diff"] = bar(worst_halves_diff(results), 0.05, "ratio", higher_is_better=False)
     print("\n| case | img/s | of ceiling | vs plain |\n|---|---|---|---|")
     for name, r in results.items():
-        print(f"| {name} | {rate[name]:,.0f} | {100 * r['of_ceiling']:.0f} % | {r['vs_plain']:.1f}x |")
+        flag = "" if r.get("steady", True) else f" (not steady: halves {100 * r['halves_diff']:.0f} % apart)"
+        print(f"| {name} | {rate[name]:,.0f}{flag} | {100 * r['of_ceiling']:.0f} % | {r['vs_plain']:.1f}x |")
     for name, why in skipped.items():
         print(f"(skipped {name}: {why})")
     figures = {"config": cfg, "usable_cpus": usable_cpus(), "cases": results, "skipped": skipped}

@@ -155,18 +155,27 @@ def run(args: argparse.Namespace) -> int:
     print("| setup | precision | workers | samples/s | data wait | GPU util |")
     print("|---|---|---|---|---|---|")
     for name, prec, workers, r in rows:
+        flag = "" if r.get("steady", True) else f" (not steady: halves {100 * r['halves_diff']:.0f} % apart)"
         print(
-            f"| {name} | {prec} | {workers} | {r['samples_per_s']:,.0f} | {100 * r['data_wait_frac']:.0f} % | {util(r)} |"
+            f"| {name} | {prec} | {workers} | {r['samples_per_s']:,.0f}{flag} | {100 * r['data_wait_frac']:.0f} % "
+            f"| {util(r)} |"
         )
     print(f"\nspeed-up: {speedup:.2f}x")
     if watchdog.warnings:
         print(f"\nGPUUtilWatchdog on the boosted run says:\n{watchdog.warnings[-1]['message']}")
     if args.out:
         from lightning_gpu_boost.core.results import bar, write_result
+        from lightning_gpu_boost.core.steady import worst_halves_diff
 
         probe = boosted_dm.auto_probes["train"]
         boosted.update(precision=precision, num_workers=workers, num_workers_probe=probe.as_dict())
         figures = {"config": cfg, "plain": plain, "boosted": boosted, "speedup": speedup}
-        path = write_result("demo", figures, {"speedup_vs_plain": bar(speedup, 1.0, "x")}, args.out)
+        bars = {
+            "speedup_vs_plain": bar(speedup, 1.0, "x"),
+            "steady_state_halves_max_diff": bar(
+                worst_halves_diff({"plain": plain, "boosted": boosted}), 0.05, "ratio", higher_is_better=False
+            ),
+        }
+        path = write_result("demo", figures, bars, args.out)
         print(f"wrote {path}")
     return 0
