@@ -86,6 +86,7 @@ def main() -> None:
         return child(args)
 
     from lightning_gpu_boost.core.results import bar, write_result
+    from lightning_gpu_boost.core.steady import worst_halves_diff
 
     os.makedirs(args.rank_dir, exist_ok=True)
     results = {}
@@ -115,6 +116,11 @@ def main() -> None:
             "x",
             higher_is_better=False,
             strict=True,
+        ),
+        # each rank's ThroughputMeter window (queue skipped, halves compared): all steady?
+        "steady_state_halves_max_diff": bar(
+            worst_halves_diff({name: r["ranks"] for name, r in results.items()}), 0.05, "ratio",
+            higher_is_better=False,
         ),
     }
     for key, b in bars.items():
