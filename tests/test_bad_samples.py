@@ -14,6 +14,7 @@ from PIL import Image, ImageOps
 
 from lightning_gpu_boost.cli import main
 from lightning_gpu_boost.core import lmdb_format as lf
+from lightning_gpu_boost.core import lmdb_writer as lw
 from lightning_gpu_boost.core.bad_samples import (
     BROKEN_KINDS,
     BadSampleError,
@@ -74,7 +75,7 @@ def test_pack_fails_at_once_naming_the_file(broken_tree, tmp_path, capsys):
 
 def test_resume_keeps_what_the_policy_decided(broken_tree, tmp_path, monkeypatch):
     root, broken = broken_tree
-    real, calls = lf._read_records, []
+    real, calls = lw._read_records, []
 
     def crash_on_the_third_window(items, check):
         calls.append(1)
@@ -82,10 +83,10 @@ def test_resume_keeps_what_the_policy_decided(broken_tree, tmp_path, monkeypatch
             raise KeyboardInterrupt  # like a kill between commits
         return real(items, check)
 
-    monkeypatch.setattr(lf, "_read_records", crash_on_the_third_window)
+    monkeypatch.setattr(lw, "_read_records", crash_on_the_third_window)
     with pytest.raises(KeyboardInterrupt):
         lf.pack_image_folder(root, tmp_path / "c.lmdb", commit_every=100, workers=0, progress=False)
-    monkeypatch.setattr(lf, "_read_records", real)
+    monkeypatch.setattr(lw, "_read_records", real)
     lf.pack_image_folder(root, tmp_path / "c.lmdb", commit_every=100, workers=0, resume=True, progress=False)
     reader = lf.open_pack(tmp_path / "c.lmdb")
     assert sorted(e["path"] for e in reader.meta("bad_samples")) == broken and len(reader) == GOOD

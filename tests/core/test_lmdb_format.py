@@ -17,6 +17,7 @@ pytest.importorskip("msgpack")
 
 from lightning_gpu_boost.cli import main
 from lightning_gpu_boost.core import lmdb_format as lf
+from lightning_gpu_boost.core import lmdb_writer as lw
 from lightning_gpu_boost.core.images import make_jpeg_folder, scan_image_folder
 from tests.helpers import ROOT
 
@@ -252,7 +253,7 @@ def test_threads_read_through_their_own_transactions(tree, tmp_path):
 
 def test_each_commit_starts_the_writeback(tree, tmp_path, monkeypatch):
     started = []
-    monkeypatch.setattr(lf, "_writeback", lambda: started.append)
+    monkeypatch.setattr(lw, "_writeback", lambda: started.append)
     lf.pack_image_folder(tree, tmp_path / "pack.lmdb", commit_every=5, progress=False)
     assert len(started) == -(-len(scan_image_folder(tree)[0]) // 5) and all(fd >= 0 for fd in started)
 

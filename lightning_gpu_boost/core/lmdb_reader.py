@@ -1,0 +1,255 @@
+"""Reading LMDB packs (the format of :mod:`~lightning_gpu_boost.core.lmdb_format`): :class:`PackReader` (records by key,
+checksum checked on every read, one environment per file and process), :class:`ShardedPackReader` and :func:`open_pack`."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from lightning_gpu_boost._imports import require
+from lightning_gpu_boost.core.lmdb_format import (
+    KEY,
+    MANIFEST_FORMAT,
+    META,
+    READABLE_VERSIONS,
+    RECORDS,
+    CorruptRecordError,
+    IncompletePackError,
+    Record,
+    decode_record,
+    is_manifest,
+    meta_crc,
+)
+
+# -------------------------------------------------------------------------------------------------- reader
+
+
+_ENVS: dict[tuple[int, str], tuple[Any, dict[bytes, Any]]] = {}
+_ENVS_LOCK = threading.Lock()  # reader threads (DALI's read-ahead) may open the same file at once
+
+
+_PID = [os.getpid()]  # this process's id, kept current after a fork: readers compare it at each read
+
+
+def _close_inherited() -> None:
+    """After a fork, close the parent's environments in the child (py-lmdb refuses to open a file that is
+    already open in the process, and LMDB handles must not be shared across fork); they reopen on first use."""
+    _PID[0] = os.getpid()
+    for env, _ in _ENVS.values():
+        try:
+            env.close()
+        except Exception:
+            pass
+    _ENVS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited)
+
+
+def _prefetch_if_small(path: str) -> None:
+    """Ask the kernel to read the whole file into the page cache in the background (``POSIX_FADV_WILLNEED``)
+    when it takes at most a quarter of the available memory: training reads every record each epoch, and one
+    sequential pass is cheaper than the random reads of the first epoch on a cold cache. Larger packs are left
+    to readahead around each read."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        size = os.path.getsize(path)
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    if size <= available // 4:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
+
+def _shared_env(path: str, readahead: bool) -> tuple[Any, dict[bytes, Any]]:
+    """One read-only environment per file and process (py-lmdb refuses a second open of the same file)."""
+    lmdb = require("lmdb")
+    cache_key = (os.getpid(), os.path.realpath(path))
+    with _ENVS_LOCK:
+        return _ENVS.get(cache_key) or _open_env(lmdb, path, readahead, cache_key)
+
+
+def _open_env(lmdb: Any, path: str, readahead: bool, cache_key: tuple[int, str]) -> tuple[Any, dict[bytes, Any]]:
+    env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=readahead, max_dbs=2,
+                    max_readers=1024)  # fmt: skip
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    if readahead:
+        _prefetch_if_small(path)
+    if os.path.getsize(path) < needed:  # reading past the end of a memory map kills the process (SIGBUS)
+        env.close()
+        raise CorruptRecordError(
+            f"{path!r} is truncated: {os.path.getsize(path)} bytes, its pages need {needed}. Copy it again or repack."
+        )
+    _ENVS[cache_key] = (env, {name: env.open_db(name, create=False) for name in (RECORDS, META)})
+    return _ENVS[cache_key]
+
+
+def close_readers(path: str | os.PathLike) -> None:
+    """Close this process's read-only environment of ``path`` (e.g. before deleting or replacing the file)."""
+    entry = _ENVS.pop((os.getpid(), os.path.realpath(path)), None)
+    if entry is not None:
+        entry[0].close()
+
+
+class PackReader:
+    """Read-only access to a complete pack, opened lazily per process (safe under fork and spawn: the handle
+    is dropped when pickled and reopened after a fork), ``readonly=True, lock=False``, readahead on.
+
+    Raises:
+        FileNotFoundError: no such file.
+        IncompletePackError: the pack was interrupted (names the resume command).
+        ValueError: an unknown schema version.
+    """
+
+    def __init__(self, path: str | os.PathLike, check_crc: bool = True, readahead: bool = True) -> None:
+        self.path = str(path)
+        self.check_crc = check_crc
+        self.readahead = readahead
+        self._env: Any = None
+        self._pid = -1
+        self._local = threading.local()
+        with self._begin(META) as txn:
+            complete, version, length = txn.get(b"complete"), txn.get(b"schema_version"), txn.get(b"length")
+            stored_crc = txn.get(b"meta_crc")
+            computed_crc = meta_crc(txn.cursor()) if stored_crc is not None else None
+            complete, version, length = (None if v is None else bytes(v) for v in (complete, version, length))
+            stored_crc = None if stored_crc is None else bytes(stored_crc)
+        if complete is None:
+            raise IncompletePackError(
+                f"{self.path!r} is an incomplete pack (interrupted); resume it with "
+                "`lightning-gpu-boost pack SRC DST --resume`."
+            )
+        if version is None or not version.isdigit() or int(version) not in READABLE_VERSIONS:
+            raise CorruptRecordError(
+                f"{self.path!r} has schema version {version!r}; this reader knows versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))} (damaged metadata, or a pack from a newer release)."
+            )
+        self.version = int(version)
+        if self.version >= 2 and (stored_crc is None or not stored_crc.isdigit() or int(stored_crc) != computed_crc):
+            raise CorruptRecordError(
+                f"The metadata of {self.path!r} (classes, length, ...) is corrupt: its CRC32 does not match. Repack "
+                "the source or restore the file."
+            )
+        if length is None or not length.isdigit():
+            raise CorruptRecordError(f"{self.path!r} has no valid length in its metadata.")
+        self.length = int(length)
+
+    def _open(self) -> Any:
+        if self._env is None or self._pid != _PID[0]:
+            if not os.path.exists(self.path):
+                partial = f"{self.path}.partial"
+                hint = f"; {partial!r} is an interrupted pack: resume it with `lightning-gpu-boost pack SRC {self.path} --resume`" if os.path.exists(partial) else ""  # fmt: skip
+                raise FileNotFoundError(f"No LMDB pack at {self.path!r}{hint}.")
+            self._env, self._dbs = _shared_env(self.path, self.readahead)
+            self._pid = _PID[0]
+            self._local = threading.local()  # read transactions of this process's threads (none from a parent)
+        return self._env
+
+    def _begin(self, name: bytes) -> Any:
+        env = self._open()
+        return env.begin(db=self._dbs[name], buffers=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None, "_local": None, "_paths": None}
+
+    def source_path(self, index: int) -> str:
+        """Record ``index``'s file, relative to the packed folder (``meta("paths")``; packs before it: the
+        record's number)."""
+        paths = self.__dict__.get("_paths")
+        if paths is None:
+            paths = self._paths = self.meta("paths") or []
+        return paths[index] if 0 <= index < len(paths) else f"record {index} of {self.path}"
+
+    def __len__(self) -> int:
+        return self.length
+
+    def meta(self, name: str) -> Any:
+        with self._begin(META) as txn:
+            value = txn.get(name.encode())
+            return None if value is None else require("msgpack").unpackb(bytes(value), raw=False)
+
+    def _txn(self) -> Any:
+        """This thread's read transaction, kept open: the pack never changes (half the cost of a read)."""
+        if self._pid != _PID[0]:  # first use in this process (a worker after fork, or unpickled under spawn)
+            self._open()
+        try:
+            return self._local.txn
+        except AttributeError:
+            self._local.txn = self._env.begin(db=self._dbs[RECORDS], buffers=True)
+            return self._local.txn
+
+    def read(self, index: int, decode: Callable[[Record], Any] = lambda r: bytes(r.payload)) -> Any:
+        """Decode record ``index`` (zero-copy payload: a view of the memory map, valid inside ``decode``)."""
+        if not 0 <= index < self.length:
+            raise IndexError(f"Index {index} is out of range for {self.path!r} with {self.length} records.")
+        value = self._txn().get(KEY.pack(index))
+        if value is None:
+            raise CorruptRecordError(f"Record {index} is missing from {self.path!r}.")
+        return decode(decode_record(index, value, self.check_crc))
+
+    def iter_records(self, check_crc: bool = True) -> Iterator[Record]:
+        with self._begin(RECORDS) as txn:
+            for raw_key, value in txn.cursor():
+                yield decode_record(KEY.unpack(bytes(raw_key))[0], value, check_crc)
+
+
+class ShardedPackReader:
+    """The same interface as :class:`PackReader` over the shards named by a manifest (global indices)."""
+
+    def __init__(self, path: str | os.PathLike, check_crc: bool = True, readahead: bool = True) -> None:
+        import json
+
+        manifest = json.loads(Path(path).read_text())
+        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") not in READABLE_VERSIONS:
+            raise ValueError(
+                f"{str(path)!r} is not a shard manifest of versions {', '.join(map(str, READABLE_VERSIONS))}."
+            )
+        self.path, self.manifest = str(path), manifest
+        self.shards = manifest["shards"]
+        self.length = manifest["length"]
+        self.check_crc, self.readahead = check_crc, readahead
+        self._readers: dict[int, PackReader] = {}
+
+    def __len__(self) -> int:
+        return self.length
+
+    def meta(self, name: str) -> Any:
+        return self.manifest.get("meta", {}).get(name)
+
+    def _shard(self, index: int) -> tuple[PackReader, int]:
+        import bisect
+
+        if not 0 <= index < self.length:
+            raise IndexError(f"Index {index} is out of range for {self.path!r} with {self.length} records.")
+        k = bisect.bisect_right([s["offset"] for s in self.shards], index) - 1
+        if k not in self._readers:
+            shard = Path(self.path).parent / self.shards[k]["path"]
+            self._readers[k] = PackReader(shard, self.check_crc, self.readahead)
+        return self._readers[k], index - self.shards[k]["offset"]
+
+    def source_path(self, index: int) -> str:
+        reader, local = self._shard(index)
+        return reader.source_path(local)
+
+    def read(self, index: int, decode: Callable[[Record], Any] = lambda r: bytes(r.payload)) -> Any:
+        reader, local = self._shard(index)
+        return reader.read(local, decode)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_readers": {}}
+
+
+def open_pack(path: str | os.PathLike, check_crc: bool = True, readahead: bool = True) -> Any:
+    """A :class:`PackReader` for a pack file, a :class:`ShardedPackReader` for a shard manifest."""
+    cls = ShardedPackReader if is_manifest(path) else PackReader
+    return cls(path, check_crc=check_crc, readahead=readahead)

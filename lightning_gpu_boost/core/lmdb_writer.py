@@ -1,0 +1,537 @@
+"""Writing LMDB packs (the format of :mod:`~lightning_gpu_boost.core.lmdb_format`): :class:`PackWriter` (windows committed
+with their progress, resumable after a crash) and the packers of image folders and datasets (checked reads in threads,
+bad files skipped and listed, shards)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning_gpu_boost._imports import require
+from lightning_gpu_boost.core.lmdb_format import (
+    CODECS,
+    CRC_PREFIX,
+    HEADER,
+    KEY,
+    MANIFEST_FORMAT,
+    META,
+    RECORDS,
+    SCHEMA_VERSION,
+    encode_record,
+    meta_crc,
+    pack_sample,
+    shard_path,
+)
+from lightning_gpu_boost.core.lmdb_reader import PackReader
+
+# -------------------------------------------------------------------------------------------------- writer
+
+
+def _reserve_disk(path: Path, nbytes: int) -> None:
+    """Allocate disk blocks for the first ``nbytes`` of the file without changing its size (Linux ``fallocate``
+    with ``FALLOC_FL_KEEP_SIZE``; never glibc's ``posix_fallocate``, which writes zeros where the filesystem cannot
+    allocate). Skipped where unsupported; ``OSError`` (ENOSPC) when the disk is too small."""
+    if nbytes <= 0 or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import errno
+
+    fallocate = getattr(ctypes.CDLL(None, use_errno=True), "fallocate64", None)
+    if fallocate is None:
+        return
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fd = os.open(path, os.O_RDWR)
+    try:
+        failed = fallocate(fd, 1, 0, nbytes) != 0  # 1: FALLOC_FL_KEEP_SIZE
+        code = ctypes.get_errno() if failed else 0
+    finally:
+        os.close(fd)
+    if code == errno.ENOSPC:
+        raise OSError(code, f"Not enough disk space for the pack: it needs about {nbytes / 2**20:,.0f} MiB", str(path))
+
+
+def _writeback() -> Callable[[int], Any]:
+    """A function that starts writing a file's dirty pages to disk without waiting (Linux ``sync_file_range``
+    with ``SYNC_FILE_RANGE_WRITE``); a no-op elsewhere."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+            sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            return lambda fd: sync_file_range(fd, 0, 0, 2)  # 2: SYNC_FILE_RANGE_WRITE, the whole file
+        except (OSError, AttributeError):
+            pass
+    return lambda fd: None
+
+
+def _pack_bytes(sizes: list[int], psize: int = 4096) -> int:
+    """About how large a pack of records with these payload sizes gets: values above ~2 KB take whole overflow
+    pages, smaller ones share leaf pages (counted twice: pages are not full); plus the metadata and branch pages."""
+    total = 1 << 20
+    for size in sizes:
+        value = HEADER.size + size
+        total += -(-(value + 16) // psize) * psize if value > 2000 else 2 * (value + 24)
+    return total
+
+
+class PackWriter:
+    """Writes records to ``<dst>.partial`` in index order, committing every ``commit_every`` records or
+    ``commit_bytes`` bytes; :meth:`finish` writes the metadata, the completion record, and renames the file.
+
+    ``resume=True`` reopens an existing ``.partial`` and continues after its last committed record (the source
+    fingerprint must match). The map grows (doubles) on ``MapFullError``; every ``putmulti`` is checked to have
+    stored every record. ``reserve``: the expected file size in bytes, allocated on disk up front (Linux): no block
+    allocation at every page fault of the memory map, and an early error when the disk is too small.
+    """
+
+    def __init__(
+        self,
+        dst: str | os.PathLike,
+        fingerprint: str,
+        resume: bool = False,
+        commit_every: int = 1000,
+        commit_bytes: int = 64 << 20,
+        map_size: int = 1 << 30,
+        reserve: int = 0,
+    ) -> None:
+        lmdb = require("lmdb")
+        self.dst = Path(dst)
+        self.partial = Path(f"{self.dst}.partial")
+        if self.dst.exists():
+            raise FileExistsError(
+                f"{str(self.dst)!r} already exists; remove it or choose another destination."
+            )
+        if self.partial.exists() and not resume:
+            raise FileExistsError(
+                f"{str(self.partial)!r} is an interrupted pack; pass resume=True (CLI: --resume) to continue it, or "
+                "delete it to start over."
+            )
+        self.dst.parent.mkdir(parents=True, exist_ok=True)
+        self._lmdb = lmdb
+        # Commits are not fsynced: a killed process leaves its last commit in the page cache and resumes from it;
+        # the finished pack is fsynced before its atomic rename (after a power loss, restart an unfinished pack).
+        # writemap: records are copied straight into the file's pages (no second copy by write() at each commit;
+        # measured 1.3-1.7x faster packing); the file is sparse at the map size until finish() trims it.
+        self.env = lmdb.open(str(self.partial), subdir=False, map_size=max(map_size, 2 * reserve), max_dbs=2,
+                             lock=True, sync=False, metasync=False, writemap=True)  # fmt: skip
+        try:
+            _reserve_disk(self.partial, reserve)
+        except OSError:
+            self.env.close()
+            raise
+        # each commit starts writing its pages to disk, so the fsync at finish() waits for little and dirty pages
+        # do not pile up (benchmarks/diagnostics/lmdb_pack_workers.py at 95d388c, H100 machine: finish() of 20,000 x 4 KB in
+        # 0.009 instead of 0.050 s, of 2,000 x 100 KB in 0.042 instead of 0.108 s; totals within noise)
+        self._fd, self._writeback = os.open(self.partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), _writeback()
+        self.records = self.env.open_db(RECORDS)
+        self.meta = self.env.open_db(META)
+        self.commit_every, self.commit_bytes = commit_every, commit_bytes
+        self.next_index = 0
+        with self.env.begin(db=self.meta) as txn:
+            stored = txn.get(b"fingerprint")
+            progress = txn.get(b"progress")
+            state = txn.get(b"pack_state")
+        if stored is not None and stored.decode() != fingerprint:
+            self.close()
+            raise ValueError(
+                f"{str(self.partial)!r} was packed from a different source (fingerprint {stored.decode()} != "
+                f"{fingerprint}); delete it to start over."
+            )
+        if progress is not None:
+            self.next_index = int(progress)
+        #: the packer's own progress, stored with every commit (``pack_image_folder``: the next source file and
+        #: the bad files skipped so far), so a resume keeps what the policy decided
+        self.state: dict[str, Any] = {} if state is None else require("msgpack").unpackb(state, raw=False)
+        self._fingerprint = fingerprint
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+
+    def add(self, payload: bytes, label: int = -1, codec: str = "raw") -> None:
+        self.add_value(encode_record(payload, label, codec))
+
+    def add_value(self, value: bytes | bytearray) -> None:
+        """Add an already encoded record value (:func:`encode_record`)."""
+        self.add_values([value])
+
+    def add_values(self, values: list[bytes] | list[bytearray], auto_commit: bool = True) -> None:
+        """Add already encoded record values, in order; commits once ``commit_every`` records or ``commit_bytes``
+        bytes are pending (``auto_commit=False``: only when :meth:`commit` is called, for a caller whose
+        :attr:`state` must describe exactly the committed records)."""
+        start = self.next_index + len(self._pending)
+        self._pending.extend(zip(map(KEY.pack, range(start, start + len(values))), values, strict=True))
+        self._pending_bytes += sum(map(len, values))
+        if auto_commit and (len(self._pending) >= self.commit_every or self._pending_bytes >= self.commit_bytes):
+            self.commit()
+
+    def commit(self, force: bool = False) -> None:
+        """Store the pending records, the progress and :attr:`state` in one transaction (retried with a larger map
+        if full); ``force``: commit the state even without pending records."""
+        if not self._pending and not force:
+            return
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    consumed, added = (
+                        txn.cursor(db=self.records).putmulti(self._pending, append=True) if self._pending else (0, 0)
+                    )
+                    if added != len(self._pending):
+                        raise RuntimeError(
+                            f"LMDB stored {added} of {len(self._pending)} records at index {self.next_index}: "
+                            "keys out of order? The pack is left at its last commit."
+                        )
+                    txn.put(b"fingerprint", self._fingerprint.encode(), db=self.meta)
+                    txn.put(b"progress", str(self.next_index + added).encode(), db=self.meta)
+                    if self.state:
+                        txn.put(b"pack_state", require("msgpack").packb(self.state, use_bin_type=True), db=self.meta)
+                break
+            except self._lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        self._writeback(self._fd)
+        self.next_index += len(self._pending)
+        self._pending, self._pending_bytes = [], 0
+
+    def finish(self, meta: dict[str, Any]) -> Path:
+        """Commit, write ``meta`` (msgpack values), the length and the completion record; rename atomically."""
+        self.commit()
+        msgpack = require("msgpack")
+        with self.env.begin(write=True, db=self.meta) as txn:
+            for name, value in meta.items():
+                txn.put(name.encode(), msgpack.packb(value, use_bin_type=True))
+            txn.put(b"schema_version", str(SCHEMA_VERSION).encode())
+            txn.put(b"length", str(self.next_index).encode())
+            txn.put(b"complete", msgpack.packb({"length": self.next_index}))
+            txn.put(b"meta_crc", str(meta_crc(txn.cursor())).encode())
+        used = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        self.env.sync(True)
+        self.close()
+        if os.path.getsize(self.partial) > used:  # writemap grew the file to the map size: trim the unused tail
+            os.truncate(self.partial, used)
+            fd = os.open(self.partial, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(self.partial, self.dst)
+        directory = os.open(self.dst.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power loss
+        finally:
+            os.close(directory)
+        lock = Path(f"{self.partial}-lock")
+        if lock.exists():
+            lock.unlink()
+        return self.dst
+
+    def close(self) -> None:
+        self.env.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+# -------------------------------------------------------------------------------------------------- packers
+
+
+# reading threads of a pack, by the mean file size: more threads only fight over the GIL when files come from the
+# page cache (16-core H100 machine, benchmarks/diagnostics/lmdb_pack_workers.py at 83c3f42: 20,000 x 4 KB packed in 0.41 s
+# reading in the calling thread, 0.43 s with 1 thread, 0.56 s with 2, 0.76 s with 4; 2,000 x 100 KB in 0.49 /
+# 0.33 / 0.33 / 0.38 s). With a reading thread, LMDB's stores (which release the GIL at every record) wait for it:
+# at 95d388c the 4 KB pack's commits took 0.25 s with one thread, 0.06 s reading in the calling thread (medians of
+# 3). Pass ``workers`` for filesystems where each read waits on I/O.
+def pack_workers(sizes: list[int]) -> int:
+    """Reading threads for files of these sizes: none (read between commits) for files of less than 32 KiB on
+    average, else 2."""
+    return 0 if sizes and sum(sizes) < (32 << 10) * len(sizes) else 2
+
+
+def _scan_sources(root: str | os.PathLike, files: list[str]) -> tuple[str, list[int]]:
+    """The fingerprint of a source tree (its files' relative paths, sizes and modification times) and the files'
+    sizes, from one ``stat`` each (-1 for a file that cannot be stat'ed: a dangling link, checked when read)."""
+    import hashlib
+
+    prefix = os.path.join(str(root), "")
+    lines, sizes = [], []
+    for path in files:
+        try:
+            stat = os.stat(path)
+            size, mtime = stat.st_size, stat.st_mtime_ns
+        except OSError:
+            size, mtime = -1, 0
+        # the relative path (a slice where it is under root: relpath per file costs more than the stat)
+        rel = path[len(prefix) :] if path.startswith(prefix) and ".." not in path else os.path.relpath(path, root)
+        lines.append(f"{rel}\0{size}\0{mtime}\n")
+        sizes.append(size)
+    # surrogateescape: file names that are not UTF-8 are packed and fingerprinted as their bytes
+    return hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:32], sizes
+
+
+def _read_records(items: list[tuple[str, int, int]], check: str | None) -> list[bytearray | tuple[str, str]]:
+    return [_read_record(path, label, size, check) for path, label, size in items]
+
+
+def _read_record(path: str, label: int, size: int, check: str | None = "structure") -> bytearray | tuple[str, str]:
+    """The record value of a file of ``size`` bytes (from the fingerprint's ``stat``), built where it is read (a
+    reading thread): header space, then the bytes read straight into place, then the header with the CRC32 (zlib
+    releases the GIL on large buffers). Plain ``os`` calls: ``open()``'s file object costs more than reading a
+    small file. A file that cannot be read, or fails ``check`` (:func:`~lightning_gpu_boost.core.bad_samples.check_image`),
+    comes back as ``(path, reason)``."""
+    if size < 0:
+        try:
+            os.stat(path)
+        except OSError as err:
+            return path, f"cannot read: {err.strerror or err}"
+        raise OSError(f"{path!r} appeared while it was packed; pack a quiet source.")
+    value = bytearray(HEADER.size + size)
+    view = memoryview(value)[HEADER.size :]
+    extra = bytearray(1)  # filled only if the file grew since its stat
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:  # no permission, removed since the scan
+        return path, f"cannot read: {err.strerror or err}"
+    try:
+        got = os.readv(fd, [view, extra])
+        while got < size:  # a loop: network filesystems may return short reads
+            n = os.readv(fd, [view[got:], extra])
+            if not n:
+                break
+            got += n
+    except OSError as err:  # an I/O error, a directory named like an image
+        return path, f"cannot read: {err.strerror or err}"
+    finally:
+        os.close(fd)
+    if got != size:
+        raise OSError(f"{path!r} changed while it was packed ({size} bytes when scanned); pack a quiet source.")
+    if check is not None:
+        from lightning_gpu_boost.core.bad_samples import check_image
+
+        problem = check_image(view, check)  # type: ignore[arg-type]
+        if problem is not None:
+            return path, problem
+    HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, 0)
+    struct.pack_into(">I", value, CRC_PREFIX, zlib.crc32(view, zlib.crc32(memoryview(value)[:CRC_PREFIX])))
+    return value
+
+
+OnBad = Literal["skip", "fail"]
+
+
+def pack_image_folder(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    resume: bool = False,
+    workers: int | None = None,
+    commit_every: int = 1000,
+    progress: bool = True,
+    shard_size: int | None = None,
+    on_bad: OnBad = "skip",
+    check: Literal["structure", "decode", "none"] = "structure",
+) -> Path:
+    """Pack a class-per-folder image tree into one LMDB file, storing each file's bytes unchanged.
+
+    Files are read by ``workers`` threads (default :func:`pack_workers`: none for files under 32 KiB on average,
+    else 2; 0: in the calling thread, between commits) in windows of ``commit_every``; each window is one
+    commit that also records the progress, so ``resume=True`` continues a crashed pack at its last commit.
+    Non-image files are skipped and counted (``meta("ignored_files")``).
+
+    Each file is checked where it is read (``check``, see :func:`~lightning_gpu_boost.core.bad_samples.check_image`:
+    ``"structure"`` by default, ``"decode"`` for a reduced decode too, ``"none"``). A bad file (empty, not an
+    image, truncated, undecodable, unreadable, a dangling link) is, with ``on_bad="skip"``, left out and listed
+    with its path and reason in the pack's metadata (``meta("bad_samples")``) and in ``<dst>.bad-samples.json``;
+    with ``on_bad="fail"``, the pack stops at once with a :class:`~lightning_gpu_boost.core.bad_samples.BadSampleError`
+    naming it (resume after fixing it). Records stay numbered ``0..n-1``; ``meta("paths")`` holds each record's
+    path relative to ``src``.
+
+    With ``shard_size``, records go to ``<dst>-shard-00000``, ``<dst>-shard-00001``... (complete packs of at
+    most ``shard_size`` source files each) and ``dst`` becomes a JSON manifest naming them, written last;
+    ``resume`` skips finished shards. :func:`open_pack` and :class:`~lightning_gpu_boost.datamodules.LMDBDataModule`
+    read either form.
+
+    Raises:
+        FileNotFoundError, ValueError: from the tree scan (missing root, empty tree, empty class folder), or a bad
+            ``on_bad``/``check``.
+        FileExistsError: ``dst`` exists, or an interrupted pack exists and ``resume`` is False.
+        BadSampleError: a bad file with ``on_bad="fail"``.
+    """
+    from lightning_gpu_boost import _checks as checks
+
+    checks.check_choice("on_bad", on_bad, ("skip", "fail"))
+    checks.check_choice("check", check, ("structure", "decode", "none"))
+    if shard_size is not None:
+        return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size, on_bad, check)
+    from lightning_gpu_boost.core.images import scan_image_folder
+
+    samples, classes, ignored = scan_image_folder(src)
+    return _pack_files(
+        src, dst, samples, _image_meta(classes, ignored), resume, workers, commit_every, progress, on_bad, check
+    )
+
+
+def _image_meta(classes: list[str], ignored: int) -> dict[str, Any]:
+    return {
+        "kind": "image_folder",
+        "classes": classes,
+        "class_to_idx": {name: i for i, name in enumerate(classes)},
+        "ignored_files": ignored,
+    }
+
+
+def _relative(path: str, root: str | os.PathLike) -> str:
+    rel = os.path.relpath(path, root)
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # non-UTF-8 names, for messages
+
+
+def bad_samples_report_path(dst: str | os.PathLike) -> Path:
+    """Where ``pack`` lists the files it skipped: ``<dst>.bad-samples.json``."""
+    return Path(f"{dst}.bad-samples.json")
+
+
+def _pack_files(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    samples: list[tuple[str, int]],
+    meta: dict[str, Any],
+    resume: bool,
+    workers: int | None,
+    commit_every: int,
+    progress: bool,
+    on_bad: str = "skip",
+    check: str = "structure",
+) -> Path:
+    """Pack the files of ``samples`` (path, label) into ``dst``: read by threads in windows of ``commit_every``,
+    one commit per window, so memory stays bounded and a resume restarts at a window's edge."""
+    import json
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    from lightning_gpu_boost.core.bad_samples import BadSampleError
+
+    fingerprint, sizes = _scan_sources(src, [p for p, _ in samples])
+    items = [(path, label, size) for (path, label), size in zip(samples, sizes, strict=True)]
+    threads = pack_workers([s for s in sizes if s >= 0]) if workers is None else workers
+    writer = PackWriter(dst, fingerprint, resume, commit_every, reserve=_pack_bytes([max(0, s) for s in sizes]))
+    start = int(writer.state.get("source_next", writer.next_index))
+    bad: list[dict[str, str]] = list(writer.state.get("bad", []))
+    level = None if check == "none" else check
+    try:
+        with (
+            ThreadPoolExecutor(max(1, threads)) as pool,
+            tqdm(
+                total=len(samples), initial=start, desc=f"pack {dst}", unit="img", disable=not progress
+            ) as bar,
+        ):
+            # one task per chunk of files: a future per small file costs more than reading it
+            chunk = max(1, min(64, commit_every // (4 * max(1, threads))))
+
+            def submit(lo: int) -> list[Future]:
+                window = items[lo : lo + commit_every]
+                if threads == 0:  # read here, between commits: no thread competes with LMDB for the GIL
+                    done: Future = Future()
+                    done.set_result(_read_records(window, level))
+                    return [done]
+                return [
+                    pool.submit(_read_records, window[i : i + chunk], level) for i in range(0, len(window), chunk)
+                ]
+
+            windows = range(start, len(samples), commit_every)
+            ahead = submit(windows[0]) if windows else []
+            for lo in windows:
+                current, ahead = ahead, (submit(lo + commit_every) if lo + commit_every < len(samples) else [])
+                done = 0
+                for future in current:  # the next window is read while this one is stored and committed
+                    values = future.result()
+                    good = [v for v in values if not isinstance(v, tuple)]
+                    for path, reason in (v for v in values if isinstance(v, tuple)):
+                        if on_bad == "fail":
+                            raise BadSampleError(
+                                f"Bad file {path!r}: {reason}. Fix or remove it and pack again (delete "
+                                f"{str(dst)!r}.partial first: the source changed), or pack with --on-bad skip to "
+                                "leave such files out and list them."
+                            )
+                        bad.append({"path": _relative(path, src), "reason": reason})
+                    writer.add_values(good, auto_commit=False)  # one commit per window, with its state
+                    done += len(values)
+                writer.state = {"source_next": min(lo + commit_every, len(samples)), "bad": bad}
+                writer.commit(force=True)
+                bar.update(done)
+    except BaseException:
+        writer.close()
+        raise
+    skipped = {entry["path"] for entry in bad}
+    paths = [rel for rel in (_relative(p, src) for p, _ in samples) if rel not in skipped]
+    report = bad_samples_report_path(dst)
+    if bad:
+        report.write_text(json.dumps({"pack": str(dst), "source": str(src), "bad_samples": bad}, indent=1))
+    elif report.exists():
+        report.unlink()
+    return writer.finish({**meta, "bad_samples": bad, "paths": paths})
+
+
+def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: int, on_bad, check) -> Path:
+    import json
+
+    from lightning_gpu_boost.core.images import scan_image_folder
+
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size!r}.")
+    dst = Path(dst)
+    if dst.exists():
+        raise FileExistsError(f"{str(dst)!r} already exists; remove it or choose another destination.")
+    samples, classes, ignored = scan_image_folder(src)
+    shards, bad, offset = [], [], 0
+    for k, lo in enumerate(range(0, len(samples), shard_size)):
+        part, chunk = shard_path(dst, k), samples[lo : lo + shard_size]
+        if not part.exists():  # finished shards are kept on resume
+            _pack_files(
+                src, part, chunk, _image_meta(classes, ignored), resume, workers, commit_every, progress, on_bad,
+                check,
+            )
+        reader = PackReader(part)
+        bad += reader.meta("bad_samples") or []
+        shards.append({"path": part.name, "offset": offset, "length": reader.length})
+        offset += reader.length
+        bad_samples_report_path(part).unlink(missing_ok=True)  # one report for the whole pack, below
+    manifest = {
+        "format": MANIFEST_FORMAT, "version": SCHEMA_VERSION, "length": offset, "shards": shards,
+        "meta": {**_image_meta(classes, ignored), "bad_samples": bad},
+    }  # fmt: skip
+    if bad:
+        bad_samples_report_path(dst).write_text(
+            json.dumps({"pack": str(dst), "source": str(src), "bad_samples": bad}, indent=1)
+        )
+    tmp = Path(f"{dst}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, dst)  # the manifest is written last
+    return dst
+
+
+def pack_dataset(
+    dataset: Any,
+    dst: str | os.PathLike,
+    resume: bool = False,
+    commit_every: int = 1000,
+    progress: bool = True,
+) -> Path:
+    """Pack any indexable dataset of samples (dicts/tuples of arrays, tensors, numbers, strings) with msgpack.
+
+    The fingerprint is the dataset's class and length; resuming requires the same dataset in the same order.
+    """
+    from tqdm.auto import tqdm
+
+    n = len(dataset)
+    writer = PackWriter(
+        dst, f"{type(dataset).__module__}.{type(dataset).__qualname__}:{n}", resume, commit_every
+    )
+    try:
+        for i in tqdm(range(writer.next_index, n), total=n, initial=writer.next_index, disable=not progress):
+            writer.add(pack_sample(dataset[i]), -1, "msgpack")
+    except BaseException:
+        writer.close()
+        raise
+    return writer.finish({"kind": "samples"})
