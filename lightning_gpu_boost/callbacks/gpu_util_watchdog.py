@@ -242,6 +242,18 @@ class GPUUtilWatchdog(Callback):
             "loaders": list(iter_loaders(train)),
         }
 
+    @staticmethod
+    def _worker_probe(trainer: pl.Trainer) -> Any:
+        """The train loader's worker probe where one ran in this fit (AutoNumWorkers, GPUBoost or a DataModule's
+        ``num_workers="auto"``), else None."""
+        found = []
+        for callback in trainer.callbacks:
+            parts = [callback, *getattr(callback, "parts", {}).values()]
+            found += [p.probes["train"] for p in parts if "train" in (getattr(p, "probes", None) or {})]
+        datamodule = getattr(trainer, "datamodule", None)
+        found += [v for k, v in (getattr(datamodule, "auto_probes", None) or {}).items() if k == "train"]
+        return found[0] if found else None
+
     def _diagnose(self, trainer: pl.Trainer, m: dict[str, float | None]) -> str:
         facts = self._loader_facts(trainer)
         procs = trainer.num_devices if trainer.world_size > 1 else 1
@@ -263,7 +275,21 @@ class GPUUtilWatchdog(Callback):
                 f"{loader.persistent_workers}"
                 + (f", prefetch to GPU={'on' if facts['prefetch'] else 'off'}." if cuda else ".")
             )
-            if workers == 0:
+            probe = self._worker_probe(trainer)
+            if probe is not None and probe.num_workers == workers and not probe.conclusive:
+                advice.append(
+                    f"num_workers={workers} is yours, kept because the worker probe could not rank the counts within "
+                    f"its budget ({probe.reason}): raise its budget_s (AutoNumWorkers/GPUBoost workers_budget_s)."
+                )
+            elif probe is not None and probe.num_workers == workers:
+                advice.append(
+                    f"num_workers={workers} was measured as the fastest count for this loader alone (batches/s by "
+                    f"workers: {', '.join(f'{w}: {r:.1f}' for w, r in sorted(probe.table.items()))}); more workers "
+                    "do not load faster, so each sample's cost is the ceiling: make it cheaper (smaller files, fewer CPU "
+                    "transforms, features computed once ahead)"
+                    + (", or decode with NVIDIA DALI (DALIDataModule)." if cuda else ".")
+                )
+            elif workers == 0:
                 advice.append(
                     f"num_workers=0 loads every batch in the training process: add AutoNumWorkers() to the Trainer "
                     f"callbacks (or set num_workers to about {max(1, cpus - 1)})."

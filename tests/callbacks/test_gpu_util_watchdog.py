@@ -41,6 +41,25 @@ def test_sleepy_dataset_warns_with_a_diagnosis(trainer_kwargs):
     assert dog.summaries[0]["data_wait_frac"] > 0.5
 
 
+def test_advice_follows_a_measured_worker_count(trainer_kwargs):
+    """Where AutoNumWorkers already measured the count in use, the watchdog does not advise adding it: it says the
+    count was measured and names the per-sample cost (or, where the probe was inconclusive, its budget)."""
+    from lightning_gpu_boost.callbacks import AutoNumWorkers
+    from lightning_gpu_boost.core.workers import WorkerProbe
+
+    for conclusive, expected in ((True, "was measured as the fastest count"), (False, "raise its budget_s")):
+        auto = AutoNumWorkers()
+        auto.probes["train"] = WorkerProbe(0, {0: 50.0, 1: 20.0}, 1.0, 1, user_workers=0, conclusive=conclusive,
+                                           reason="" if conclusive else "no window fit")  # fmt: skip
+        auto.chosen["train"] = 0
+        dog = GPUUtilWatchdog(window=5, warmup_steps=2)
+        with pytest.warns(UserWarning, match="is starving for data") as record:
+            trainer = pl.Trainer(callbacks=[auto, dog], max_epochs=1, limit_val_batches=0, **trainer_kwargs)
+            trainer.fit(RecordingModel(), DataLoader(Sleepy(40), batch_size=4))
+        message = next(str(w.message) for w in record if "starving" in str(w.message))
+        assert expected in message and "add AutoNumWorkers()" not in message, message
+
+
 def test_in_memory_dataset_does_not_warn(trainer_kwargs, recwarn):
     class Busy(RecordingModel):
         def training_step(self, batch, batch_idx):
