@@ -25,6 +25,12 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
         help="how each file is checked as it is read: its format's structure (default, microseconds), also a "
              "reduced decode (catches damage inside the compressed data; about a reduced decode per file), or not",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-side", type=int,
+        help="store images whose shorter side is larger resized to this many pixels and re-encoded as JPEG (as FFCV "
+             "does; e.g. 256 for 224 crops); smaller images keep their bytes",
+    )  # fmt: skip
+    parser.add_argument("--quality", type=int, default=90, help="JPEG quality of resized images (default 90)")
     parser.set_defaults(func=run_pack)
 
 
@@ -47,10 +53,11 @@ def run_pack(args: argparse.Namespace) -> int:
 
     path = pack_image_folder(args.src, args.dst, resume=args.resume, workers=args.workers,
                              commit_every=args.commit_every, shard_size=args.shard_size, on_bad=args.on_bad,
-                             check=args.check)  # fmt: skip
+                             check=args.check, max_side=args.max_side, quality=args.quality)  # fmt: skip
     reader = open_pack(path)
     bad = reader.meta("bad_samples") or []
-    print(f"packed {args.src} -> {path}: {len(reader)} records")
+    resized = f", images resized to a shorter side of at most {args.max_side} px" if args.max_side else ""
+    print(f"packed {args.src} -> {path}: {len(reader)} records{resized}")
     if bad:
         shown = "\n".join(f"  {entry['path']}: {entry['reason']}" for entry in bad[:10])
         more = f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else ""

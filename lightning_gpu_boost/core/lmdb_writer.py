@@ -271,16 +271,21 @@ def _scan_sources(root: str | os.PathLike, files: list[str]) -> tuple[str, list[
     return hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:32], sizes
 
 
-def _read_records(items: list[tuple[str, int, int]], check: str | None) -> list[bytearray | tuple[str, str]]:
-    return [_read_record(path, label, size, check) for path, label, size in items]
+def _read_records(
+    items: list[tuple[str, int, int]], check: str | None, resize: tuple[int, int] | None = None
+) -> list[bytearray | tuple[str, str]]:
+    return [_read_record(path, label, size, check, resize) for path, label, size in items]
 
 
-def _read_record(path: str, label: int, size: int, check: str | None = "structure") -> bytearray | tuple[str, str]:
+def _read_record(
+    path: str, label: int, size: int, check: str | None = "structure", resize: tuple[int, int] | None = None
+) -> bytearray | tuple[str, str]:
     """The record value of a file of ``size`` bytes (from the fingerprint's ``stat``), built where it is read (a
     reading thread): header space, then the bytes read straight into place, then the header with the CRC32 (zlib
     releases the GIL on large buffers). Plain ``os`` calls: ``open()``'s file object costs more than reading a
     small file. A file that cannot be read, or fails ``check`` (:func:`~lightning_gpu_boost.core.bad_samples.check_image`),
-    comes back as ``(path, reason)``."""
+    comes back as ``(path, reason)``. With ``resize = (max_side, quality)``, a larger image is stored resized and
+    re-encoded (:func:`~lightning_gpu_boost.core.images.shrink_image`), a smaller one unchanged."""
     if size < 0:
         try:
             os.stat(path)
@@ -313,6 +318,17 @@ def _read_record(path: str, label: int, size: int, check: str | None = "structur
         problem = check_image(view, check)  # type: ignore[arg-type]
         if problem is not None:
             return path, problem
+    if resize is not None:
+        from lightning_gpu_boost.core.images import shrink_image
+
+        try:
+            smaller = shrink_image(view, *resize)
+        except Exception as err:  # Pillow raises several types on broken data
+            return path, f"cannot decode to resize it: {err}"
+        if smaller is not None:
+            size = len(smaller)
+            value = bytearray(HEADER.size) + smaller
+            view = memoryview(value)[HEADER.size :]
     HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, 0)
     struct.pack_into(">I", value, CRC_PREFIX, zlib.crc32(view, zlib.crc32(memoryview(value)[:CRC_PREFIX])))
     return value
@@ -331,8 +347,11 @@ def pack_image_folder(
     shard_size: int | None = None,
     on_bad: OnBad = "skip",
     check: Literal["structure", "decode", "none"] = "structure",
+    max_side: int | None = None,
+    quality: int = 90,
 ) -> Path:
-    """Pack a class-per-folder image tree into one LMDB file, storing each file's bytes unchanged.
+    """Pack a class-per-folder image tree into one LMDB file, storing each file's bytes unchanged (or, with
+    ``max_side``, images whose shorter side is larger resized to it and re-encoded as JPEG at ``quality``).
 
     Files are read by ``workers`` threads (default :func:`pack_workers`: none for files under 32 KiB on average,
     else 2; 0: in the calling thread, between commits) in windows of ``commit_every``; each window is one
@@ -352,6 +371,12 @@ def pack_image_folder(
     ``resume`` skips finished shards. :func:`open_pack` and :class:`~lightning_gpu_boost.datamodules.LMDBDataModule`
     read either form.
 
+    ``max_side`` (as FFCV's ``max_resolution``): images whose shorter side exceeds it are decoded in the reading
+    threads (JPEG at a reduced DCT scale), turned upright, resized so the shorter side is ``max_side`` and
+    re-encoded; smaller images keep their bytes. The settings are in ``meta("max_side")``/``meta("quality")`` and in
+    the source fingerprint (a resume with other settings is refused). Training crops from the smaller images, so
+    pick ``max_side`` at least the crop size the model sees (e.g. 256 for 224 crops).
+
     Raises:
         FileNotFoundError, ValueError: from the tree scan (missing root, empty tree, empty class folder), or a bad
             ``on_bad``/``check``.
@@ -362,23 +387,30 @@ def pack_image_folder(
 
     checks.check_choice("on_bad", on_bad, ("skip", "fail"))
     checks.check_choice("check", check, ("structure", "decode", "none"))
+    checks.check_int("max_side", max_side, low=8, allow_none=True)
+    checks.check_int("quality", quality, low=1, high=100)
+    resize = None if max_side is None else (max_side, quality)
     if shard_size is not None:
-        return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size, on_bad, check)
+        return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size, on_bad, check, resize)
     from lightning_gpu_boost.core.images import scan_image_folder
 
     samples, classes, ignored = scan_image_folder(src)
     return _pack_files(
-        src, dst, samples, _image_meta(classes, ignored), resume, workers, commit_every, progress, on_bad, check
-    )
+        src, dst, samples, _image_meta(classes, ignored, resize), resume, workers, commit_every, progress, on_bad,
+        check, resize,
+    )  # fmt: skip
 
 
-def _image_meta(classes: list[str], ignored: int) -> dict[str, Any]:
-    return {
+def _image_meta(classes: list[str], ignored: int, resize: tuple[int, int] | None = None) -> dict[str, Any]:
+    meta = {
         "kind": "image_folder",
         "classes": classes,
         "class_to_idx": {name: i for i, name in enumerate(classes)},
         "ignored_files": ignored,
     }
+    if resize is not None:
+        meta["max_side"], meta["quality"] = resize
+    return meta
 
 
 def _relative(path: str, root: str | os.PathLike) -> str:
@@ -402,6 +434,7 @@ def _pack_files(
     progress: bool,
     on_bad: str = "skip",
     check: str = "structure",
+    resize: tuple[int, int] | None = None,
 ) -> Path:
     """Pack the files of ``samples`` (path, label) into ``dst``: read by threads in windows of ``commit_every``,
     one commit per window, so memory stays bounded and a resume restarts at a window's edge."""
@@ -413,6 +446,8 @@ def _pack_files(
     from lightning_gpu_boost.core.bad_samples import BadSampleError
 
     fingerprint, sizes = _scan_sources(src, [p for p, _ in samples])
+    if resize is not None:  # a resume must resize the same way
+        fingerprint = f"{fingerprint}:max_side={resize[0]}:quality={resize[1]}"
     items = [(path, label, size) for (path, label), size in zip(samples, sizes, strict=True)]
     threads = pack_workers([s for s in sizes if s >= 0]) if workers is None else workers
     writer = PackWriter(dst, fingerprint, resume, commit_every, reserve=_pack_bytes([max(0, s) for s in sizes]))
@@ -433,10 +468,11 @@ def _pack_files(
                 window = items[lo : lo + commit_every]
                 if threads == 0:  # read here, between commits: no thread competes with LMDB for the GIL
                     done: Future = Future()
-                    done.set_result(_read_records(window, level))
+                    done.set_result(_read_records(window, level, resize))
                     return [done]
                 return [
-                    pool.submit(_read_records, window[i : i + chunk], level) for i in range(0, len(window), chunk)
+                    pool.submit(_read_records, window[i : i + chunk], level, resize)
+                    for i in range(0, len(window), chunk)
                 ]
 
             windows = range(start, len(samples), commit_every)
@@ -473,7 +509,7 @@ def _pack_files(
     return writer.finish({**meta, "bad_samples": bad, "paths": paths})
 
 
-def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: int, on_bad, check) -> Path:
+def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: int, on_bad, check, resize) -> Path:
     import json
 
     from lightning_gpu_boost.core.images import scan_image_folder
@@ -489,9 +525,9 @@ def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: 
         part, chunk = shard_path(dst, k), samples[lo : lo + shard_size]
         if not part.exists():  # finished shards are kept on resume
             _pack_files(
-                src, part, chunk, _image_meta(classes, ignored), resume, workers, commit_every, progress, on_bad,
-                check,
-            )
+                src, part, chunk, _image_meta(classes, ignored, resize), resume, workers, commit_every, progress,
+                on_bad, check, resize,
+            )  # fmt: skip
         reader = PackReader(part)
         bad += reader.meta("bad_samples") or []
         shards.append({"path": part.name, "offset": offset, "length": reader.length})
@@ -499,7 +535,7 @@ def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: 
         bad_samples_report_path(part).unlink(missing_ok=True)  # one report for the whole pack, below
     manifest = {
         "format": MANIFEST_FORMAT, "version": SCHEMA_VERSION, "length": offset, "shards": shards,
-        "meta": {**_image_meta(classes, ignored), "bad_samples": bad},
+        "meta": {**_image_meta(classes, ignored, resize), "bad_samples": bad},
     }  # fmt: skip
     if bad:
         bad_samples_report_path(dst).write_text(

@@ -336,3 +336,38 @@ def test_cli_user_errors_are_one_line_and_exit_2(tree, tmp_path, capsys):
     assert not summary["ok"] and summary["errors"][0].startswith("cannot open")
     with pytest.raises(FileNotFoundError):
         main(["--debug", "pack", str(tmp_path / "missing"), str(tmp_path / "out.lmdb")])
+
+
+def test_pack_max_side_resizes_large_images_upright_and_keeps_small_ones(tmp_path):
+    import io
+
+    from PIL import Image
+
+    from lightning_gpu_boost.cli import main
+    from lightning_gpu_boost.core.bad_samples import add_unusual_images
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+
+    root = make_jpeg_folder(tmp_path / "src", n=6, num_classes=2, size_range=(300, 400, 200, 260), progress=False)
+    small = root / "class_000" / "small.jpg"
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(small, quality=95)
+    unusual = add_unusual_images(root / "class_001")  # 64 x 48: below max_side, kept as they are
+    big_rotated = root / "class_001" / "big-rotated.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored 300 wide x 400 high, shown 400 wide x 300 high
+    Image.new("RGB", (300, 400), (10, 200, 10)).save(big_rotated, exif=exif.tobytes(), quality=95)
+    assert main(["pack", str(root), str(tmp_path / "p.lmdb"), "--max-side", "64", "--quality", "80"]) == 0
+    reader = lf.open_pack(tmp_path / "p.lmdb")
+    assert reader.meta("max_side") == 64 and reader.meta("quality") == 80 and not reader.meta("bad_samples")
+    paths = [reader.source_path(i) for i in range(len(reader))]
+    for i, rel in enumerate(paths):
+        data, source = reader.read(i), (root / rel).read_bytes()
+        if min(Image.open(io.BytesIO(source)).size) <= 64:
+            assert data == source, rel  # small enough: the original bytes
+        else:
+            stored = Image.open(io.BytesIO(data))
+            assert min(stored.size) == 64 and stored.mode == "RGB" and stored.format == "JPEG", rel
+    rotated = Image.open(io.BytesIO(reader.read(paths.index("class_001/big-rotated.jpg"))))
+    assert rotated.size == (85, 64)  # upright: 400 x 300 shown -> 85 x 64
+    assert len(unusual) == 6
+    with pytest.raises(ValueError, match="max_side"):
+        lf.pack_image_folder(root, tmp_path / "q.lmdb", max_side=0)
