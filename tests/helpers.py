@@ -88,6 +88,16 @@ class StatefulLoader(DataLoader):
         self._skip = state["consumed"]
 
 
+def _free_port() -> int:
+    """A TCP port nobody listens on now: one port per DDP job, so a job never meets the store of an earlier one
+    (a fixed port per test session did, where an earlier job's process was still going away)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240) -> list[dict]:
     """Run ``script`` as a real multi-process Lightning DDP job on CPU (gloo) and return each rank's JSON.
 
@@ -110,11 +120,24 @@ def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240) ->
     body = textwrap.dedent(script) + footer
     path.write_text(header + "if __name__ == '__main__':\n" + textwrap.indent(body, "    "))
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    env = {**os.environ, "PYTHONPATH": pythonpath, "MASTER_PORT": str(29500 + os.getpid() % 2000)}
-    proc = subprocess.run(
-        [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, f"DDP script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    env = {**os.environ, "PYTHONPATH": pythonpath, "MASTER_PORT": str(_free_port())}
+    # its own process group: on a timeout every rank goes, not only the first (a rank left behind would hold its
+    # port and CPUs for the tests that follow)
+    proc = subprocess.Popen(
+        [sys.executable, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        import signal
+
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(
+            f"DDP script timed out after {timeout} s:\n{stdout[-3000:]}\n{stderr[-6000:]}"
+        ) from None
+    assert proc.returncode == 0, f"DDP script failed:\n{stdout[-3000:]}\n{stderr[-6000:]}"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]
 
 
