@@ -88,6 +88,10 @@ class StatefulLoader(DataLoader):
         self._skip = state["consumed"]
 
 
+_DIST_VARS = {"LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT"}  # fmt: skip
+
+
 def _free_port() -> int:
     """A TCP port nobody listens on now: one port per DDP job, so a job never meets the store of an earlier one
     (a fixed port per test session did, where an earlier job's process was still going away)."""
@@ -120,7 +124,11 @@ def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240) ->
     body = textwrap.dedent(script) + footer
     path.write_text(header + "if __name__ == '__main__':\n" + textwrap.indent(body, "    "))
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    env = {**os.environ, "PYTHONPATH": pythonpath, "MASTER_PORT": str(_free_port())}
+    # an in-process Trainer(strategy="ddp") of an earlier test leaves LOCAL_RANK, NODE_RANK, ... in os.environ:
+    # inherited, they make Lightning believe the ranks are launched externally, and rank 0 waits for a rank 1
+    # that never starts
+    inherited = {k: v for k, v in os.environ.items() if k not in _DIST_VARS and not k.startswith(("PL_", "TORCHELASTIC"))}
+    env = {**inherited, "PYTHONPATH": pythonpath, "MASTER_PORT": str(_free_port())}
     # its own process group: on a timeout every rank goes, not only the first (a rank left behind would hold its
     # port and CPUs for the tests that follow)
     proc = subprocess.Popen(

@@ -77,11 +77,11 @@ def test_resume_keeps_what_the_policy_decided(broken_tree, tmp_path, monkeypatch
     root, broken = broken_tree
     real, calls = lw._read_records, []
 
-    def crash_on_the_third_window(items, check):
+    def crash_on_the_third_window(items, *args):
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt  # like a kill between commits
-        return real(items, check)
+        return real(items, *args)
 
     monkeypatch.setattr(lw, "_read_records", crash_on_the_third_window)
     with pytest.raises(KeyboardInterrupt):
