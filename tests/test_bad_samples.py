@@ -257,6 +257,11 @@ def test_refill_reforms_full_batches_of_any_structure_each_sample_once():
     seqs = [padded([torch.ones(k + 1) for k in range(j, j + 3)]) for j in (0, 3)]
     seqs[0] = padded([torch.ones(1), BadSample(1, "p", "r"), torch.ones(3)])
     assert [len(b) for b in Refill(seqs, 3, 2, warn=warned.append)] == [2, 3] and len(warned) == 1
+    # ... also where a batch's first sample is its longest (it looks cuttable alone): its width differs from the
+    # next batch's, so nothing is joined across them
+    seqs = [padded([torch.ones(3), BadSample(1, "p", "r"), torch.ones(1)]), padded([torch.ones(2)] * 2 + [torch.ones(1)])]
+    warned.clear()
+    assert [tuple(b.shape) for b in Refill(seqs, 3, 2, warn=warned.append)] == [(2, 3), (3, 2)] and len(warned) == 1
 
 
 def test_refill_keeps_pinned_memory_pinned():

@@ -250,8 +250,9 @@ class GPUUtilWatchdog(Callback):
         for callback in trainer.callbacks:
             parts = [callback, *getattr(callback, "parts", {}).values()]
             found += [p.probes["train"] for p in parts if "train" in (getattr(p, "probes", None) or {})]
-        datamodule = getattr(trainer, "datamodule", None)
-        found += [v for k, v in (getattr(datamodule, "auto_probes", None) or {}).items() if k == "train"]
+        probes = getattr(getattr(trainer, "datamodule", None), "auto_probes", None) or {}
+        if "train" in probes:
+            found.append(probes["train"])
         return found[0] if found else None
 
     def _diagnose(self, trainer: pl.Trainer, m: dict[str, float | None]) -> str:

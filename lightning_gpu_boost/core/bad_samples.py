@@ -253,6 +253,18 @@ def can_refill(layout: Layout) -> bool:
     return layout in ("B", "L")
 
 
+def _signature(batch: Any, layout: Layout) -> tuple:
+    """What must agree between batches cut and joined together: each array's dtype, device and shape past the
+    batch dimension (a collate that pads to its batch's longest sample can look cuttable on one batch alone)."""
+    if layout == "L":
+        return ("L",)
+    if layout == "B":
+        return (type(batch).__name__, str(batch.dtype), tuple(batch.shape[1:]), str(getattr(batch, "device", "")))
+    if isinstance(layout, dict):
+        return tuple((k, _signature(batch[k], layout[k])) for k in layout)
+    return tuple(_signature(b, sub) for b, sub in zip(batch, layout, strict=True))
+
+
 def _take(batch: Any, layout: Layout, start: int, stop: int) -> Any:
     if layout in ("B", "L"):
         return batch[start:stop]
@@ -308,8 +320,9 @@ class Refill:
     under DDP every rank must run the same number of steps): one full batch is held back once batches are being
     re-formed, and at the end the samples left are spread over the batches still owed.
 
-    Batches pass through untouched until the first short one. A batch that cannot be re-formed (a part without a
-    batch dimension, padding that depends on its samples) is passed on short, with one warning.
+    Batches pass through untouched until the first short one. Batches that cannot be re-formed (a part without a
+    batch dimension, padding that depends on its samples, shapes that differ between batches) are passed on as
+    they came, short ones too, with one warning; re-forming stops for the rest of the iteration.
 
     Args:
         batches: an iterable of :class:`Counted` batches (anything else passes through).
@@ -322,6 +335,7 @@ class Refill:
         self, batches: Any, batch_size: int, expected: int | None = None, warn: Callable[[str], Any] | None = None
     ) -> None:
         self.batches, self.batch_size, self.expected, self.warn = batches, batch_size, expected, warn
+        self._warned = False
         #: batches re-formed in the last iteration (0 where nothing was skipped)
         self.reformed = 0
 
@@ -332,8 +346,8 @@ class Refill:
         parts: list[Any] = []  # (batch, n) not yet handed out, oldest first
         ready: list[Any] = []  # full batches formed, the last one held back
         layout: Layout = None
-        refilling = False
-        warned = False
+        reference: tuple | None = None  # the signature every batch cut and joined must share
+        refilling = given_up = False
         for item in self.batches:
             received += 1
             if not isinstance(item, Counted):
@@ -343,26 +357,36 @@ class Refill:
             if item.layout is not None:
                 layout = item.layout
             n = item.n
+            cuttable = not given_up and layout is not None and can_refill(layout) and (item.layout is None or n < 2
+                                                                                      or can_refill(item.layout))
+            if refilling and n > 0 and (
+                not cuttable or (reference is not None and _signature(item.batch, layout) != reference)
+            ):
+                # this batch cannot join the others: hand out what is held as it is, then pass batches on
+                for batch in ready:
+                    emitted += 1
+                    yield batch
+                for batch, _ in parts:
+                    emitted += 1
+                    yield batch
+                ready, parts, buffered, refilling, given_up, cuttable = [], [], 0, False, True, False
+                self._warn_once()
             if not refilling:
                 last = expected is not None and received >= expected
                 if n == size or (last and n > 0):
                     emitted += 1
                     yield item.batch
                     continue
-                if layout is None or not can_refill(layout):
-                    if not warned and self.warn is not None:
-                        warned = True
-                        self.warn(
-                            "Skipped bad samples left a batch short, and its batches cannot be re-formed (a part "
-                            "without a batch dimension, or padding that depends on the samples): short batches are "
-                            "passed on as they are."
-                        )
+                if not cuttable:
+                    self._warn_once()
                     if n > 0:
                         emitted += 1
                         yield item.batch
                     continue
                 refilling = True
             if n > 0:
+                if reference is None:
+                    reference = _signature(item.batch, layout)
                 parts.append((item.batch, n))
                 buffered += n
             while buffered >= size:
@@ -386,6 +410,15 @@ class Refill:
             yield self._cut(parts, k, layout)
         if owed > buffered and self.warn is not None:
             self.warn(f"Too many bad samples: this epoch has {owed - buffered} batch(es) fewer than its length.")
+
+    def _warn_once(self) -> None:
+        if self.warn is not None and not self._warned:
+            self._warned = True
+            self.warn(
+                "Skipped bad samples left a batch short, and its batches cannot be re-formed (a part without a batch "
+                "dimension, padding that depends on the samples, shapes that differ between batches): batches are "
+                "passed on as they come, short ones too."
+            )
 
     @staticmethod
     def _sizes(total: int, owed: int, size: int) -> list[int]:
