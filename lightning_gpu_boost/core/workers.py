@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -399,6 +400,7 @@ def _search(
     small = probe_batch_size(dataloader, sample_s, budget_s, limit, prefetch_factor, min_window_s, cpus)
     batch = dataloader.batch_size or 1
     table: dict[int, float] = {}
+    rates: dict[int, list[float]] = {}  # every window's rate per count (the table holds their median)
     windows: dict[int, dict[str, Any]] = {}
 
     def cost(w: int) -> float:
@@ -414,17 +416,24 @@ def _search(
         probe = clone_loader(dataloader, w, prefetch_factor, small)
         window = measure_loader(probe, w, left - (small or batch) * (sample_s or 0.0), min_window_s)
         rate = window.rate * (small or batch) / batch  # batches/s at the loader's own batch size
-        if again and table.get(w, 0.0) > 0 and rate > 0:  # a second window: the mean of the two
-            rate = (rate + table[w]) / 2
-            windows[w] = {**window.as_dict(), "windows": 2}
+        if again and rates.get(w) and rate > 0:  # another window: the median of them all
+            rates[w].append(rate)
+            windows[w] = {**window.as_dict(), "windows": len(rates[w]), "window_rates": list(rates[w])}
+            table[w] = statistics.median(rates[w])
         else:
+            rates[w] = [rate] if rate > 0 else []
             windows[w] = window.as_dict()
-        table[w] = rate
+            table[w] = rate
         log.debug("num_workers=%d: %.2f batches/s%s", w, table[w], window.flag())
         return True
 
     def remeasure(w: int) -> bool:
         return measure(w, again=True)
+
+    def quick(w: int) -> bool:
+        """A measurement of ``w`` is short next to the budget (windows of quick loaders move by +-25 % on 16
+        CPUs: several of them, interleaved, rank such counts; slow loaders' long windows are steady)."""
+        return cost(w) <= budget_s * QUICK_SHARE
 
     if candidates is not None:
         for w in sorted(set(candidates), reverse=True):
@@ -443,7 +452,7 @@ def _search(
             if w > 0 and table[w] < best * (1 - tolerance):
                 break  # halving no longer keeps up with the best
         _refine(table, tolerance, measure)
-        _confirm(table, tolerance, remeasure)
+        _confirm(table, tolerance, remeasure, quick)
     return _decide(table, windows, tolerance, user, limit, small, sample_s, time.perf_counter() - start)
 
 
@@ -462,21 +471,43 @@ def _refine(table: dict[int, float], tolerance: float, measure: Any, rounds: int
             return
 
 
-def _confirm(table: dict[int, float], tolerance: float, remeasure: Any) -> None:
-    """Time the counts the choice rests on once more and keep the mean of the two windows: where more workers
-    measured clearly slower than the choice (a window that shared the CPUs with something else looks like that
-    too), that count and the choice; where the choice is a smaller count within ``tolerance`` of a faster one
-    (loaders bound by the main process, whose windows move by +-25 % on 16 CPUs), the fastest count and the
-    choice."""
+#: where one measurement costs at most this share of the budget, the counts the choice rests on get more windows
+QUICK_SHARE = 1 / 15
+
+#: counts within this share of the fastest are contenders for the extra windows of quick loaders
+CONTENDER_SPREAD = 0.15
+
+
+def _confirm(table: dict[int, float], tolerance: float, remeasure: Any, quick: Any = None, passes: int = 2) -> None:
+    """Time the counts the choice rests on again and keep the median of their windows.
+
+    Where more workers measured clearly slower than the choice (a window that shared the CPUs with something
+    else looks like that too), that count and the choice get one more window each. Where every measurement is
+    quick (``quick(w)``: loaders whose batches are cheap, often bound by the main process, whose windows move by
+    +-25 % from one to the next on 16 CPUs), the contenders (the choice, the fastest count and the counts within
+    :data:`CONTENDER_SPREAD` of it, at most four) get ``passes`` more windows, interleaved so that a slow spell hits
+    every count alike, as a sweep's passes do. Otherwise, where the choice is a smaller count within ``tolerance``
+    of a faster one, the fastest count and the choice get one more window each. A window that does not fit in
+    what is left of the budget is not started.
+    """
     timed = {w: r for w, r in table.items() if r > 0}
     if len(timed) < 2:
         return
     choice = _choose(timed, tolerance)
     slower = [w for w in timed if w > choice and timed[w] < timed[choice] * (1 - tolerance)]
+    fastest = max((w for w in timed if w > 0), key=lambda w: timed[w])
+    near = sorted((w for w in timed if w > 0 and timed[w] >= timed[fastest] * (1 - CONTENDER_SPREAD)),
+                  key=lambda w: -timed[w])[:4]  # fmt: skip
+    contenders = sorted({choice, fastest, *near, *([max(slower)] if slower else [])}, reverse=True)
+    if quick is not None and all(quick(w) for w in contenders):
+        for _ in range(passes):
+            for w in contenders:
+                if not remeasure(w):
+                    return
+        return
     if slower and remeasure(max(slower)):  # one confirmation: the largest count that contradicts the choice
         remeasure(choice)
         return
-    fastest = max((w for w in timed if w > 0), key=lambda w: timed[w])
     if fastest != choice and choice > 0 and remeasure(fastest):
         remeasure(choice)
 

@@ -192,3 +192,23 @@ def test_a_probe_that_cannot_rank_keeps_the_users_value():
     assert decided.num_workers == 3 and decided.conclusive
     decided = workers._decide({1: 10.5, 3: 10.1}, {}, 0.05, user=3, limit=4, small=None, sample_s=None, elapsed=1)
     assert decided.num_workers == 1
+
+
+def test_quick_contenders_get_interleaved_windows_and_slow_ones_one_confirmation():
+    """Windows of quick loaders move by +-25 %: the choice, the fastest count and those close to it get two more
+    windows each, interleaved; where a measurement is long, only the fastest and the choice get one more."""
+    table = {16: 100.0, 12: 98.0, 8: 70.0, 4: 40.0}  # the choice is 12 (within 3 % of 16); 8 is out of reach
+    calls: list[int] = []
+
+    def remeasure(w: int) -> bool:
+        calls.append(w)
+        return True
+
+    workers._confirm(dict(table), 0.03, remeasure, quick=lambda w: True)
+    assert calls == [16, 12, 16, 12]
+    calls.clear()
+    workers._confirm(dict(table), 0.03, remeasure, quick=lambda w: w < 16)
+    assert calls == [16, 12]
+    calls.clear()
+    workers._confirm(dict(table), 0.03, lambda w: calls.append(w) or len(calls) < 2, quick=lambda w: True)
+    assert calls == [16, 12]  # a window that does not fit ends the extra passes
