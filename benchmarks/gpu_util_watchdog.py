@@ -39,9 +39,9 @@ def fit(
     loader, callbacks, steps: int, warmup: int, precision: str = "bf16-mixed", arch: str = "resnet50"
 ) -> dict:
     torch.manual_seed(0)
-    meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
+    meter = ThroughputMeter(warmup=warmup, steps=steps, sample_gpu_util=False)  # ends fit: queue, drain, window
     trainer = pl.Trainer(
-        accelerator="gpu", devices=1, precision=precision, max_steps=warmup + steps, callbacks=[meter, *callbacks],
+        accelerator="gpu", devices=1, precision=precision, max_steps=100_000, callbacks=[meter, *callbacks],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0,
     )  # fmt: skip
@@ -80,8 +80,9 @@ def main() -> None:
                           "summaries": [d.summaries for d in compute_dogs],
                           "warnings": [w["message"] for d in compute_dogs for w in d.warnings]}  # fmt: skip
 
-    # 2. a well-fed loader: in-memory uint8 images, 4 workers, pinned, StreamPrefetch
-    images = torch.randint(0, 256, (8 * bs, 3, 224, 224), dtype=torch.uint8)
+    # 2. a well-fed loader: in-memory uint8 images, 4 workers, pinned, StreamPrefetch; an epoch holds the queue, its
+    #    drain and the window (epochs of 8 batches timed their restarts)
+    images = torch.randint(0, 256, (128 * bs, 3, 224, 224), dtype=torch.uint8)
     fed = DataLoader(TensorDataset(images, torch.randint(0, 100, (len(images),))), batch_size=bs, shuffle=True,
                      num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=4)  # fmt: skip
     fed_dog = GPUUtilWatchdog(warmup_steps=warmup)

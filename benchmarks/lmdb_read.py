@@ -2,7 +2,7 @@
 packing vs `cp -r`, and end-to-end LMDBDataModule vs ImageFolderDataModule images/s, in one run.
 
     python benchmarks/lmdb_read.py                      # CPU machine or GPU machine
-    python benchmarks/lmdb_read.py --large 500 --small 5000 --images 640 --batches 10
+    python benchmarks/lmdb_read.py --large 500 --small 5000 --images 640 --seconds 1
 
 Cold cache: `echo 3 > /proc/sys/vm/drop_caches` where permitted (root, not in most containers); otherwise each
 file's pages are dropped with posix_fadvise(DONTNEED), which evicts clean unmapped pages: the JSON says which.
@@ -38,13 +38,8 @@ from _common import demo_tree, parser_for
 
 from lightning_gpu_boost.core.lmdb_format import PackReader, close_readers, pack_image_folder
 from lightning_gpu_boost.core.results import bar, write_result
-from lightning_gpu_boost.core.steady import (
-    SteadyRate,
-    min_warmup,
-    queue_batches,
-    steady_window,
-    worst_halves_diff,
-)
+from lightning_gpu_boost.core.steady import SteadyRate, worst_halves_diff
+from lightning_gpu_boost.core.workers import clone_loader, measure_loader
 from lightning_gpu_boost.datamodules import ImageFolderDataModule, LMDBDataModule
 
 
@@ -97,22 +92,16 @@ def read_pack(path: str, order: list[int]) -> float:
     return len(order) / (time.perf_counter() - start)
 
 
-def loader_window(dm, batches: int) -> SteadyRate:
-    """The train loader alone in steady state (core/steady.py): the queue (workers x prefetch_factor batches) and
-    4 more are skipped, then ``batches`` are timed and their halves compared; images/s."""
-    loader = dm.train_dataloader()  # one loader: its persistent workers serve every epoch
-    queue = queue_batches(loader)
-    it = iter(loader)
-    stamps, units = [time.perf_counter()], [0.0]
-    for _ in range(min_warmup(queue) + batches):
-        try:
-            batch = next(it)
-        except StopIteration:
-            it = iter(loader)
-            batch = next(it)
-        stamps.append(time.perf_counter())
-        units.append(float(len(batch[1])))
-    return steady_window(stamps, units, queue=queue)
+def loader_window(dm, seconds: float) -> SteadyRate:
+    """The train loader alone in steady state (core/steady.py, timed as the worker probe and image_folder.py time
+    it): its batches repeat its epochs without end (an epoch's restart is not the loader's pace), the queue
+    (workers x prefetch_factor batches) and 4 more are skipped, then at least ``seconds`` are timed, longer while
+    the halves differ; images/s."""
+    loader = dm.train_dataloader()
+    workers, size = loader.num_workers, loader.batch_size
+    w = measure_loader(clone_loader(loader, workers, loader.prefetch_factor or 2), workers, cap_s=120,
+                       min_window_s=seconds)  # fmt: skip
+    return SteadyRate(w.rate * size, w.first_half * size, w.second_half * size, w.queue, w.warmup, w.timed, w.seconds)
 
 
 def pack_check(root: Path, tmp: Path, runs: int = 5) -> dict:
@@ -146,7 +135,7 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=None, help="DataLoader workers (default: usable CPUs - 1)"
     )
-    parser.add_argument("--batches", type=int, default=100, help="batches per end-to-end run")
+    parser.add_argument("--seconds", type=float, default=4.0, help="shortest timed window per end-to-end run")
     parser.add_argument("--pack-check-only", action="store_true", help="only time the pack-time check")
     args = parser.parse_args()
     figures: dict = {"config": vars(args), "reads": {}}
@@ -227,8 +216,8 @@ def main() -> None:
         # alternating, 3 each, medians: one short window moves by several percent
         folder_windows, lmdb_windows = [], []
         for _ in range(3):
-            folder_windows.append(loader_window(ImageFolderDataModule(str(root), **common), args.batches))
-            lmdb_windows.append(loader_window(LMDBDataModule(pack, **common), args.batches))
+            folder_windows.append(loader_window(ImageFolderDataModule(str(root), **common), args.seconds))
+            lmdb_windows.append(loader_window(LMDBDataModule(pack, **common), args.seconds))
         folder_runs, lmdb_runs = [w.rate for w in folder_windows], [w.rate for w in lmdb_windows]
         folder_ips, lmdb_ips = statistics.median(folder_runs), statistics.median(lmdb_runs)
         figures["end_to_end"] = {"workers": workers, "image_folder_img_s": folder_ips, "lmdb_img_s": lmdb_ips,

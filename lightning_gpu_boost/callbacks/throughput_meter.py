@@ -21,6 +21,11 @@ from lightning_gpu_boost.core.steady import (
     steady_window,
 )
 
+#: steps whose waits show that the loader's queue has drained (their median wait)
+DRAIN_STEPS = 8
+#: with ``steps``, a window whose halves differ goes on up to this many times ``steps``
+MAX_EXTENSION = 3
+
 
 class ThroughputMeter(Callback):
     """Measures training throughput in steady state, never synchronizing CUDA inside the run.
@@ -31,7 +36,8 @@ class ThroughputMeter(Callback):
     when steps start waiting for data (a loader slower than the step), or after twice the queue more (a loader
     that keeps up never drains, and then the queue does not matter). A queue drains at the difference of the two
     rates, so a loader at 60 % of the step's pace needs ~2.5x its queue in steps. With ``steps``, the meter ends
-    ``fit`` once that many steps are timed. At the end, :func:`~lightning_gpu_boost.core.steady.steady_window`
+    ``fit`` once that many steps are timed and their halves agree (else it times on, up to three times ``steps``
+    or the end of the epoch). At the end, :func:`~lightning_gpu_boost.core.steady.steady_window`
     compares the window's halves (moving the start later where they differ by more than 5 %) and reports both.
 
     ``data_wait_frac`` is the share of the window spent between one ``on_train_batch_end`` and the next
@@ -107,17 +113,34 @@ class ThroughputMeter(Callback):
         if self.opened_at is None and done >= first:
             if self.queue <= 1 or self._drained() or done >= first + 2 * self.queue + EXTRA_WARMUP:
                 self.opened_at = done
-        if self.opened_at is not None and self.timed_steps and done - self.opened_at >= self.timed_steps:
-            trainer.should_stop = True
+        if self.opened_at is not None and self.timed_steps:
+            timed = done - self.opened_at
+            if timed >= self.timed_steps and self._may_stop(trainer, batch_idx, timed):
+                trainer.should_stop = True
+
+    def _may_stop(self, trainer: pl.Trainer, batch_idx: int, timed: int) -> bool:
+        """``steps`` are timed: stop where the window is steady; else time on (the queue may still have been
+        draining when the window opened, and :func:`steady_window` then moves its start later), checking every
+        quarter of ``steps``, until :data:`MAX_EXTENSION` times ``steps`` are timed or the epoch ends (an epoch's
+        restart is not the steady state)."""
+        if timed >= MAX_EXTENSION * self.timed_steps:
+            return True
+        if batch_idx + 1 >= trainer.num_training_batches:
+            return True
+        if (timed - self.timed_steps) % max(1, self.timed_steps // 4):
+            return False
+        self._window = None
+        return self.window().steady
 
     def _drained(self) -> bool:
-        """The loader's queue is empty: the last steps waited for their batches (median of 3 above 3 % of a
-        step, and above 1 ms)."""
-        if len(self._waits) < 4:
+        """The loader's queue is empty: steps wait for their batches (the median of the last
+        :data:`DRAIN_STEPS` waits above 3 % of a step, and above 1 ms). Batches come in order, so a single slow
+        worker makes a step wait while later batches sit ready: a few waits do not show an empty queue."""
+        if len(self._waits) < DRAIN_STEPS + 1:
             return False
-        waits = sorted(self._waits[-3:])
-        intervals = sorted(b - a for a, b in pairwise(self._stamps[-9:]))
-        return waits[1] > max(0.001, 0.03 * intervals[len(intervals) // 2])
+        waits = sorted(self._waits[-DRAIN_STEPS:])
+        intervals = sorted(b - a for a, b in pairwise(self._stamps[-(DRAIN_STEPS + 1) :]))
+        return waits[len(waits) // 2] > max(0.001, 0.03 * intervals[len(intervals) // 2])
 
     def on_train_end(self, trainer, pl_module) -> None:
         if pl_module.device.type == "cuda":

@@ -65,7 +65,7 @@ def _fit(model, data, precision: str, steps: int, warmup: int, callbacks: tuple 
     """Train ``steps`` steps after the warm-up and the loader's queue (``core/steady.py``); the meter's summary."""
     from lightning.pytorch import Trainer
 
-    from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+    from lightning_gpu_boost.callbacks.throughput_meter import MAX_EXTENSION, ThroughputMeter
     from lightning_gpu_boost.core.steady import EXTRA_WARMUP, min_warmup
 
     meter = ThroughputMeter(warmup=warmup, steps=steps)  # ends fit once `steps` are timed after the queue drained
@@ -74,7 +74,7 @@ def _fit(model, data, precision: str, steps: int, warmup: int, callbacks: tuple 
         accelerator="auto",
         devices=1,
         precision=precision,
-        max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + steps,
+        max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + MAX_EXTENSION * steps,
         callbacks=[meter, *callbacks],
         logger=False,
         enable_checkpointing=False,
