@@ -242,7 +242,8 @@ def main() -> None:
         "probe_of_sweep_best_min": bar(worst, 0.95, "x"),
         "probe_seconds_max": bar(slowest, 30.0, "s", higher_is_better=False),
         "steady_state_halves_max_diff": bar(
-            worst_halves_diff({k: r["sweep"] for k, r in results.items()}), 0.05, "ratio", higher_is_better=False
+            worst_halves_diff([{k: r["sweep"] for k, r in results.items()}, figures.get("training", {})]), 0.05,
+            "ratio", higher_is_better=False
         ),
     }
     if "training" in figures:
