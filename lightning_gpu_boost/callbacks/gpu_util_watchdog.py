@@ -17,6 +17,7 @@ from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
+from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, Verdict, advise, classify, format_advice
 from lightning_gpu_boost.core.workers import iter_loaders
 
 
@@ -37,13 +38,19 @@ class GPUUtilWatchdog(Callback):
     hold validation, a checkpoint or an epoch boundary are not counted. A background thread samples this rank's
     GPU utilization and memory through NVML (timing-only where NVML is missing, not permitted, or on MIG).
 
-    Over a rolling ``window`` of steps after ``warmup_steps``, the verdict is **starved** when the data wait is
-    at least ``wait_threshold`` of the step time *and* the GPU utilization is below ``util_threshold`` (or
-    unknown). It returns to **ok** only when the wait falls below half the threshold (hysteresis). On entering
-    "starved" it warns (rank zero, at most once every ``warn_every_n_steps``) with what it sees: wait share,
-    utilization, the step split, ``num_workers`` vs usable CPUs, ``pin_memory``, persistent workers, whether
-    prefetching is on, the batch size; and what to change. When the GPU waits little but is still underused with
-    little memory in use, it says the GPU is busy but small and points to a larger batch instead.
+    Over a rolling ``window`` of steps after ``warmup_steps`` it gives a verdict from the taxonomy that ``doctor``
+    shares (:mod:`~lightning_gpu_boost.core.verdicts`): **data-bound** when the data wait is at least
+    ``wait_threshold`` of the step time *and* the GPU utilization is below ``util_threshold`` (or unknown);
+    **host-bound** when the GPU idles inside the step while steps hardly wait for data (syncs such as ``.item()``,
+    Python work, launch overhead: no data change helps); **small** when the GPU is busy with little of its memory in
+    use; else **ok**. It leaves data-bound only when the wait falls below half the threshold (hysteresis). On
+    entering data-bound it warns (rank zero, at most once every ``warn_every_n_steps``) with what it sees: wait
+    share, utilization, the step split, ``num_workers`` vs usable CPUs, ``pin_memory``, persistent workers, whether
+    prefetching is on, the batch size; and the changes that fix it in this run (never an option already on, such as
+    a worker tuner that already chose the count). Host-bound warns too, with its own advice. At the end of fit it
+    also weighs the time spent outside the steps (worker start-up, epoch ends, validation, checkpoints), which the
+    per-step figures leave out: where it is at least a quarter of the run, the verdict is **between-steps**, with
+    advice such as ``persistent_workers=True``. The summary names the run's verdict (``run_verdict``).
 
     Logged metrics (every ``log_every_n_steps``, through the Trainer's logger, per rank):
         - ``gpu_boost/data_wait_frac``: data wait / (wait + step), rolling window
@@ -107,7 +114,18 @@ class GPUUtilWatchdog(Callback):
         self._reset()
 
     def _reset(self) -> None:
-        self.verdict: Literal["warming up", "ok", "starved", "small"] = "warming up"
+        #: the latest window's verdict (:mod:`~lightning_gpu_boost.core.verdicts`), "warming up" before the first
+        self.verdict: Verdict | Literal["warming up"] = "warming up"
+        #: the run's verdict at the end of fit (its totals, and the time spent outside the steps)
+        self.run_verdict: Verdict | None = None
+        self._train_start: float | None = None
+        self._last_end: float | None = None
+        self._in_gap = True  # the time before the next step is outside the steps (start, epoch end, validation)
+        self.between_s = 0.0
+        self.validation_s = 0.0
+        self._val_start: float | None = None
+        self._end: float | None = None
+        self.run_advice: list[str] = []
         self.warnings: list[dict[str, Any]] = []
         self.timeline: list[dict[str, float]] = []
         self.totals = {"steps": 0, "wait_ms": 0.0, "busy_ms": 0.0, "starved_steps": 0}
@@ -145,19 +163,39 @@ class GPUUtilWatchdog(Callback):
     def _skip(self, *args: Any) -> None:
         if self._timer is not None:
             self._timer.skip_next_gap()
+        self._in_gap = True
 
-    on_validation_start = on_train_epoch_start = on_save_checkpoint = _skip  # type: ignore[assignment]
+    on_train_epoch_start = on_save_checkpoint = _skip  # type: ignore[assignment]
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._train_start = time.perf_counter()
+        self._in_gap = True
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._skip()
+        if not trainer.sanity_checking:
+            self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._val_start is not None:
+            self.validation_s += time.perf_counter() - self._val_start
+            self._val_start = None
 
     # -- per step ---------------------------------------------------------------------------------------------
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        now = time.perf_counter()
+        if self._in_gap and self._train_start is not None:  # worker start-up, an epoch's end, validation ...
+            self.between_s += now - (self._last_end if self._last_end is not None else self._train_start)
+        self._in_gap = False
         if self._timer is not None:
             self._timer.step_start()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._last_end = time.perf_counter()
         if self._timer is None:
             return
         self._timer.step_end(trainer.global_step)
@@ -182,7 +220,7 @@ class GPUUtilWatchdog(Callback):
             self.totals["wait_ms"] += timing.wait_ms
             self.totals["busy_ms"] += timing.busy_ms
         self._recent.append(timing)
-        if self.verdict == "starved":
+        if self.verdict in ("data-bound", "copy-bound"):
             self.totals["starved_steps"] += 1
         if len(self._recent) == self.window:
             metrics = self._window_metrics()
@@ -204,28 +242,62 @@ class GPUUtilWatchdog(Callback):
             "step_ms": busy,
             "gpu_util": util,
             "gpu_mem_frac": mem,
-            "starved": 1.0 if self.verdict == "starved" else 0.0,
+            "starved": 1.0 if self.verdict in ("data-bound", "copy-bound") else 0.0,
         }
 
     # -- the verdict ------------------------------------------------------------------------------------------
+    def _evidence(self, m: dict[str, float | None]) -> Evidence:
+        return Evidence(
+            data_wait_frac=float("nan") if m["data_wait_frac"] is None else float(m["data_wait_frac"]),
+            step_ms=float(m["step_ms"] or 0.0), data_wait_ms=float(m["data_wait_ms"] or 0.0),
+            gpu_util=m["gpu_util"], gpu_mem_frac=m["gpu_mem_frac"],
+        )  # fmt: skip
+
     def _judge(self, trainer: pl.Trainer, m: dict[str, float | None]) -> None:
-        wait_frac, util, mem = m["data_wait_frac"], m["gpu_util"], m["gpu_mem_frac"]
+        wait_frac = m["data_wait_frac"]
         if wait_frac is None or math.isnan(wait_frac):
             return
-        low_util = util is None or util < self.util_threshold
-        if self.verdict == "starved":
-            if wait_frac < self.wait_threshold / 2:
-                self.verdict = "ok"
+        e = self._evidence(m)
+        verdict = classify(e, self.wait_threshold, self.util_threshold)
+        previous = self.verdict
+        if previous in ("data-bound", "copy-bound") and verdict not in ("data-bound", "copy-bound"):
+            if wait_frac >= self.wait_threshold / 2:
+                return  # hysteresis: back to another verdict only once the wait has halved
+        self.verdict = verdict
+        if verdict == previous:
             return
-        if wait_frac >= self.wait_threshold and low_util:
-            self.verdict = "starved"
+        if verdict in ("data-bound", "copy-bound"):
             self._report(trainer, m, self._diagnose(trainer, m))
-        elif util is not None and util < self.util_threshold and mem is not None and mem < 0.3:
-            if self.verdict != "small":
-                self.verdict = "small"
-                self._report(trainer, m, self._diagnose_small(m), starving=False)
-        else:
-            self.verdict = "ok"
+        elif verdict == "host-bound":
+            self._report(trainer, m, self._diagnose_host(trainer, m), starving=False)
+        elif verdict == "small":
+            message = self._diagnose_small(m)
+            self.warnings.append({"step": trainer.global_step, "verdict": verdict, "message": message})
+            rank_zero_info(message)
+
+    def facts(self, trainer: pl.Trainer) -> RunFacts:
+        """The run's configuration as the advice needs it (:class:`~lightning_gpu_boost.core.verdicts.RunFacts`)."""
+        found = self._loader_facts(trainer)
+        loader = found["loaders"][0] if found["loaders"] else None
+        procs = trainer.num_devices if trainer.world_size > 1 else 1
+        probe = self._worker_probe(trainer)
+        names = {type(c).__name__ for c in trainer.callbacks}
+        dm = getattr(trainer, "datamodule", None)
+        tuner = probe is not None or bool(names & {"AutoNumWorkers", "GPUBoost"}) or getattr(dm, "num_workers", None) == "auto"
+        val = [(v.num_workers, bool(v.persistent_workers)) for v in iter_loaders(getattr(trainer, "val_dataloaders", None))]
+        batches = trainer.num_training_batches
+        return RunFacts(
+            cuda=trainer.strategy.root_device.type == "cuda",
+            num_workers=None if loader is None else loader.num_workers,
+            usable_cpus=max(1, usable_cpus() // procs),
+            batch_size=None if loader is None else loader.batch_size,
+            pin_memory=None if loader is None else loader.pin_memory,
+            persistent_workers=None if loader is None else loader.persistent_workers,
+            prefetch=found["prefetch"], dali=bool(found["dali"]),
+            uint8_images=loader is not None and type(loader.dataset).__name__ in ("ImageFolderDataset", "LMDBImageDataset"),
+            tuner=tuner, probe=probe, val_loaders=val,
+            batches_per_epoch=int(batches) if isinstance(batches, int) or (isinstance(batches, float) and math.isfinite(batches)) else None,
+        )  # fmt: skip
 
     def _loader_facts(self, trainer: pl.Trainer) -> dict[str, Any]:
         train = getattr(trainer, "train_dataloader", None)
@@ -256,95 +328,44 @@ class GPUUtilWatchdog(Callback):
         return found[0] if found else None
 
     def _diagnose(self, trainer: pl.Trainer, m: dict[str, float | None]) -> str:
-        facts = self._loader_facts(trainer)
-        procs = trainer.num_devices if trainer.world_size > 1 else 1
-        cpus = max(1, usable_cpus() // procs)
-        cuda = trainer.strategy.root_device.type == "cuda"
+        found = self._loader_facts(trainer)
+        facts = self.facts(trainer)
         util = "unknown" if m["gpu_util"] is None else f"{m['gpu_util']:.0f} %"
-        who = "GPU" if cuda else "Training"
+        who = "GPU" if facts.cuda else "Training"
         lines = [
             f"{who} is starving for data: {100 * m['data_wait_frac']:.0f} % of each step is spent waiting for the "
             f"next batch ({m['data_wait_ms']:.1f} ms waiting vs {m['step_ms']:.1f} ms computing per step), "
             f"GPU utilization {util}."
         ]
-        advice = []
-        for loader in facts["loaders"][:1]:
-            workers = loader.num_workers
+        for loader in found["loaders"][:1]:
             lines.append(
-                f"Train loader: num_workers={workers} of {cpus} usable CPUs per process, batch_size="
-                f"{loader.batch_size}, pin_memory={loader.pin_memory}, persistent_workers="
+                f"Train loader: num_workers={loader.num_workers} of {facts.usable_cpus} usable CPUs per process, "
+                f"batch_size={loader.batch_size}, pin_memory={loader.pin_memory}, persistent_workers="
                 f"{loader.persistent_workers}"
-                + (f", prefetch to GPU={'on' if facts['prefetch'] else 'off'}." if cuda else ".")
+                + (f", prefetch to GPU={'on' if facts.prefetch else 'off'}." if facts.cuda else ".")
             )
-            probe = self._worker_probe(trainer)
-            if probe is not None and probe.num_workers == workers and not probe.conclusive:
-                advice.append(
-                    f"num_workers={workers} is yours, kept because the worker probe could not rank the counts within "
-                    f"its budget ({probe.reason}): raise its budget_s (AutoNumWorkers/GPUBoost workers_budget_s)."
-                )
-            elif probe is not None and probe.num_workers == workers:
-                advice.append(
-                    f"num_workers={workers} was measured as the fastest count for this loader alone (batches/s by "
-                    f"workers: {', '.join(f'{w}: {r:.1f}' for w, r in sorted(probe.table.items()))}); more workers "
-                    "do not load faster, so each sample's cost is the ceiling: make it cheaper (smaller files, fewer CPU "
-                    "transforms, features computed once ahead)"
-                    + (", or decode with NVIDIA DALI (DALIDataModule)." if cuda else ".")
-                )
-            elif workers == 0:
-                advice.append(
-                    f"num_workers=0 loads every batch in the training process: add AutoNumWorkers() to the Trainer "
-                    f"callbacks (or set num_workers to about {max(1, cpus - 1)})."
-                )
-            elif workers < cpus - 1:
-                advice.append(
-                    f"only {workers} of {cpus} CPUs load data: add AutoNumWorkers() to measure the best count."
-                )
-            else:
-                uint8 = type(loader.dataset).__name__ in ("ImageFolderDataset", "LMDBImageDataset")
-                options = [
-                    *(
-                        []
-                        if uint8
-                        else ["ship uint8 images and normalize on the GPU (ImageFolderDataModule)"]
-                    ),
-                    *(["decode with NVIDIA DALI (DALIDataModule)"] if cuda else []),
-                    "make each sample cheaper to load (smaller files, fewer CPU transforms)",
-                ]
-                choices = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
-                advice.append(
-                    f"the workers already use every CPU, so CPU-side loading is the ceiling: {choices}."
-                )
-            if cuda and not loader.pin_memory:
-                advice.append(
-                    "pin_memory=False makes every host-to-GPU copy synchronous: set pin_memory=True."
-                )
-            if workers > 0 and not loader.persistent_workers:
-                advice.append("persistent_workers=False restarts the workers every epoch: set it to True.")
-        for dali in facts["dali"][:1]:
+        for dali in found["dali"][:1]:
             lines.append(
                 f"Train loader: DALI pipeline on {dali.device}, num_threads={dali.num_threads}, read_threads="
                 f"{dali.read_threads}, prefetch_queue_depth={dali.prefetch_queue_depth}."
             )
-            advice.append(
-                "the DALI pipeline cannot keep up: where it decodes on the CPU, raise num_threads or switch "
-                "DALIDataModule to decoder_device='mixed' (GPU decoding); where it decodes on the GPU, try "
-                "decoder_device='cpu' if CPU cores are idle, or raise hw_decoder_load (hardware JPEG decoder on "
-                "A100/H100); slow storage: raise read_threads or pack the files into LMDB."
-            )
-        if cuda and not facts["prefetch"] and not facts["dali"]:
-            advice.append("StreamPrefetch() copies the next batch on a side stream while this step computes.")
-        if not facts["loaders"] and not facts["dali"]:
-            advice.append(
-                "the train loader is not a torch DataLoader; check how fast it yields batches alone."
-            )
-        return "\n".join([*lines, "Next: " + " ".join(f"({i + 1}) {a}" for i, a in enumerate(advice))])
+        verdict = self.verdict if self.verdict in ("data-bound", "copy-bound") else "data-bound"
+        return "\n".join([*lines, format_advice(advise(verdict, facts, self._evidence(m)))])
+
+    def _diagnose_host(self, trainer: pl.Trainer, m: dict[str, float | None]) -> str:
+        e = self._evidence(m)
+        return (
+            f"GPU is idle inside the step: utilization {m['gpu_util']:.0f} % while steps wait only "
+            f"{100 * e.data_wait_frac:.0f} % of their time for data ({m['step_ms']:.1f} ms per step). The step is "
+            "host-bound (a sync, Python work or kernel launches), not data-bound.\n"
+            + format_advice(advise("host-bound", self.facts(trainer), e))
+        )
 
     def _diagnose_small(self, m: dict[str, float | None]) -> str:
         return (
-            f"GPU is busy but small: it waits little for data ({100 * m['data_wait_frac']:.0f} % of each step) yet "
-            f"utilization is {m['gpu_util']:.0f} % with {100 * (m['gpu_mem_frac'] or 0):.0f} % of its memory in "
-            f"use and {m['step_ms']:.1f} ms steps. The data path is not the limit: try a larger batch (Lightning's "
-            "BatchSizeFinder callback), or fewer, larger kernels (torch.compile)."
+            f"GPU is busy but small: it waits little for data ({100 * m['data_wait_frac']:.0f} % of each step) and "
+            f"runs kernels {m['gpu_util']:.0f} % of the time, with {100 * (m['gpu_mem_frac'] or 0):.0f} % of its "
+            f"memory in use and {m['step_ms']:.1f} ms steps. " + format_advice(advise("small", RunFacts()))
         )
 
     def _report(
@@ -363,15 +384,24 @@ class GPUUtilWatchdog(Callback):
     def rank_summary(self) -> dict[str, float]:
         wait, busy = self.totals["wait_ms"], self.totals["busy_ms"]
         utils = [p["gpu_util"] for p in self.timeline if "gpu_util" in p]
+        mems = [p["gpu_mem_frac"] for p in self.timeline if "gpu_mem_frac" in p]
+        wall = (self._end if self._end is not None else time.perf_counter()) - (self._train_start or time.perf_counter())
         return {
             "steps": float(self.totals["steps"]),
             "data_wait_frac": wait / (wait + busy) if wait + busy > 0 else float("nan"),
+            "data_wait_ms": wait / max(1, self.totals["steps"] - self.warmup_steps),
             "step_ms": busy / max(1, self.totals["steps"] - self.warmup_steps),
             "gpu_util": sum(utils) / len(utils) if utils else float("nan"),
+            "gpu_mem_frac": sum(mems) / len(mems) if mems else float("nan"),
             "starved_frac": self.totals["starved_steps"] / max(1, self.totals["steps"] - self.warmup_steps),
+            "between_frac": self.between_s / wall if wall > 0 else float("nan"),
+            "validation_frac": self.validation_s / wall if wall > 0 else float("nan"),
         }
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._end = time.perf_counter()
+        if self._last_end is not None:
+            self.between_s += self._end - self._last_end  # the last validation and the end of the epoch
         self._stop()
         mine = self.rank_summary()
         keys = list(mine)
@@ -380,27 +410,49 @@ class GPUUtilWatchdog(Callback):
         self.summaries = [
             dict(zip(keys, row.tolist(), strict=True)) for row in gathered.reshape(-1, len(keys)).cpu()
         ]
+        slowest = self.summaries[self._slowest()]
+        e = Evidence(
+            data_wait_frac=slowest["data_wait_frac"], step_ms=slowest["step_ms"], data_wait_ms=slowest["data_wait_ms"],
+            gpu_util=None if math.isnan(slowest["gpu_util"]) else slowest["gpu_util"],
+            gpu_mem_frac=None if math.isnan(slowest["gpu_mem_frac"]) else slowest["gpu_mem_frac"],
+            between_frac=slowest["between_frac"], validation_frac=slowest["validation_frac"],
+        )  # fmt: skip
+        self.run_verdict = classify(e, self.wait_threshold, self.util_threshold, include_between=True)
+        self.run_advice = advise(self.run_verdict, self.facts(trainer), e)
+        if self.run_verdict == "between-steps":
+            message = (
+                f"{100 * e.between_frac:.0f} % of the training run passed outside the steps (epoch ends with "
+                f"worker restarts, validation {100 * (e.validation_frac or 0):.0f} %, checkpoints), which the "
+                "per-step figures leave out.\n" + format_advice(self.run_advice)
+            )
+            self.warnings.append({"step": trainer.global_step, "verdict": "between-steps", "message": message})
+            rank_zero_warn(message)
         if self.summary:
             rank_zero_info(self.format_summary())
         if self.plot_path and trainer.global_rank == 0:
             self._plot(self.plot_path)
 
+    def _slowest(self) -> int:
+        def key(rank: int) -> float:
+            value = self.summaries[rank]["data_wait_frac"]
+            return -1.0 if math.isnan(value) else value
+
+        return max(range(len(self.summaries)), key=key)
+
     def format_summary(self) -> str:
-        rows = ["rank | steps | GPU util | data wait | step ms | starved", "---|---|---|---|---|---"]
+        rows = ["rank | steps | GPU util | data wait | step ms | starved | outside steps",
+                "---|---|---|---|---|---|---"]  # fmt: skip
         for rank, s in enumerate(self.summaries):
             util = "n/a" if math.isnan(s["gpu_util"]) else f"{s['gpu_util']:.0f} %"
+            between = "n/a" if math.isnan(s["between_frac"]) else f"{100 * s['between_frac']:.0f} %"
             rows.append(
                 f"{rank} | {s['steps']:.0f} | {util} | {100 * s['data_wait_frac']:.0f} % | {s['step_ms']:.1f} | "
-                f"{100 * s['starved_frac']:.0f} %"
+                f"{100 * s['starved_frac']:.0f} % | {between}"
             )
-        slowest = max(range(len(self.summaries)), key=lambda r: self.summaries[r]["data_wait_frac"])
-        verdict = "starved" if any(w["verdict"] == "starved" for w in self.warnings) else "ok"
-        advice = (
-            self.warnings[-1]["message"].split("Next: ", 1)[-1] if self.warnings else "nothing to change."
-        )
+        advice = " ".join(f"({i + 1}) {a}" for i, a in enumerate(self.run_advice or []))
         return (
             "GPUUtilWatchdog summary (the slowest rank sets the pace)\n" + "\n".join(rows) +
-            f"\nverdict: {verdict} (slowest rank: {slowest}); advice: {advice}"
+            f"\nverdict: {self.run_verdict} (slowest rank: {self._slowest()}); advice: {advice}"
         )  # fmt: skip
 
     def _plot(self, path: str) -> None:

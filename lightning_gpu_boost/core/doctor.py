@@ -24,6 +24,7 @@ from lightning_gpu_boost.core.steady import (
     min_warmup,
     steady_window,
 )
+from lightning_gpu_boost.core.verdicts import Verdict
 from lightning_gpu_boost.core.workers import (
     clone_loader,
     measure_batches_per_s,
@@ -31,6 +32,9 @@ from lightning_gpu_boost.core.workers import (
 )
 
 Bottleneck = Literal["loader", "copy", "compute", "unknown"]
+
+#: each bottleneck's name in the taxonomy the watchdog shares (:mod:`~lightning_gpu_boost.core.verdicts`)
+VERDICT_OF: dict[str, Verdict | None] = {"loader": "data-bound", "copy": "copy-bound", "compute": "ok", "unknown": None}
 
 
 @dataclass
@@ -50,11 +54,16 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def verdict(self) -> Verdict | None:
+        """The bottleneck as a verdict of :mod:`~lightning_gpu_boost.core.verdicts` (``None`` where unknown)."""
+        return VERDICT_OF[self.bottleneck]
+
+    @property
     def ceiling_samples_per_s(self) -> float | None:
         return None if not self.step_ms else 1000 * self.batch_size / self.step_ms
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ceiling_samples_per_s": self.ceiling_samples_per_s}
+        return {**asdict(self), "ceiling_samples_per_s": self.ceiling_samples_per_s, "verdict": self.verdict}
 
     def format(self) -> str:
         def rate(value: float | None) -> str:
@@ -73,7 +82,7 @@ class Diagnosis:
         )
         step = "not measured" if self.step_ms is None else f"{self.step_ms:.1f} ms per batch"
         lines.append(f"  training step on a resident batch: {step} ({rate(self.ceiling_samples_per_s)})")
-        lines.append(f"Bottleneck: {self.bottleneck}")
+        lines.append(f"Bottleneck: {self.bottleneck}" + (f" (verdict: {self.verdict})" if self.verdict else ""))
         lines += [f"  -> {a}" for a in self.advice] + [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

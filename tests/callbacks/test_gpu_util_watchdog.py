@@ -37,7 +37,7 @@ def test_sleepy_dataset_warns_with_a_diagnosis(trainer_kwargs):
         _fit(trainer_kwargs, dog, DataLoader(Sleepy(80), batch_size=4))
     message = next(str(w.message) for w in record if "starving" in str(w.message))
     assert "num_workers=0" in message and "AutoNumWorkers" in message and "batch_size=4" in message
-    assert dog.verdict == "starved" and dog.warnings[0]["step"] <= 2 + 5 + 1
+    assert dog.verdict == "data-bound" and dog.warnings[0]["step"] <= 2 + 5 + 1
     assert dog.summaries[0]["data_wait_frac"] > 0.5
 
 
@@ -216,3 +216,51 @@ def test_ddp_summary_shows_every_rank(tmp_path):
     )
     assert len(results[0]["summaries"]) == 2 and results[0] == results[1]
     assert all(s["steps"] == 8 for s in results[0]["summaries"])
+
+
+def test_short_epochs_that_restart_their_workers_get_the_between_steps_verdict(trainer_kwargs):
+    """Epochs of 4 batches, workers that restart every epoch and a validation loader that does the same: most of
+    the run passes outside the steps, which the per-step figures leave out; the verdict says so and names
+    persistent_workers."""
+    dog = GPUUtilWatchdog(window=2, warmup_steps=0, summary=False)
+    train = DataLoader(IndexDataset(16), batch_size=4, num_workers=2)
+    val = DataLoader(IndexDataset(8), batch_size=4, num_workers=2)
+    with pytest.warns(UserWarning, match="outside the steps"):
+        pl.Trainer(callbacks=[dog], max_epochs=4, **trainer_kwargs).fit(RecordingModel(), train, val)
+    assert dog.run_verdict == "between-steps", dog.summaries
+    assert dog.summaries[0]["between_frac"] >= 0.25 and dog.summaries[0]["validation_frac"] > 0
+    text = " ".join(dog.run_advice)
+    assert "persistent_workers=True keeps the 2 train workers" in text and "validation loader" in text
+
+
+class SyncsEveryStep(pl.LightningModule):
+    """A fed step that reads its loss back with .item() and then spends 30 ms in Python (the host-bound loop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10))
+
+    def training_step(self, batch, batch_idx):
+        loss = self.net(batch[0]).logsumexp(-1).mean()
+        if loss.item() > 1e9:  # a sync every step
+            print("diverged")
+        time.sleep(0.03)  # Python work on the host while the GPU has nothing queued
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.gpu
+def test_a_step_that_syncs_and_runs_python_is_host_bound_not_starved():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    data = TensorDataset(torch.randn(64 * 256, 1024))
+    dog = GPUUtilWatchdog(window=10, warmup_steps=5)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=60, callbacks=[dog], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(SyncsEveryStep(), DataLoader(data, batch_size=256, pin_memory=True))
+    assert dog.verdict == "host-bound" and dog.run_verdict == "host-bound", dog.summaries
+    assert not [w for w in dog.warnings if w["verdict"] in ("data-bound", "copy-bound")]
+    message = next(w["message"] for w in dog.warnings if w["verdict"] == "host-bound")
+    assert ".item()" in message and "num_workers" not in message.split("Next:")[1]

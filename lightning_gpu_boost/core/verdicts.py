@@ -1,0 +1,254 @@
+"""One verdict taxonomy for the watchdog and ``doctor``: what limits a training run, and the change that fixes it
+*in this run's configuration*.
+
+Verdicts (:data:`VERDICTS`):
+
+- ``data-bound``: steps wait for their batch and the GPU idles meanwhile: the loader is the limit.
+- ``copy-bound``: steps wait, and most of the wait is the host-to-GPU copy (estimated from the batch's bytes).
+- ``host-bound``: steps hardly wait for data, yet the GPU idles *inside* the step: the step synchronizes with the
+  GPU (``.item()``, ``.cpu()``, printing a tensor), runs Python between kernels, or launches kernels slower than
+  they run. No data change helps.
+- ``small``: the GPU is busy and waits for nothing, with little of its memory in use: a larger batch may raise
+  throughput. Not a problem to warn about.
+- ``between-steps``: time outside the steps (epoch ends with worker restarts, validation, checkpoints) is a large
+  share of the run: the per-step accounting leaves it out, so it gets its own verdict.
+- ``ok``: compute-bound: the GPU is the limit.
+
+Advice never names an option that is already on (a worker tuner that ran, prefetching, pinned memory, persistent
+workers), never a data fix for a host-bound step, and where the fix is ours it gives the line to write. Nothing here
+needs a Trainer or CUDA: :class:`RunFacts` describes the run, :class:`Evidence` what was measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Verdict = Literal["data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok"]
+VERDICTS: tuple[str, ...] = ("data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok")
+
+#: a verdict of ``between-steps`` where time outside the steps is at least this share of the run
+BETWEEN_STEPS_SHARE = 0.25
+#: a wait counts as copy-bound where the estimated copy is at least this share of it
+COPY_SHARE = 0.5
+#: memory in use below this share of the GPU makes a busy GPU "small"
+SMALL_MEMORY = 0.3
+
+
+@dataclass
+class Evidence:
+    """What was measured over a window of steps (``None``: not measured, e.g. no NVML on a CPU run)."""
+
+    data_wait_frac: float
+    step_ms: float
+    data_wait_ms: float = 0.0
+    gpu_util: float | None = None
+    gpu_mem_frac: float | None = None
+    #: estimated host-to-GPU copy per step, ms (batch bytes over the measured bandwidth)
+    copy_ms: float | None = None
+    #: share of the run's wall time spent outside the steps (epoch ends, validation, checkpoints)
+    between_frac: float | None = None
+    #: of that, validation's share of the run's wall time
+    validation_frac: float | None = None
+
+
+@dataclass
+class RunFacts:
+    """The run's configuration, as far as it decides the advice."""
+
+    cuda: bool = False
+    num_workers: int | None = None
+    usable_cpus: int = 1
+    batch_size: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    #: batches are copied on a side stream ahead of the step (StreamPrefetch, GPUBoost, our DataModules)
+    prefetch: bool = False
+    #: the train loader is a DALI pipeline
+    dali: bool = False
+    #: the dataset ships uint8 images (our image datasets)
+    uint8_images: bool = False
+    #: a worker tuner (AutoNumWorkers, GPUBoost, ``num_workers="auto"``) is part of this run
+    tuner: bool = False
+    #: what the tuner measured (a :class:`~lightning_gpu_boost.core.workers.WorkerProbe`), where it ran
+    probe: Any = None
+    #: validation loaders (``num_workers``, ``persistent_workers``) where known
+    val_loaders: list[tuple[int, bool]] = field(default_factory=list)
+    #: samples per training epoch in batches, where known
+    batches_per_epoch: int | None = None
+
+
+def classify(
+    e: Evidence, wait_threshold: float = 0.2, util_threshold: float = 80.0, include_between: bool = False
+) -> Verdict:
+    """The verdict for ``e``: see the module's docstring. ``include_between`` also weighs time outside the steps
+    (at the end of a run; per window there is none)."""
+    util_known = e.gpu_util is not None and not math.isnan(e.gpu_util)
+    low_util = not util_known or e.gpu_util < util_threshold
+    if include_between and e.between_frac is not None and e.between_frac >= BETWEEN_STEPS_SHARE:
+        return "between-steps"
+    if not math.isnan(e.data_wait_frac) and e.data_wait_frac >= wait_threshold and low_util:
+        if e.copy_ms is not None and e.data_wait_ms > 0 and e.copy_ms >= COPY_SHARE * e.data_wait_ms:
+            return "copy-bound"
+        return "data-bound"
+    if util_known and e.gpu_util < util_threshold:
+        return "host-bound"
+    if util_known and e.gpu_mem_frac is not None and e.gpu_mem_frac < SMALL_MEMORY:
+        return "small"
+    return "ok"
+
+
+def _join(options: list[str]) -> str:
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+
+
+def advise(verdict: Verdict, facts: RunFacts, e: Evidence | None = None) -> list[str]:
+    """The changes that fix ``verdict`` in this run, most effective first; none that is already in place."""
+    f = facts
+    advice: list[str] = []
+    if verdict in ("data-bound", "copy-bound"):
+        if verdict == "copy-bound":
+            if f.cuda and not f.prefetch:
+                advice.append(
+                    "copy the next batch on a side stream while this step computes: "
+                    "Trainer(callbacks=[StreamPrefetch()])."
+                )
+            if f.cuda and f.pin_memory is False:
+                advice.append("pin_memory=False makes every host-to-GPU copy synchronous: set pin_memory=True.")
+            if not f.uint8_images:
+                advice.append(
+                    "ship fewer bytes: uint8 images normalized on the GPU (StreamPrefetch(normalize=(mean, std)) "
+                    "or ImageFolderDataModule), bfloat16 features, or int32 token ids instead of int64."
+                )
+            return advice or ["the copy runs at the link's speed: fewer bytes per sample is the remaining fix."]
+        advice += _loader_advice(f)
+        return advice
+    if verdict == "host-bound":
+        util = "" if e is None or e.gpu_util is None else f" ({e.gpu_util:.0f} % utilization while steps wait " \
+            f"{100 * e.data_wait_frac:.0f} % for data)"
+        return [
+            f"the GPU idles inside the step{util}, so data is not the limit and more workers will not help: remove "
+            "per-step synchronizations (.item(), .cpu(), .tolist(), printing tensors, torch.cuda.synchronize(); "
+            "log tensors with self.log(...), which does not sync each step) and Python work between kernels;",
+            "cut kernel-launch overhead with torch.compile(model) (mode='reduce-overhead' captures CUDA graphs), "
+            "or amortize the per-step host cost with a larger batch.",
+        ]
+    if verdict == "small":
+        return [
+            "the data path is not the limit; a larger batch (Lightning's BatchSizeFinder callback) or fewer, larger "
+            "kernels (torch.compile) may raise throughput."
+        ]
+    if verdict == "between-steps":
+        return _between_advice(f, e)
+    return ["nothing to change: the GPU is the limit."]
+
+
+def _loader_advice(f: RunFacts) -> list[str]:
+    advice: list[str] = []
+    workers = f.num_workers
+    probe = f.probe
+    if f.dali:
+        return [
+            "the DALI pipeline cannot keep up: where it decodes on the CPU, raise num_threads or switch "
+            "DALIDataModule to decoder_device='mixed' (GPU decoding); where it decodes on the GPU, try "
+            "decoder_device='cpu' if CPU cores are idle, or raise hw_decoder_load; slow storage: raise read_threads "
+            "or pack the files into LMDB."
+        ]
+    if workers is not None:
+        if probe is not None and probe.num_workers == workers and not probe.conclusive:
+            advice.append(
+                f"num_workers={workers} is yours, kept because the worker probe could not rank the counts within its "
+                f"budget ({probe.reason}): raise its budget_s (AutoNumWorkers/GPUBoost workers_budget_s)."
+            )
+        elif probe is not None and probe.num_workers == workers:
+            table = ", ".join(f"{w}: {r:.1f}" for w, r in sorted(probe.table.items()))
+            advice.append(
+                f"num_workers={workers} was measured as the fastest count for this loader alone (batches/s by "
+                f"workers: {table}); more workers do not load faster, so each sample's cost is the ceiling: "
+                + _join(_sample_cost_fixes(f))
+                + "."
+            )
+        elif f.tuner:
+            advice.append(
+                f"num_workers={workers} was set by the worker tuner in this run; each sample's cost is the "
+                "ceiling: " + _join(_sample_cost_fixes(f)) + "."
+            )
+        elif workers == 0:
+            advice.append(
+                "num_workers=0 loads every batch in the training process: add AutoNumWorkers() to the Trainer "
+                f"callbacks (or set num_workers to about {max(1, f.usable_cpus - 1)})."
+            )
+        elif workers < f.usable_cpus - 1:
+            advice.append(
+                f"only {workers} of {f.usable_cpus} CPUs load data: add AutoNumWorkers() to measure the best count."
+            )
+        else:
+            advice.append(
+                "the workers already use every CPU, so CPU-side loading is the ceiling: "
+                + _join(_sample_cost_fixes(f))
+                + "."
+            )
+        if f.cuda and f.pin_memory is False:
+            advice.append("pin_memory=False makes every host-to-GPU copy synchronous: set pin_memory=True.")
+        if workers > 0 and f.persistent_workers is False:
+            advice.append("persistent_workers=False restarts the workers every epoch: set it to True.")
+    else:
+        advice.append("the train loader is not a torch DataLoader; check how fast it yields batches alone.")
+    if f.cuda and not f.prefetch:
+        advice.append("StreamPrefetch() copies the next batch on a side stream while this step computes.")
+    return advice
+
+
+def _sample_cost_fixes(f: RunFacts) -> list[str]:
+    fixes = []
+    sample_ms = getattr(f.probe, "sample_ms", None) if f.probe is not None else None
+    if sample_ms is not None and sample_ms < 0.05 and (f.batch_size or 0) >= 256:
+        fixes.append(
+            f"fetch whole batches at once: a sample costs {1000 * sample_ms:.0f} µs, so per-sample Python "
+            "dominates; give the dataset __getitems__(indices) returning the batch's samples in one indexing "
+            "(or use a BatchSampler as the sampler with batch_size=None)"
+        )
+    if not f.uint8_images:
+        fixes.append("ship uint8 images and normalize on the GPU (ImageFolderDataModule or StreamPrefetch(normalize=...))")
+    if f.cuda:
+        fixes.append("decode images with NVIDIA DALI (DALIDataModule)")
+    fixes.append(
+        "make each sample cheaper to load (pre-resized images: lightning-gpu-boost pack --max-side N; features "
+        "computed once ahead; fewer CPU transforms)"
+    )
+    return fixes
+
+
+def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
+    advice: list[str] = []
+    share = "" if e is None or e.between_frac is None else f"{100 * e.between_frac:.0f} % of the run passes "
+    lead = f"{share}outside the training steps (epoch ends, validation, checkpoints)"
+    if f.num_workers and f.persistent_workers is False:
+        advice.append(
+            f"{lead}: persistent_workers=True keeps the {f.num_workers} train workers alive across epochs instead "
+            "of starting them again at every epoch"
+        )
+    restart = [w for w, persistent in f.val_loaders if w > 0 and not persistent]
+    if restart:
+        advice.append("persistent_workers=True on the validation loader too (its workers restart every validation)")
+    if e is not None and e.validation_frac is not None and e.validation_frac >= BETWEEN_STEPS_SHARE / 2:
+        advice.append(
+            f"validation takes {100 * e.validation_frac:.0f} % of the run: validate less often "
+            "(Trainer(check_val_every_n_epoch=N) or val_check_interval) or on fewer batches (limit_val_batches)"
+        )
+    if f.batches_per_epoch is not None and f.batches_per_epoch < 50:
+        advice.append(
+            f"epochs of {f.batches_per_epoch} batches pay an epoch's start-up often: longer epochs (more samples per "
+            "epoch, e.g. repeat the dataset) amortize it"
+        )
+    if not advice:
+        advice.append(f"{lead}: check checkpoint frequency (ModelCheckpoint every_n_train_steps) and epoch-end hooks")
+    elif not advice[0].startswith(lead):
+        advice[0] = f"{lead}: {advice[0]}"
+    return advice
+
+
+def format_advice(advice: list[str]) -> str:
+    """``"Next: (1) ... (2) ..."``."""
+    return "Next: " + " ".join(f"({i + 1}) {a}" for i, a in enumerate(advice))

@@ -1,0 +1,68 @@
+"""The verdict taxonomy shared by the watchdog and doctor: the right verdict, and advice that fits the run."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, classify
+from lightning_gpu_boost.core.workers import WorkerProbe
+
+
+@pytest.mark.parametrize(
+    "evidence,verdict",
+    [
+        (Evidence(0.6, 10.0, 15.0, gpu_util=30.0), "data-bound"),
+        (Evidence(0.6, 10.0, 15.0), "data-bound"),  # no NVML: the wait alone decides
+        (Evidence(0.6, 10.0, 15.0, gpu_util=30.0, copy_ms=12.0), "copy-bound"),
+        (Evidence(0.05, 40.0, 2.0, gpu_util=45.0, gpu_mem_frac=0.6), "host-bound"),  # .item() + Python in the step
+        (Evidence(0.05, 40.0, 2.0, gpu_util=45.0, gpu_mem_frac=0.1), "host-bound"),  # not "small": the GPU idles
+        (Evidence(0.02, 3.0, 0.1, gpu_util=97.0, gpu_mem_frac=0.05), "small"),
+        (Evidence(0.02, 60.0, 1.0, gpu_util=99.0, gpu_mem_frac=0.7), "ok"),
+        (Evidence(0.02, 60.0, 1.0), "ok"),  # CPU run, fed
+    ],
+)
+def test_classify(evidence, verdict):
+    assert classify(evidence) == verdict
+
+
+def test_time_outside_the_steps_is_its_own_verdict_at_the_end_of_a_run():
+    e = Evidence(0.02, 60.0, 1.0, gpu_util=99.0, gpu_mem_frac=0.7, between_frac=0.6, validation_frac=0.3)
+    assert classify(e) == "ok" and classify(e, include_between=True) == "between-steps"
+    facts = RunFacts(cuda=True, num_workers=16, usable_cpus=16, persistent_workers=False, val_loaders=[(4, False)],
+                     batches_per_epoch=31)  # fmt: skip
+    text = " ".join(advise("between-steps", facts, e))
+    assert "persistent_workers=True" in text and "validation" in text and "31 batches" in text
+    persistent = RunFacts(cuda=True, num_workers=16, usable_cpus=16, persistent_workers=True, batches_per_epoch=250)
+    assert "persistent_workers=True keeps" not in " ".join(advise("between-steps", persistent, e))
+
+
+def test_advice_never_names_what_is_already_on():
+    e = Evidence(0.6, 10.0, 15.0, gpu_util=30.0)
+    plain = " ".join(advise("data-bound", RunFacts(cuda=True, num_workers=0, usable_cpus=16, pin_memory=False,
+                                                   persistent_workers=False)))  # fmt: skip
+    assert "add AutoNumWorkers()" in plain and "pin_memory=True" in plain and "StreamPrefetch()" in plain
+    boosted = RunFacts(cuda=True, num_workers=16, usable_cpus=16, pin_memory=True, persistent_workers=True,
+                       prefetch=True, tuner=True, uint8_images=True)  # fmt: skip
+    text = " ".join(advise("data-bound", boosted, e))
+    for already_on in ("add AutoNumWorkers()", "StreamPrefetch()", "pin_memory=True", "persistent_workers=True",
+                       "ship uint8 images"):  # fmt: skip
+        assert already_on not in text, (already_on, text)
+    assert "set by the worker tuner" in text
+    probe = WorkerProbe(16, {8: 10.0, 16: 12.0}, 5.0, 16, user_workers=4)
+    measured = " ".join(advise("data-bound", RunFacts(cuda=True, num_workers=16, usable_cpus=16, tuner=True,
+                                                      probe=probe)))  # fmt: skip
+    assert "was measured as the fastest count" in measured and "add AutoNumWorkers()" not in measured
+
+
+def test_a_host_bound_step_gets_no_data_advice():
+    facts = RunFacts(cuda=True, num_workers=0, usable_cpus=16, pin_memory=False)
+    text = " ".join(advise("host-bound", facts, Evidence(0.05, 40.0, 2.0, gpu_util=45.0)))
+    assert ".item()" in text and "torch.compile" in text
+    assert "num_workers" not in text and "AutoNumWorkers" not in text and "pin_memory" not in text
+
+
+def test_cheap_rows_at_a_large_batch_are_told_to_fetch_whole_batches():
+    probe = WorkerProbe(16, {8: 50.0, 16: 80.0}, 5.0, 16, user_workers=0, sample_ms=0.004)
+    text = " ".join(advise("data-bound", RunFacts(num_workers=16, usable_cpus=16, batch_size=8192, tuner=True,
+                                                  probe=probe)))  # fmt: skip
+    assert "__getitems__" in text
