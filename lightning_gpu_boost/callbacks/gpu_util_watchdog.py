@@ -125,6 +125,7 @@ class GPUUtilWatchdog(Callback):
         self.validation_s = 0.0
         self._val_start: float | None = None
         self._end: float | None = None
+        self._first_start: float | None = None
         self.run_advice: list[str] = []
         self.warnings: list[dict[str, Any]] = []
         self.timeline: list[dict[str, float]] = []
@@ -186,8 +187,11 @@ class GPUUtilWatchdog(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         now = time.perf_counter()
-        if self._in_gap and self._train_start is not None:  # worker start-up, an epoch's end, validation ...
-            self.between_s += now - (self._last_end if self._last_end is not None else self._train_start)
+        if self._last_end is None:  # the first step: start-up (workers, the first batch) is paid once per fit
+            if self._first_start is None:
+                self._first_start = now
+        elif self._in_gap:  # an epoch's end (workers restart), validation, a checkpoint
+            self.between_s += now - self._last_end
         self._in_gap = False
         if self._timer is not None:
             self._timer.step_start()
@@ -385,7 +389,8 @@ class GPUUtilWatchdog(Callback):
         wait, busy = self.totals["wait_ms"], self.totals["busy_ms"]
         utils = [p["gpu_util"] for p in self.timeline if "gpu_util" in p]
         mems = [p["gpu_mem_frac"] for p in self.timeline if "gpu_mem_frac" in p]
-        wall = (self._end if self._end is not None else time.perf_counter()) - (self._train_start or time.perf_counter())
+        # the run from its first step on (start-up before it is paid once per fit, not per epoch)
+        wall = (self._end if self._end is not None else time.perf_counter()) - (self._first_start or time.perf_counter())
         return {
             "steps": float(self.totals["steps"]),
             "data_wait_frac": wait / (wait + busy) if wait + busy > 0 else float("nan"),

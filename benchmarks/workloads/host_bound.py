@@ -1,0 +1,62 @@
+"""A fed model whose step synchronizes and does Python work every step, as many research loops are written: the
+batch is already in memory, the step reads its loss and accuracy back with ``.item()`` for a running Python
+average, and builds a per-class confusion table in Python before returning.
+
+Expected on the GPU: host-bound (the GPU idles while the host waits on ``.item()`` and runs the Python loop; no data
+change helps). On a CPU the step is all host work, and the data wait is small: ok.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+EXPECTED = {"cpu": "ok", "gpu": "host-bound"}
+SIZES = {
+    "cpu": {"samples": 4096, "features": 64, "batch": 64, "hidden": 1024, "steps": 40},
+    "gpu": {"samples": 65536, "features": 512, "batch": 1024, "hidden": 2048, "steps": 80},
+}
+
+
+class Classifier(pl.LightningModule):
+    def __init__(self, features: int, hidden: int, classes: int = 20) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, classes))  # fmt: skip
+        self.classes = classes
+        self.running: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.net(x)
+        loss = F.cross_entropy(logits, y)
+        self.running.append(loss.item())  # a sync every step
+        predictions = logits.argmax(-1).tolist()  # and another, to build a table in Python
+        table = [[0] * self.classes for _ in range(self.classes)]
+        for truth, guess in zip(y.tolist(), predictions, strict=True):
+            table[truth][guess] += 1
+        accuracy = sum(table[k][k] for k in range(self.classes)) / len(predictions)
+        self.log("train_acc", accuracy, prog_bar=True)
+        self.log("train_loss_avg", sum(self.running[-50:]) / len(self.running[-50:]))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def prepare(root: Path, size: str) -> Path:
+    return Path(root)  # the data is made in memory
+
+
+def build(data: Path, size: str):
+    cfg = SIZES[size]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(cfg["samples"], cfg["features"], generator=g)
+    y = torch.randint(0, 20, (cfg["samples"],), generator=g)
+    loader = DataLoader(TensorDataset(x, y), batch_size=cfg["batch"], shuffle=True)
+    return Classifier(cfg["features"], cfg["hidden"]), loader, None, {"max_steps": cfg["steps"]}

@@ -1,0 +1,52 @@
+"""The seven workloads (and short epochs) at CPU size: the watchdog's CPU-visible verdict on each plain project is
+the one written in the workload before it first ran (data-bound, ok or between-steps; host-bound needs a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKLOADS = Path(__file__).resolve().parent.parent / "benchmarks" / "workloads"
+
+
+def _runner():
+    spec = importlib.util.spec_from_file_location("workloads_runner", WORKLOADS / "__main__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # puts benchmarks/workloads on sys.path
+    return module
+
+
+RUNNER = _runner()
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("workloads")
+
+
+@pytest.mark.parametrize("name", RUNNER.names())
+def test_each_workload_gets_its_expected_verdict_at_cpu_size(name, data_root):
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        result = RUNNER.fit(name, "cpu", data_root)
+    finally:
+        torch.set_num_threads(threads)
+    expected = sys.modules[name].EXPECTED["cpu"]
+    assert result["verdict"] == expected, (result["watchdog"], result["advice"])
+    if expected == "ok":
+        assert result["starvation_warnings"] == 0
+    if expected == "between-steps":
+        assert "persistent_workers=True" in " ".join(result["advice"])
+
+
+def test_workloads_are_written_without_this_package():
+    for path in WORKLOADS.glob("*.py"):
+        if path.name in ("__main__.py", "__init__.py"):
+            continue
+        assert not re.search(r"^\s*(from|import)\s+lightning_gpu_boost", path.read_text(), re.M), path.name
