@@ -17,7 +17,15 @@ from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
-from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, Verdict, advise, classify, format_advice
+from lightning_gpu_boost.core.verdicts import (
+    Evidence,
+    RunFacts,
+    Verdict,
+    advise,
+    batch_kind,
+    classify,
+    format_advice,
+)
 from lightning_gpu_boost.core.workers import iter_loaders
 
 
@@ -126,6 +134,7 @@ class GPUUtilWatchdog(Callback):
         self._val_start: float | None = None
         self._end: float | None = None
         self._first_start: float | None = None
+        self._batch_kind: str | None = None
         self.run_advice: list[str] = []
         self.warnings: list[dict[str, Any]] = []
         self.timeline: list[dict[str, float]] = []
@@ -190,6 +199,7 @@ class GPUUtilWatchdog(Callback):
         if self._last_end is None:  # the first step: start-up (workers, the first batch) is paid once per fit
             if self._first_start is None:
                 self._first_start = now
+                self._batch_kind = batch_kind(batch)
         elif self._in_gap:  # an epoch's end (workers restart), validation, a checkpoint
             self.between_s += now - self._last_end
         self._in_gap = False
@@ -299,7 +309,7 @@ class GPUUtilWatchdog(Callback):
             persistent_workers=None if loader is None else loader.persistent_workers,
             prefetch=found["prefetch"], dali=bool(found["dali"]),
             uint8_images=loader is not None and type(loader.dataset).__name__ in ("ImageFolderDataset", "LMDBImageDataset"),
-            tuner=tuner, probe=probe, val_loaders=val,
+            tuner=tuner, probe=probe, val_loaders=val, batch_kind=self._batch_kind,
             batches_per_epoch=int(batches) if isinstance(batches, int) or (isinstance(batches, float) and math.isfinite(batches)) else None,
         )  # fmt: skip
 

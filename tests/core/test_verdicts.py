@@ -66,3 +66,29 @@ def test_cheap_rows_at_a_large_batch_are_told_to_fetch_whole_batches():
     text = " ".join(advise("data-bound", RunFacts(num_workers=16, usable_cpus=16, batch_size=8192, tuner=True,
                                                   probe=probe)))  # fmt: skip
     assert "__getitems__" in text
+
+
+def test_batch_kind_and_the_sample_cost_advice_follow_what_the_batches_hold():
+    import torch
+
+    from lightning_gpu_boost.core.verdicts import batch_kind
+
+    images, masks = torch.rand(4, 3, 32, 32), torch.zeros(4, 32, 32, dtype=torch.long)
+    assert batch_kind((images, torch.arange(4))) == "images"
+    assert batch_kind({"image": images, "mask": masks}) == "images+masks"
+    assert batch_kind((torch.rand(4, 300, 80), torch.tensor([300, 200, 100, 50]), torch.arange(4))) == "features"
+    assert batch_kind((torch.randint(0, 9, (4, 64)), torch.randint(0, 9, (4, 64)))) == "tokens"
+    assert batch_kind((torch.rand(4, 64), torch.arange(4))) == "rows"
+    assert batch_kind("text") is None
+    e = Evidence(0.6, 10.0, 15.0, gpu_util=30.0)
+
+    def advice(kind: str, workers: int = 16) -> str:
+        return " ".join(advise("data-bound", RunFacts(cuda=True, num_workers=workers, usable_cpus=16, tuner=True,
+                                                      batch_kind=kind, prefetch=True), e))  # fmt: skip
+
+    assert "spectrogram" in advice("features") and "uint8 images" not in advice("features")
+    assert "kornia" in advice("images+masks")
+    assert "memmap" in advice("tokens") and "DALI" not in advice("tokens")
+    assert "DALI" in advice("images") and "uint8" in advice("images")
+    rows = " ".join(advise("data-bound", RunFacts(num_workers=0, usable_cpus=16, batch_kind="rows"), e))
+    assert rows.index("__getitems__") < rows.index("AutoNumWorkers"), rows
