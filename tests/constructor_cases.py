@@ -60,7 +60,8 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
     specs: list[tuple[Callable[..., Any], dict[str, Any], dict[str, str]]] = [
         (StreamPrefetch, {}, {"normalize": "normalize", "image_key": "key?", "dtype": "dtype",
                               "channels_last": "bool", "depth": "int>=1", "cpu_lookahead": "bool",
-                              "move_normalize": "bool"}),
+                              "move_normalize": "bool", "transform": "callable?", "val_transform": "callable?",
+                              "transform_seed": "int>=0?"}),
         (GPUUtilWatchdog, {}, {"window": "int>=1", "warmup_steps": "int>=0", "wait_threshold": "open01",
                                "util_threshold": "percent", "on_starvation": "dtype", "warn_every_n_steps": "int>=1",
                                "sample_interval_s": "float>0", "plot_path": "writable?", "summary": "bool"}),
@@ -71,7 +72,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (GPUBoost, {}, {"prefetch": "bool", "auto_workers": "bool", "watchdog": "bool", "tf32": "bool",
                         "cudnn_benchmark": "bool", "channels_last": "bool", "normalize": "normalize",
                         "normalize_dtype": "dtype", "workers_budget_s": "float>0", "on_starvation": "dtype",
-                        "gpu_normalize": "bool"}),
+                        "gpu_normalize": "bool", "transform": "callable?", "val_transform": "callable?"}),
         (ThroughputMeter, {}, {"warmup": "int>=0", "steps": "int>=1?", "sample_gpu_util": "bool"}),
         (BoostDataModule, {}, boost),
         (ImageFolderDataset, {"root": tree}, {"root": "path", **image}),

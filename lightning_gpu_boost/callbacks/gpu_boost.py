@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -17,7 +18,8 @@ from lightning_gpu_boost.strategies.presets import configure_backends, recommend
 
 _HOOKS = (
     "setup", "teardown", "on_fit_start", "on_train_start", "on_train_end", "on_train_epoch_start",
-    "on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_save_checkpoint", "on_exception",
+    "on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_validation_end", "on_save_checkpoint",
+    "on_exception",
 )  # fmt: skip
 
 
@@ -47,6 +49,9 @@ class GPUBoost(Callback):
         gpu_normalize: move a torchvision dataset's trailing ``ToTensor(), Normalize(mean, std)`` to the GPU
             (``StreamPrefetch(move_normalize=True)``): workers send uint8, the model gets the same normalized
             float32 images. Ignored when ``normalize`` is given.
+        transform: a batch transform run on the GPU for training, overlapped with the step
+            (``StreamPrefetch(transform=...)``: seeded per rank, epoch and batch).
+        val_transform: the deterministic batch transform for validation, test and predict loaders.
 
     Raises:
         ValueError: bad arguments of its parts (the parts' messages).
@@ -70,6 +75,8 @@ class GPUBoost(Callback):
         workers_budget_s: float = 30.0,
         on_starvation: Literal["warn", "raise", "ignore"] = "warn",
         gpu_normalize: bool = True,
+        transform: Callable[[Any], Any] | None = None,
+        val_transform: Callable[[Any], Any] | None = None,
     ) -> None:
         for name, value in (("prefetch", prefetch), ("auto_workers", auto_workers), ("watchdog", watchdog),
                             ("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark), ("channels_last", channels_last),
@@ -86,6 +93,8 @@ class GPUBoost(Callback):
                 dtype=normalize_dtype,
                 channels_last=channels_last and normalize is not None,
                 move_normalize=gpu_normalize,
+                transform=transform,
+                val_transform=val_transform,
             )
         if auto_workers:
             self.parts["auto_workers"] = AutoNumWorkers(budget_s=workers_budget_s)

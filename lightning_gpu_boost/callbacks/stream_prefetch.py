@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import weakref
+from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -56,9 +58,18 @@ class StreamPrefetch(Callback):
             workers send uint8 images (less CPU per image, 4x fewer bytes to collate, pin and copy) and the
             model receives the same normalized float32 images (one info line per loader). Ignored when
             ``normalize`` is given. ``GPUBoost`` turns it on.
+        transform: a batch transform run on the GPU for the training loader (e.g. a
+            ``torchvision.transforms.v2.Compose`` or ``kornia.augmentation.AugmentationSequential`` on CUDA
+            tensors), right after the side-stream copy, ``depth`` batches ahead, so it overlaps the current step.
+            Its random draws are seeded per rank, epoch and batch (reproducible, the same whatever ``depth``; see
+            :class:`~lightning_gpu_boost.core.prefetch.StreamPrefetcher`). It runs before ``normalize``.
+        val_transform: the (deterministic) batch transform for validation, test and predict loaders.
+        transform_seed: the seed of ``transform``'s draws; ``None`` takes Lightning's ``seed_everything`` seed
+            (``PL_GLOBAL_SEED``) where set, else 0.
 
     Raises:
-        ValueError: bad ``normalize``, ``dtype`` or ``depth``.
+        ValueError: bad ``normalize``, ``dtype``, ``depth`` or ``transform_seed``, or a ``transform`` that is not
+            callable.
 
     On CUDA, DataLoaders with ``pin_memory=False`` are switched to ``pin_memory=True`` (one info line): an
     asynchronous copy needs page-locked memory, and the DataLoader pins in its own thread.
@@ -85,8 +96,17 @@ class StreamPrefetch(Callback):
         depth: int = 1,
         cpu_lookahead: bool = False,
         move_normalize: bool = False,
+        transform: Callable[[Any], Any] | None = None,
+        val_transform: Callable[[Any], Any] | None = None,
+        transform_seed: int | None = None,
     ) -> None:
         checks.check_int("depth", depth, low=1)
+        checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
+        for name, value in (("transform", transform), ("val_transform", val_transform)):
+            if value is not None and not callable(value):
+                raise ValueError(f"{name} must be a callable on the batch (on the GPU) or None, got {value!r}.")
+        self.transform, self.val_transform, self.transform_seed = transform, val_transform, transform_seed
+        self._train_prefetchers: weakref.WeakSet[StreamPrefetcher] = weakref.WeakSet()
         checks.check_choice("dtype", dtype, ("float32", "bfloat16", "float16"))
         checks.check_normalize("normalize", normalize)
         if image_key is not None and (isinstance(image_key, bool) or not isinstance(image_key, (str, int))):
@@ -156,13 +176,25 @@ class StreamPrefetch(Callback):
                 if isinstance(dataloader, DataLoader)
                 else self.normalize
             )
-            return StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=normalize)
+            transform = self.transform if stage in ("train", "fit", None) else self.val_transform
+            seed = self.transform_seed
+            if seed is None:
+                seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)
+            prefetcher = StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=normalize,
+                                          transform=transform, seed=seed, rank=trainer.global_rank)  # fmt: skip
+            if transform is not None and stage in ("train", "fit", None):
+                self._train_prefetchers.add(prefetcher)
+            return prefetcher
 
         if self.move_normalize and self.normalize is None:
             add_dataloader_hook(strategy, f"StreamPrefetch-uint8-{id(self)}", to_uint8, before=True)
         add_dataloader_hook(strategy, f"StreamPrefetch-{id(self)}", wrap, before=False)
         self._strategy = strategy
         self.active = True
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for prefetcher in list(self._train_prefetchers):  # the epoch seeds the transform's draws
+            prefetcher.set_epoch(trainer.current_epoch)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         strategy, self._strategy = self._strategy, None

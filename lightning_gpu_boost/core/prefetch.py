@@ -266,6 +266,22 @@ def _pin(t: torch.Tensor) -> torch.Tensor:
     return t.pin_memory()
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def batch_seed(seed: int, rank: int, epoch: int, index: int) -> int:
+    """A seed for one batch's random transform, from the run's ``seed``, the process's ``rank``, the ``epoch`` and
+    the batch's ``index`` in it (splitmix64 over the four): the same batch gets the same draws whatever the prefetch
+    depth, another rank, epoch or batch gets others. Below 2**63 (``torch.manual_seed`` takes it)."""
+    x = 0
+    for part in (seed, rank, epoch, index):
+        x = (x ^ (int(part) & _MASK64)) + 0x9E3779B97F4A7C15 & _MASK64
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+        x ^= x >> 31
+    return x >> 1
+
+
 class StreamPrefetcher:
     """Wrap an iterable of batches; iterate it to get the batches on ``device``, copied ``depth`` batches ahead.
 
@@ -274,8 +290,18 @@ class StreamPrefetcher:
         device: target device (default ``cuda:<current>``). On a CPU device batches pass through unchanged and
             the wrapper only looks ahead.
         depth: batches copied ahead of the one being consumed, ``>= 1``.
-        normalize: a :class:`GPUNormalize` applied on the device after the copy, or ``None``.
+        normalize: a :class:`GPUNormalize` applied on the device after the copy (and after ``transform``), or
+            ``None``.
         pin: pin unpinned CPU tensors before copying (one warning); ``False`` copies them as they are.
+        transform: a callable on the batch on ``device`` (e.g. built from ``torchvision.transforms.v2`` or
+            ``kornia.augmentation``), run right after the copy on the side stream, ``depth`` batches ahead, so it
+            overlaps the current step. Its random draws come from torch's generators seeded for each batch by
+            :func:`batch_seed` (``seed``, ``rank``, the epoch set by :meth:`set_epoch`, the batch's index in the
+            epoch) inside ``torch.random.fork_rng``: the same batch gets the same draws whatever ``depth``, and the
+            caller's random state is left as it was. It runs before ``normalize`` (which only touches uint8
+            images): a transform that returns float images normalizes them itself.
+        seed: the run's seed for ``transform``'s draws.
+        rank: this process's rank (another rank draws other numbers).
 
     Attribute access and assignment fall through to ``loader`` (``sampler``, ``batch_sampler``, ``dataset``,
     ``worker_init_fn`` ...), ``len()`` is the loader's, and ``state_dict()``/``load_state_dict()`` exist when the
@@ -293,7 +319,8 @@ class StreamPrefetcher:
         [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5]]
     """
 
-    _OWN = ("_loader", "_device", "_depth", "_normalize", "_pin", "_stream", "_state", "_iterating")
+    _OWN = ("_loader", "_device", "_depth", "_normalize", "_pin", "_stream", "_state", "_iterating", "_transform",
+            "_seed", "_rank", "_epoch")
 
     def __new__(cls, loader: Iterable, *args: Any, **kwargs: Any) -> StreamPrefetcher:
         # Stateful loaders get real state_dict/load_state_dict methods: Lightning's `isinstance(x, _Stateful)`
@@ -310,9 +337,17 @@ class StreamPrefetcher:
         depth: int = 1,
         normalize: GPUNormalize | None = None,
         pin: bool = True,
+        transform: Any = None,
+        seed: int = 0,
+        rank: int = 0,
     ) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an int >= 1, got {depth!r}.")
+        if transform is not None and not callable(transform):
+            raise ValueError(f"transform must be a callable on the batch or None, got {transform!r}.")
+        for name, value in (("seed", seed), ("rank", rank)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device())
         device = torch.device(device)
@@ -326,6 +361,26 @@ class StreamPrefetcher:
         object.__setattr__(self, "_stream", None)
         object.__setattr__(self, "_state", None)
         object.__setattr__(self, "_iterating", False)
+        object.__setattr__(self, "_transform", transform)
+        object.__setattr__(self, "_seed", seed)
+        object.__setattr__(self, "_rank", rank)
+        object.__setattr__(self, "_epoch", 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration belongs to (it seeds ``transform``'s draws); also passed on to the loader
+        where it has ``set_epoch``."""
+        object.__setattr__(self, "_epoch", int(epoch))
+
+    def _apply_transform(self, batch: Any, index: int) -> Any:
+        """``transform(batch)`` with torch's generators (CPU, and this CUDA device) seeded for this batch, inside
+        ``fork_rng``: the caller's random state is restored afterwards."""
+        seed = batch_seed(self._seed, self._rank, self._epoch, index)
+        cuda = self._device.type == "cuda"
+        with torch.random.fork_rng(devices=[self._device] if cuda else [], device_type="cuda"):
+            torch.random.default_generator.manual_seed(seed)
+            if cuda:
+                torch.cuda.default_generators[self._device.index].manual_seed(seed)
+            return self._transform(batch)
 
     # -- pass-through of the wrapped loader ----------------------------------------------------------------
     @property
@@ -401,12 +456,16 @@ class StreamPrefetcher:
         queue: deque = deque()
         it = iter(self._loader)
         object.__setattr__(self, "_iterating", True)
+        index = 0
         try:
             alive = True
             while alive and len(queue) < self._depth:
                 alive = self._fetch(it, queue)
             while queue:
                 batch = self._hand_out(queue.popleft())
+                if self._transform is not None:
+                    batch = self._apply_transform(batch, index)
+                index += 1
                 if self._normalize is not None:
                     batch = self._normalize(batch)
                 if alive:
@@ -423,8 +482,10 @@ class StreamPrefetcher:
         side: torch.cuda.Stream = self._stream
         queue: deque = deque()  # items: (kind, batch on GPU, loader state, ready event)
         it = iter(self._loader)
+        fetched = 0  # batches of this epoch copied so far: the next one's index
 
         def fetch_and_copy() -> bool:
+            nonlocal fetched
             alive = self._fetch(it, queue)
             if alive:
                 kind, batch, state = queue.pop()
@@ -432,6 +493,9 @@ class StreamPrefetcher:
                 side.wait_stream(consumer)
                 with torch.cuda.stream(side):
                     batch = self._copy(batch)
+                    if self._transform is not None:  # on the side stream, overlapping the current step
+                        batch = self._apply_transform(batch, fetched)
+                    fetched += 1
                     if self._normalize is not None:
                         batch = self._normalize(batch)
                     ready = torch.cuda.Event()

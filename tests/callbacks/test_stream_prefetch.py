@@ -256,3 +256,45 @@ def test_gpu_move_normalize_with_real_torchvision(tmp_path):
     assert x.dtype == torch.float32
     torch.testing.assert_close(x, expected, atol=1e-5, rtol=0)
     assert ds.transform is tf
+
+
+class Jitter:
+    """A per-sample random shift of the features: the stand-in for a GPU augmentation (a class, as LightningCLI
+    builds one from YAML with class_path)."""
+
+    def __call__(self, batch):
+        x, *rest = batch
+        return [x + torch.rand(x.shape[0], 1, device=x.device), *rest]
+
+
+class SeesFeatures(RecordingModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features: dict[str, list[torch.Tensor]] = {"train": [], "val": []}
+
+    def training_step(self, batch, batch_idx):
+        self.features["train"].append(batch[0].clone())
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.features["val"].append(batch[0].clone())
+        return super().validation_step(batch, batch_idx)
+
+
+def test_a_batch_transform_reaches_training_only_and_draws_anew_each_epoch(trainer_kwargs):
+    def fit() -> SeesFeatures:
+        model = SeesFeatures()
+        callback = StreamPrefetch(cpu_lookahead=True, depth=2, transform=Jitter(), transform_seed=3)
+        trainer = pl.Trainer(callbacks=[callback], max_epochs=2, **trainer_kwargs)
+        train = DataLoader(IndexDataset(16), batch_size=4)
+        trainer.fit(model, train, DataLoader(IndexDataset(8), batch_size=4))
+        return model
+
+    model, again = fit(), fit()
+    plain = [b[0] for b in DataLoader(IndexDataset(16), batch_size=4)]
+    train = model.features["train"]
+    assert len(train) == 8 and all(not torch.equal(t, p) for t, p in zip(train, plain * 2, strict=True))
+    assert not torch.equal(train[0] - plain[0], train[4] - plain[0]), "epoch 1 drew the same numbers as epoch 0"
+    assert all(torch.equal(a, b) for a, b in zip(train, again.features["train"], strict=True)), "not reproducible"
+    val_plain = [b[0] for b in DataLoader(IndexDataset(8), batch_size=4)]
+    assert all(torch.equal(v, p) for v, p in zip(model.features["val"][-2:], val_plain, strict=True))

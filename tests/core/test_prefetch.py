@@ -296,3 +296,61 @@ def test_move_normalize_grayscale_and_non_8bit_inputs():
     torch.testing.assert_close(
         gray.transform(floats[:, :, :1]), (torch.from_numpy(floats[:, :, :1]).permute(2, 0, 1) - 0.5) / 0.25
     )
+
+
+def test_a_batch_transform_draws_the_same_numbers_whatever_the_depth_and_leaves_the_callers_rng_alone():
+    """Per-sample randomness seeded per rank, epoch and batch: depth 1 and 3 give bit-identical batches, another
+    epoch or rank other draws, and torch's global generator goes on as if nothing had drawn from it."""
+    from lightning_gpu_boost.core.prefetch import batch_seed
+
+    batches = [torch.zeros(4, 3) for _ in range(5)]
+
+    def jitter(batch: torch.Tensor) -> torch.Tensor:  # one random value per sample, as a per-sample augmentation
+        return batch + torch.rand(batch.shape[0], 1)
+
+    def run(depth: int, epoch: int = 0, rank: int = 0) -> list[torch.Tensor]:
+        p = StreamPrefetcher(batches, device="cpu", depth=depth, transform=jitter, seed=7, rank=rank)
+        p.set_epoch(epoch)
+        return list(p)
+
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    one = run(1)
+    assert torch.equal(torch.rand(3), expected_next), "the caller's random state moved"
+    assert all(torch.equal(a, b) for a, b in zip(one, run(3), strict=True))
+    assert not torch.equal(one[0], one[1]) and one[0][:, 0].unique().numel() == 4  # per batch, per sample
+    assert not torch.equal(one[0], run(1, epoch=1)[0]) and not torch.equal(one[0], run(1, rank=1)[0])
+    assert len({batch_seed(7, r, e, i) for r in range(4) for e in range(4) for i in range(64)}) == 4 * 4 * 64
+    with pytest.raises(ValueError, match="transform must be a callable"):
+        StreamPrefetcher(batches, device="cpu", transform="flip")
+
+
+@pytest.mark.gpu
+def test_the_gpu_transform_runs_on_the_side_stream_and_matches_the_same_transform_after_the_copy():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    batches = [torch.randint(0, 255, (16, 3, 64, 64), dtype=torch.uint8).pin_memory() for _ in range(6)]
+    streams = []
+
+    def augment(batch: torch.Tensor) -> torch.Tensor:
+        streams.append(torch.cuda.current_stream())
+        x = batch.float() / 255
+        flip = torch.rand(x.shape[0], device=x.device) < 0.5  # per-sample flips
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        return x * torch.empty(x.shape[0], 1, 1, 1, device=x.device).uniform_(0.8, 1.2)
+
+    deep = [b.clone() for b in StreamPrefetcher(batches, depth=3, transform=augment, seed=1)]
+    assert all(s != torch.cuda.default_stream() for s in streams), "the transform ran on the compute stream"
+    reference = []
+    for i, b in enumerate(batches):  # the same draws, done by hand after a plain copy on the default stream
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+            torch.manual_seed(batch_seed_for(1, 0, 0, i))
+            reference.append(augment(b.cuda()))
+    assert all(torch.equal(a, b) for a, b in zip(deep, reference, strict=True))
+
+
+def batch_seed_for(seed: int, rank: int, epoch: int, index: int) -> int:
+    from lightning_gpu_boost.core.prefetch import batch_seed
+
+    return batch_seed(seed, rank, epoch, index)
