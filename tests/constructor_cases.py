@@ -45,6 +45,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
     """Every (class, valid kwargs, argument, wrong value); ``jpeg_tree``: an image folder; ``pack``: its LMDB pack."""
     from lightning_gpu_boost.callbacks import AutoNumWorkers, GPUBoost, GPUUtilWatchdog, StreamPrefetch
     from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+    from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler
     from lightning_gpu_boost.datamodules import BoostDataModule, ImageFolderDataModule
     from lightning_gpu_boost.datamodules.dali import DALIDataModule
     from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataset
@@ -80,7 +81,10 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (LMDBImageDataset, {"path": lmdb}, {"path": "path", **image, "check_crc": "bool"}),
         (LMDBSampleDataset, {"path": lmdb}, {"path": "path", "decode": "callable?", "check_crc": "bool"}),
         (LMDBDataModule, {"train_root": lmdb}, {"train_root": "path", "check_crc": "bool", **folder_dm,
-                                                 "val_root": "path?"}),
+                                                 "val_root": "path?", "order": "dtype", "block_bytes": "int>=1",
+                                                 "window_blocks": "int>=1"}),
+        (BlockShuffleSampler, {"dataset": range(8), "block_size": 4},
+         {"block_size": "int>=1", "window_blocks": "int>=1", "seed": "int>=0", "drop_last": "bool"}),
         (DALIDataModule, {"train_root": tree}, {"train_root": "path", "val_root": "path?", "batch_size": "int>=1",
                                                 "val_batch_size": "int>=1?", "image_size": "int>=1",
                                                 "val_resize": "int>=1?", "scale": "pair01", "ratio": "pair>0",

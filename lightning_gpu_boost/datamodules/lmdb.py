@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from PIL import Image
@@ -14,6 +15,7 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.bad_samples import BadSampleTracker
 from lightning_gpu_boost.core.lmdb_format import CorruptRecordError, Record, unpack_sample
 from lightning_gpu_boost.core.lmdb_reader import open_pack
+from lightning_gpu_boost.datamodules.base import RefillDataLoader, _bad_sample_owner
 from lightning_gpu_boost.datamodules.image_folder import (
     ImageFolderDataModule,
     ImageFolderDataset,
@@ -100,6 +102,12 @@ class LMDBDataModule(ImageFolderDataModule):
         train_root: the training pack (``lightning-gpu-boost pack data/train train.lmdb``).
         val_root: the validation pack, or ``None`` (then ``val_split`` may hold out part of the training pack).
         check_crc: verify each record's CRC32 as it is read.
+        order: the training order: ``"random"`` (a full shuffle; every record a random read) or ``"block"``
+            (:class:`~lightning_gpu_boost.core.block_shuffle.BlockShuffleSampler`: runs of consecutive records
+            read together, blocks shuffled each epoch, records shuffled within a window of blocks, DDP shards by
+            block, resumable mid-epoch): for packs bigger than the page cache or on network storage.
+        block_bytes: bytes per block with ``order="block"`` (records per block from the pack's mean record size).
+        window_blocks: blocks shuffled together with ``order="block"``.
         **kwargs: :class:`ImageFolderDataModule` arguments (``image_size``, ``val_split``, ``batch_size``,
             ``num_workers``, ``prefetch``...).
 
@@ -122,11 +130,46 @@ class LMDBDataModule(ImageFolderDataModule):
     """
 
     def __init__(
-        self, train_root: str, val_root: str | None = None, check_crc: bool = True, **kwargs: Any
+        self,
+        train_root: str,
+        val_root: str | None = None,
+        check_crc: bool = True,
+        order: Literal["random", "block"] = "random",
+        block_bytes: int = 4 << 20,
+        window_blocks: int = 16,
+        **kwargs: Any,
     ) -> None:
         checks.check_bool("check_crc", check_crc)
+        checks.check_choice("order", order, ("random", "block"))
+        checks.check_int("block_bytes", block_bytes, low=1)
+        checks.check_int("window_blocks", window_blocks, low=1)
         super().__init__(train_root, val_root, **kwargs)
         self.check_crc = check_crc
+        self.order, self.block_bytes, self.window_blocks = order, block_bytes, window_blocks
+
+    def make_dataloader(self, dataset: Any, stage: Any) -> Any:
+        """With ``order="block"``, the training loader reads in block-shuffled order (resumable mid-epoch)."""
+        if stage != "train" or self.order != "block":
+            return super().make_dataloader(dataset, stage)
+        from lightning_gpu_boost.core.block_shuffle import (
+            BlockShuffleLoader,
+            BlockShuffleSampler,
+            block_size_for,
+        )
+
+        kwargs = self.dataloader_kwargs(dataset, stage)
+        kwargs.pop("shuffle", None)
+        block = block_size_for(len(dataset), _pack_bytes(self.train_root, len(dataset)), self.block_bytes)
+        kwargs["sampler"] = BlockShuffleSampler(dataset, block, self.window_blocks, seed=self.split_seed,
+                                                drop_last=bool(kwargs.get("drop_last")))  # fmt: skip
+        if _bad_sample_owner(dataset) is not None:  # full batches under skip; the order itself is not resumable
+            from lightning_gpu_boost.callbacks.bad_samples import attach
+            from lightning_gpu_boost.core.bad_samples import SkipBadCollate
+
+            kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"), refill=True)
+            attach(self.trainer, {stage: _bad_sample_owner(dataset)})
+            return RefillDataLoader(dataset, **kwargs)
+        return BlockShuffleLoader(dataset, **kwargs)
 
     def _dataset(self, root: str, train: bool) -> ImageFolderDataset:
         return LMDBImageDataset(
@@ -138,3 +181,13 @@ class LMDBDataModule(ImageFolderDataModule):
             self.bad_samples,
             self.check_crc,  # type: ignore[arg-type]
         )
+
+
+def _pack_bytes(path: str, records: int) -> int:
+    """The pack's size on disk (a file, or the files of a folder or of a manifest's shards' folder)."""
+    p = Path(path)
+    if p.is_file() and p.suffix != ".json":
+        return p.stat().st_size
+    folder = p if p.is_dir() else p.parent
+    total = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    return total or 100_000 * records

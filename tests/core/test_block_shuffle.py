@@ -1,0 +1,134 @@
+"""Block-shuffled order: every record once per epoch, runs of consecutive records, DDP shards by block, a new order
+each epoch, mid-epoch resume, and how random it is against a full shuffle."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_gpu_boost.core.block_shuffle import (
+    BlockShuffleLoader,
+    BlockShuffleSampler,
+    block_order,
+    block_size_for,
+    order_stats,
+)
+from tests.helpers import IndexDataset, RecordingModel, run_ddp
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_record_once_per_epoch_equal_shares_whole_blocks(world):
+    n, block, window = 103, 8, 2
+    shares = [block_order(n, block, window, seed=5, epoch=0, rank=r, num_replicas=world) for r in range(world)]
+    assert len({len(s) for s in shares}) == 1, "every rank steps as often"
+    flat = [i for s in shares for i in s]
+    assert set(flat) == set(range(n)) and len(flat) - n == (-n) % world  # only the padding repeats
+    owners: dict[int, set[int]] = {}
+    for r, share in enumerate(shares):
+        for i in share:
+            owners.setdefault(i // block, set()).add(r)
+    assert sum(len(o) > 1 for o in owners.values()) <= 2 * (world - 1), "ranks share at most their boundary blocks"
+    for share in shares:  # a window of positions touches at most window + 1 blocks: reads come in runs
+        for s in range(0, len(share), block * window):
+            assert len({i // block for i in share[s : s + block * window]}) <= window + 1
+    dropped = [block_order(n, block, window, 5, 0, r, world, drop_last=True) for r in range(world)]
+    assert len({i for s in dropped for i in s}) == sum(map(len, dropped)) == (n // world) * world
+
+
+def test_a_new_order_each_epoch_the_same_for_the_same_seed():
+    sampler = BlockShuffleSampler(range(64), block_size=4, window_blocks=2, seed=3)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert sorted(first) == sorted(second) == list(range(64)) and first != second
+    again = BlockShuffleSampler(range(64), block_size=4, window_blocks=2, seed=3)
+    assert list(again) == first and list(BlockShuffleSampler(range(64), 4, 2, seed=4)) != first
+
+
+def test_resume_continues_the_same_order():
+    sampler = BlockShuffleSampler(range(50), block_size=5, window_blocks=2, seed=1)
+    sampler.set_epoch(2)
+    order = list(sampler)
+    state = sampler.state_dict(consumed=20)
+    other = BlockShuffleSampler(range(50), block_size=5, window_blocks=2, seed=1)
+    other.load_state_dict(state)
+    assert other.epoch == 2 and len(other) == 30 and list(other) == order[20:]
+    assert list(other) == order, "the next epoch starts from its beginning"
+    with pytest.raises(ValueError, match="block_size=5 on a sampler with block_size=6"):
+        BlockShuffleSampler(range(50), block_size=6, window_blocks=2, seed=1).load_state_dict(state)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"block_size": 0}, "block_size must be an int >= 1"),
+                                          ({"block_size": 4, "window_blocks": 0}, "window_blocks must be"),
+                                          ({"block_size": 4, "seed": -1}, "seed must be")])  # fmt: skip
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BlockShuffleSampler(range(8), **kwargs)
+
+
+def test_block_size_from_bytes_and_order_stats():
+    assert block_size_for(1000, 100 * 1000, block_bytes=4000) == 40 and block_size_for(0, 0) == 1
+    labels = [i // 100 for i in range(1000)]  # a pack written class by class, as folders are scanned
+    key = order_stats(list(range(1000)), labels, 50)
+    block = order_stats(block_order(1000, 10, 8, seed=0, epoch=0), labels, 50)
+    assert key["position_corr"] > 0.99 and key["labels_per_batch"] == 1.0
+    assert block["position_corr"] < 0.2 and block["labels_per_batch"] > 2
+
+
+def test_a_trainer_resumes_mid_epoch_without_repeating_or_skipping(tmp_path, trainer_kwargs):
+    def loader():
+        return BlockShuffleLoader(IndexDataset(24), batch_size=4,
+                                  sampler=BlockShuffleSampler(IndexDataset(24), block_size=3, window_blocks=2))  # fmt: skip
+
+    first = RecordingModel()
+    kwargs = {**trainer_kwargs, "enable_checkpointing": True, "default_root_dir": str(tmp_path)}
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, save_last=False)
+    pl.Trainer(callbacks=[ckpt], max_steps=3, **kwargs).fit(first, loader())
+    resumed = RecordingModel()
+    pl.Trainer(max_epochs=1, **trainer_kwargs).fit(resumed, loader(), ckpt_path=sorted(tmp_path.glob("*step=3.ckpt"))[0])
+    seen = [i for batch in first.seen["train"] + resumed.seen["train"] for i in batch]
+    assert len(first.seen["train"]) == 3 and sorted(seen) == list(range(24)), (first.seen, resumed.seen)
+    whole = RecordingModel()
+    pl.Trainer(max_epochs=1, **trainer_kwargs).fit(whole, loader())
+    assert first.seen["train"] + resumed.seen["train"] == whole.seen["train"], "the resumed order is the same"
+
+
+def test_lmdb_datamodule_reads_its_pack_in_block_order(tmp_path):
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.datamodules import LMDBDataModule
+
+    root = make_jpeg_folder(tmp_path / "src", n=24, num_classes=2, size_range=(64, 80, 48, 64), progress=False)
+    pack = pack_image_folder(root, tmp_path / "train.lmdb", progress=False)
+    dm = LMDBDataModule(str(pack), image_size=32, batch_size=4, num_workers=0, order="block", block_bytes=4096,
+                        window_blocks=2)  # fmt: skip
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert isinstance(loader, BlockShuffleLoader) and isinstance(loader.sampler, BlockShuffleSampler)
+    assert 1 <= loader.sampler.block_size <= 4 and sum(len(b[1]) for b in loader) == 24
+    with pytest.raises(ValueError, match="order"):
+        LMDBDataModule(str(pack), order="blocks")
+
+
+def test_ddp_ranks_read_disjoint_blocks_that_cover_the_epoch(tmp_path):
+    results = run_ddp(
+        """
+        import lightning.pytorch as pl
+        from lightning_gpu_boost.core.block_shuffle import BlockShuffleLoader, BlockShuffleSampler
+        model = RecordingModel()
+        trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp", max_epochs=2, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        data = IndexDataset(48)
+        trainer.fit(model, BlockShuffleLoader(data, batch_size=4, sampler=BlockShuffleSampler(data, 6, 2)))
+        epochs = [sum(model.seen["train"][:6], []), sum(model.seen["train"][6:], [])]
+        (OUT / f"rank{trainer.global_rank}.json").write_text(json.dumps(epochs))
+        """,
+        tmp_path,
+    )
+    for epoch in (0, 1):
+        shards = [set(r[epoch]) for r in results]
+        assert shards[0].isdisjoint(shards[1]) and shards[0] | shards[1] == set(range(48))
+        blocks = [{i // 6 for i in s} for s in shards]
+        assert len(blocks[0] & blocks[1]) <= 1, "ranks read whole blocks (at most one split at the boundary)"
+    assert results[0][0] != results[0][1]
