@@ -31,6 +31,11 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
              "does; e.g. 256 for 224 crops); smaller images keep their bytes",
     )  # fmt: skip
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality of resized images (default 90)")
+    parser.add_argument(
+        "--shuffle-seed", type=int,
+        help="write the records in a random order by this seed instead of class by class, so that a block-shuffled "
+             "read (LMDBDataModule(order='block')) mixes classes in every batch",
+    )  # fmt: skip
     parser.set_defaults(func=run_pack)
 
 
@@ -53,7 +58,8 @@ def run_pack(args: argparse.Namespace) -> int:
 
     path = pack_image_folder(args.src, args.dst, resume=args.resume, workers=args.workers,
                              commit_every=args.commit_every, shard_size=args.shard_size, on_bad=args.on_bad,
-                             check=args.check, max_side=args.max_side, quality=args.quality)  # fmt: skip
+                             check=args.check, max_side=args.max_side, quality=args.quality,
+                             shuffle_seed=args.shuffle_seed)  # fmt: skip
     reader = open_pack(path)
     bad = reader.meta("bad_samples") or []
     resized = f", images resized to a shorter side of at most {args.max_side} px" if args.max_side else ""

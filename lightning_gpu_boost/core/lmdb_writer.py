@@ -349,6 +349,7 @@ def pack_image_folder(
     check: Literal["structure", "decode", "none"] = "structure",
     max_side: int | None = None,
     quality: int = 90,
+    shuffle_seed: int | None = None,
 ) -> Path:
     """Pack a class-per-folder image tree into one LMDB file, storing each file's bytes unchanged (or, with
     ``max_side``, images whose shorter side is larger resized to it and re-encoded as JPEG at ``quality``).
@@ -377,6 +378,11 @@ def pack_image_folder(
     the source fingerprint (a resume with other settings is refused). Training crops from the smaller images, so
     pick ``max_side`` at least the crop size the model sees (e.g. 256 for 224 crops).
 
+    ``shuffle_seed``: records in a random order (a permutation of the scanned files by that seed) instead of class
+    by class, so that a block-shuffled read (:class:`~lightning_gpu_boost.core.block_shuffle.BlockShuffleSampler`)
+    mixes classes in every batch as a full shuffle does. Recorded in ``meta("shuffle_seed")``; the fingerprint
+    follows the order, so a resume with another seed is refused.
+
     Raises:
         FileNotFoundError, ValueError: from the tree scan (missing root, empty tree, empty class folder), or a bad
             ``on_bad``/``check``.
@@ -389,19 +395,33 @@ def pack_image_folder(
     checks.check_choice("check", check, ("structure", "decode", "none"))
     checks.check_int("max_side", max_side, low=8, allow_none=True)
     checks.check_int("quality", quality, low=1, high=100)
+    checks.check_int("shuffle_seed", shuffle_seed, low=0, allow_none=True)
     resize = None if max_side is None else (max_side, quality)
     if shard_size is not None:
-        return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size, on_bad, check, resize)
-    from lightning_gpu_boost.core.images import scan_image_folder
-
-    samples, classes, ignored = scan_image_folder(src)
+        return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size, on_bad, check, resize,
+                            shuffle_seed)  # fmt: skip
+    samples, classes, ignored = _scan(src, shuffle_seed)
     return _pack_files(
-        src, dst, samples, _image_meta(classes, ignored, resize), resume, workers, commit_every, progress, on_bad,
-        check, resize,
+        src, dst, samples, _image_meta(classes, ignored, resize, shuffle_seed), resume, workers, commit_every,
+        progress, on_bad, check, resize,
     )  # fmt: skip
 
 
-def _image_meta(classes: list[str], ignored: int, resize: tuple[int, int] | None = None) -> dict[str, Any]:
+def _scan(src: str | os.PathLike, shuffle_seed: int | None) -> tuple[list, list[str], int]:
+    """The tree's ``(path, label)`` samples (in a random order by ``shuffle_seed``, else class by class)."""
+    from lightning_gpu_boost.core.images import scan_image_folder
+
+    samples, classes, ignored = scan_image_folder(src)
+    if shuffle_seed is not None:
+        import numpy as np
+
+        samples = [samples[i] for i in np.random.default_rng(shuffle_seed).permutation(len(samples))]
+    return samples, classes, ignored
+
+
+def _image_meta(
+    classes: list[str], ignored: int, resize: tuple[int, int] | None = None, shuffle_seed: int | None = None
+) -> dict[str, Any]:
     meta = {
         "kind": "image_folder",
         "classes": classes,
@@ -410,6 +430,8 @@ def _image_meta(classes: list[str], ignored: int, resize: tuple[int, int] | None
     }
     if resize is not None:
         meta["max_side"], meta["quality"] = resize
+    if shuffle_seed is not None:
+        meta["shuffle_seed"] = shuffle_seed
     return meta
 
 
@@ -509,23 +531,23 @@ def _pack_files(
     return writer.finish({**meta, "bad_samples": bad, "paths": paths})
 
 
-def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: int, on_bad, check, resize) -> Path:
+def _pack_shards(
+    src, dst, resume, workers, commit_every, progress, shard_size: int, on_bad, check, resize, shuffle_seed=None
+) -> Path:  # fmt: skip
     import json
-
-    from lightning_gpu_boost.core.images import scan_image_folder
 
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size!r}.")
     dst = Path(dst)
     if dst.exists():
         raise FileExistsError(f"{str(dst)!r} already exists; remove it or choose another destination.")
-    samples, classes, ignored = scan_image_folder(src)
+    samples, classes, ignored = _scan(src, shuffle_seed)
     shards, bad, offset = [], [], 0
     for k, lo in enumerate(range(0, len(samples), shard_size)):
         part, chunk = shard_path(dst, k), samples[lo : lo + shard_size]
         if not part.exists():  # finished shards are kept on resume
             _pack_files(
-                src, part, chunk, _image_meta(classes, ignored, resize), resume, workers, commit_every, progress,
+                src, part, chunk, _image_meta(classes, ignored, resize, shuffle_seed), resume, workers, commit_every, progress,
                 on_bad, check, resize,
             )  # fmt: skip
         reader = PackReader(part)
@@ -535,7 +557,7 @@ def _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size: 
         bad_samples_report_path(part).unlink(missing_ok=True)  # one report for the whole pack, below
     manifest = {
         "format": MANIFEST_FORMAT, "version": SCHEMA_VERSION, "length": offset, "shards": shards,
-        "meta": {**_image_meta(classes, ignored, resize), "bad_samples": bad},
+        "meta": {**_image_meta(classes, ignored, resize, shuffle_seed), "bad_samples": bad},
     }  # fmt: skip
     if bad:
         bad_samples_report_path(dst).write_text(

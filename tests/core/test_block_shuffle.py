@@ -132,3 +132,20 @@ def test_ddp_ranks_read_disjoint_blocks_that_cover_the_epoch(tmp_path):
         blocks = [{i // 6 for i in s} for s in shards]
         assert len(blocks[0] & blocks[1]) <= 1, "ranks read whole blocks (at most one split at the boundary)"
     assert results[0][0] != results[0][1]
+
+
+def test_a_pack_written_in_shuffled_order_mixes_classes_in_block_order(tmp_path):
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.lmdb_reader import open_pack
+    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+
+    root = make_jpeg_folder(tmp_path / "src", n=40, num_classes=4, size_range=(32, 40, 32, 40), progress=False)
+    plain = open_pack(pack_image_folder(root, tmp_path / "plain.lmdb", progress=False))
+    mixed = open_pack(pack_image_folder(root, tmp_path / "mixed.lmdb", progress=False, shuffle_seed=1))
+    labels = [plain.read(i, lambda r: r.label) for i in range(len(plain))]
+    shuffled = [mixed.read(i, lambda r: r.label) for i in range(len(mixed))]
+    assert labels == sorted(labels) and sorted(shuffled) == labels and shuffled != labels
+    assert mixed.meta("shuffle_seed") == 1 and plain.meta("shuffle_seed") is None
+    order = block_order(40, 5, 1, seed=0, epoch=0)
+    assert order_stats(order, shuffled, 8)["labels_per_batch"] > order_stats(order, labels, 8)["labels_per_batch"]
+    assert sorted(mixed.meta("paths")) == sorted(plain.meta("paths"))
