@@ -23,6 +23,7 @@ WRONG: dict[str, list[Any]] = {
     "int>=1?": [0, -3, 2.5, "4", False, NAN],
     "nice": [-1, 20, 2.5, "5", True],
     "float>0": [0, -1.0, NAN, INF, "1", True, None],
+    "float>=0": [-1.0, NAN, INF, "1", True, None],
     "unit": [-0.1, 1.5, NAN, INF, "0.5", True, None],  # [0, 1]
     "unit_open": [-0.1, 1.0, 1.5, NAN, "0.5", True, None],  # [0, 1)
     "open01": [0.0, 1.0, -0.2, NAN, "0.2", True, None],  # (0, 1)
@@ -46,6 +47,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
     from lightning_gpu_boost.callbacks import AutoNumWorkers, GPUBoost, GPUUtilWatchdog, StreamPrefetch
     from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
     from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler
+    from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip
     from lightning_gpu_boost.datamodules import BoostDataModule, ImageFolderDataModule
     from lightning_gpu_boost.datamodules.dali import DALIDataModule
     from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataset
@@ -83,6 +85,12 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (LMDBDataModule, {"train_root": lmdb}, {"train_root": "path", "check_crc": "bool", **folder_dm,
                                                  "val_root": "path?", "order": "dtype", "block_bytes": "int>=1",
                                                  "window_blocks": "int>=1"}),
+        (RandomResizedCropFlip, {}, {"size": "int>=1", "scale": "pair01", "ratio": "pair>0", "flip": "bool",
+                                     "normalize": "normalize"}),
+        (JointAugment, {}, {"degrees": "float>=0", "scale": "pair>0", "flip": "bool", "jitter": "unit_open",
+                            "ignore_index": "int>=0"}),
+        (LogMel, {}, {"source_rate": "int>=1", "rate": "int>=1", "n_fft": "int>=1", "hop": "int>=1",
+                      "n_mels": "int>=1"}),
         (BlockShuffleSampler, {"dataset": range(8), "block_size": 4},
          {"block_size": "int>=1", "window_blocks": "int>=1", "seed": "int>=0", "drop_last": "bool"}),
         (DALIDataModule, {"train_root": tree}, {"train_root": "path", "val_root": "path?", "batch_size": "int>=1",

@@ -1,0 +1,228 @@
+"""Batch transforms for the common cases, meant for ``StreamPrefetch(transform=...)``: they run on whatever device
+the batch is on (the GPU there), per batch, with per-sample random parameters drawn from torch's generators (which
+the prefetcher seeds per rank, epoch and batch).
+
+- :class:`RandomResizedCropFlip`: variable-size uint8 images (padded by :func:`pad_collate` in the workers, which
+  only decode) -> a random-resized crop and a horizontal flip per sample, one ``grid_sample`` for the batch.
+- :class:`JointAugment`: image + mask pairs -> the same rotation, scale and flip for both (bilinear for the image,
+  nearest for the mask) and a colour jitter of the image, per sample.
+- :class:`LogMel`: padded waveforms with their lengths -> resampled, 80-band log-mel features with frame lengths.
+
+Plain torch (``affine_grid``, ``grid_sample``, ``torch.stft``): no extra dependency; kornia and
+``torchvision.transforms.v2`` work in the same place where a pipeline needs more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from lightning_gpu_boost import _checks as checks
+
+
+def pad_collate(samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A ``collate_fn`` for variable-size uint8 CHW images: ``(images, sizes, labels)`` with the images padded
+    (bottom and right, zeros) to the batch's largest height and width, ``sizes`` their ``(height, width)``."""
+    images, labels = zip(*samples, strict=True)
+    h = max(int(x.shape[-2]) for x in images)
+    w = max(int(x.shape[-1]) for x in images)
+    out = torch.zeros(len(images), images[0].shape[0], h, w, dtype=images[0].dtype)
+    for k, x in enumerate(images):
+        out[k, :, : x.shape[-2], : x.shape[-1]] = x
+    sizes = torch.tensor([[x.shape[-2], x.shape[-1]] for x in images], dtype=torch.int64)
+    return out, sizes, torch.as_tensor(labels)
+
+
+def _uniform(n: int, low: float, high: float, device: torch.device) -> torch.Tensor:
+    return torch.empty(n, device=device).uniform_(low, high)
+
+
+class RandomResizedCropFlip:
+    """``(images uint8 N x C x H x W padded, sizes N x 2, labels)`` -> ``(float images N x C x size x size in [0, 1]
+    (or normalized), labels)``: per sample, a crop of ``scale`` of the image's own area with an aspect ratio in
+    ``ratio`` (torchvision's RandomResizedCrop rule, one draw, falling back to the centre square), resized
+    bilinearly to ``size`` and flipped horizontally with probability 0.5.
+
+    Args:
+        size: output side in pixels, ``>= 1``.
+        scale: ``(min, max)`` share of the image's area, in ``(0, 1]``.
+        ratio: ``(min, max)`` aspect ratio, ``> 0``.
+        flip: flip horizontally with probability 0.5.
+        normalize: ``(mean, std)`` per channel in [0, 1] units, applied after the crop; ``None``: [0, 1] floats.
+        dtype: ``torch.float32`` or a lower precision for the output.
+
+    Raises:
+        ValueError: a bad ``size``, ``scale``, ``ratio`` or ``normalize``.
+    """
+
+    def __init__(
+        self,
+        size: int = 224,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: bool = True,
+        normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        checks.check_int("size", size, low=1)
+        checks.check_pair("scale", scale, low=0.0, high=1.0)
+        checks.check_pair("ratio", ratio, low=0.0)
+        checks.check_bool("flip", flip)
+        checks.check_normalize("normalize", normalize)
+        self.size, self.scale, self.ratio, self.flip, self.normalize, self.dtype = (
+            size, scale, ratio, flip, normalize, dtype,
+        )  # fmt: skip
+
+    def boxes(self, sizes: torch.Tensor) -> torch.Tensor:
+        """Per sample ``(top, left, height, width)`` of its crop, in pixels of its own image."""
+        n, device = sizes.shape[0], sizes.device
+        h, w = sizes[:, 0].float(), sizes[:, 1].float()
+        area = h * w * _uniform(n, *self.scale, device)
+        log_ratio = _uniform(n, math.log(self.ratio[0]), math.log(self.ratio[1]), device)
+        aspect = torch.exp(log_ratio)
+        cw, ch = torch.sqrt(area * aspect).round(), torch.sqrt(area / aspect).round()
+        ok = (cw <= w) & (ch <= h) & (cw > 0) & (ch > 0)
+        side = torch.minimum(h, w)  # the fallback: the centre square
+        cw, ch = torch.where(ok, cw, side), torch.where(ok, ch, side)
+        top = ((h - ch) * torch.rand(n, device=device)).floor()
+        left = ((w - cw) * torch.rand(n, device=device)).floor()
+        top, left = torch.where(ok, top, ((h - ch) / 2).floor()), torch.where(ok, left, ((w - cw) / 2).floor())
+        return torch.stack([top, left, ch, cw], 1)
+
+    def __call__(self, batch: Any) -> Any:
+        images, sizes, *rest = batch
+        n, _, hp, wp = images.shape
+        box = self.boxes(sizes.to(images.device))
+        top, left, ch, cw = box.unbind(1)
+        # affine_grid maps output [-1, 1] to input [-1, 1] of the padded image (align_corners=False)
+        sx, sy = cw / wp, ch / hp
+        tx, ty = (2 * left + cw) / wp - 1, (2 * top + ch) / hp - 1
+        if self.flip:
+            sx = torch.where(torch.rand(n, device=images.device) < 0.5, -sx, sx)
+        theta = torch.zeros(n, 2, 3, device=images.device)
+        theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = sx, tx, sy, ty
+        grid = F.affine_grid(theta, [n, images.shape[1], self.size, self.size], align_corners=False)
+        out = F.grid_sample(images.float() / 255, grid, mode="bilinear", padding_mode="border", align_corners=False)
+        if self.normalize is not None:
+            mean = torch.tensor(self.normalize[0], device=out.device).view(1, -1, 1, 1)
+            std = torch.tensor(self.normalize[1], device=out.device).view(1, -1, 1, 1)
+            out = (out - mean) / std
+        return (out.to(self.dtype), *rest)
+
+
+class JointAugment:
+    """``(images N x C x H x W, masks N x H x W integer, *rest)`` -> the same random rotation (``degrees``), scale
+    and horizontal flip for each image and its mask (bilinear for the image, nearest for the mask; outside the image:
+    0 and ``ignore_index``), then brightness, contrast and saturation jitter of the image, all per sample. uint8
+    images come out as floats in [0, 1].
+
+    Args:
+        degrees: rotation range ``(-degrees, degrees)``, ``>= 0``.
+        scale: ``(min, max)`` zoom, ``> 0``.
+        flip: flip horizontally with probability 0.5.
+        jitter: brightness, contrast and saturation factors drawn in ``(1 - jitter, 1 + jitter)``, in ``[0, 1)``.
+        ignore_index: the mask value where the warp leaves the image.
+    """
+
+    def __init__(
+        self,
+        degrees: float = 30.0,
+        scale: tuple[float, float] = (0.8, 1.2),
+        flip: bool = True,
+        jitter: float = 0.3,
+        ignore_index: int = 255,
+    ) -> None:
+        checks.check_number("degrees", degrees, low=0.0)
+        checks.check_pair("scale", scale, low=0.0)
+        checks.check_int("ignore_index", ignore_index, low=0)
+        checks.check_bool("flip", flip)
+        checks.check_number("jitter", jitter, low=0.0, high=1.0, high_open=True)
+        self.degrees, self.scale, self.flip, self.jitter, self.ignore_index = degrees, scale, flip, jitter, ignore_index
+
+    def __call__(self, batch: Any) -> Any:
+        images, masks, *rest = batch
+        n, device = images.shape[0], images.device
+        x = images.float() / 255 if images.dtype == torch.uint8 else images.float()
+        angle = _uniform(n, -self.degrees, self.degrees, device) * (math.pi / 180)
+        zoom = _uniform(n, *self.scale, device)
+        flip = torch.where(torch.rand(n, device=device) < 0.5, -1.0, 1.0) if self.flip else torch.ones(n, device=device)
+        cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
+        theta = torch.zeros(n, 2, 3, device=device)
+        theta[:, 0, 0], theta[:, 0, 1] = cos * flip, -sin
+        theta[:, 1, 0], theta[:, 1, 1] = sin * flip, cos
+        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+        x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        inside = F.grid_sample(torch.ones_like(masks[:, None], dtype=torch.float32), grid, mode="nearest",
+                               padding_mode="zeros", align_corners=False)[:, 0]  # fmt: skip
+        m = F.grid_sample(masks[:, None].float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
+        m = torch.where(inside > 0.5, m[:, 0], torch.full_like(m[:, 0], float(self.ignore_index))).to(masks.dtype)
+        if self.jitter:
+            j = self.jitter
+            bright = _uniform(n, 1 - j, 1 + j, device).view(-1, 1, 1, 1)
+            contrast = _uniform(n, 1 - j, 1 + j, device).view(-1, 1, 1, 1)
+            satur = _uniform(n, 1 - j, 1 + j, device).view(-1, 1, 1, 1)
+            x = x * bright
+            mean = x.mean(dim=(1, 2, 3), keepdim=True)
+            x = (x - mean) * contrast + mean
+            if x.shape[1] == 3:
+                gray = (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
+                x = (x - gray) * satur + gray
+            x = x.clamp(0, 1)
+        return (x, m, *rest)
+
+
+class LogMel:
+    """``(waveforms N x T float, lengths N, *rest)`` -> ``(features N x frames x n_mels, frame lengths, *rest)``:
+    linear resampling from ``source_rate`` to ``rate``, a Hann-window STFT, an ``n_mels`` triangular mel filterbank
+    and ``log(x + 1e-6)``, for the whole batch at once.
+
+    Args:
+        source_rate: the waveforms' sample rate, ``>= 1``.
+        rate: the rate the features are computed at, ``>= 1``.
+        n_fft: STFT size, ``>= 2``.
+        hop: STFT hop, ``>= 1``.
+        n_mels: mel bands, ``>= 1``.
+    """
+
+    def __init__(self, source_rate: int = 16_000, rate: int = 16_000, n_fft: int = 400, hop: int = 160,
+                 n_mels: int = 80) -> None:  # fmt: skip
+        for name, value, low in (("source_rate", source_rate, 1), ("rate", rate, 1), ("n_fft", n_fft, 2),
+                                 ("hop", hop, 1), ("n_mels", n_mels, 1)):  # fmt: skip
+            checks.check_int(name, value, low=low)
+        self.source_rate, self.rate, self.n_fft, self.hop, self.n_mels = source_rate, rate, n_fft, hop, n_mels
+        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._cache:
+            def mel(f: torch.Tensor) -> torch.Tensor:
+                return 2595 * torch.log10(1 + f / 700)
+
+            edges = torch.linspace(float(mel(torch.tensor(0.0))), float(mel(torch.tensor(self.rate / 2))),
+                                   self.n_mels + 2)  # fmt: skip
+            hz = 700 * (10 ** (edges / 2595) - 1)
+            freqs = torch.linspace(0, self.rate / 2, self.n_fft // 2 + 1)
+            lo, mid, hi = hz[:-2, None], hz[1:-1, None], hz[2:, None]
+            up = (freqs - lo) / (mid - lo).clamp(min=1e-6)
+            down = (hi - freqs) / (hi - mid).clamp(min=1e-6)
+            fb = torch.clamp(torch.minimum(up, down), min=0)
+            self._cache[device] = (fb.to(device), torch.hann_window(self.n_fft, device=device))
+        return self._cache[device]
+
+    def __call__(self, batch: Any) -> Any:
+        waves, lengths, *rest = batch
+        x = waves.float()
+        lengths = lengths.to(x.device)
+        if self.source_rate != self.rate:
+            # one fixed ratio (not a size per batch): a clip resamples the same alone and padded in a batch
+            x = F.interpolate(x[:, None], scale_factor=self.rate / self.source_rate, mode="linear",
+                              align_corners=False, recompute_scale_factor=False)[:, 0]  # fmt: skip
+            lengths = torch.round(lengths.float() * self.rate / self.source_rate).long()
+        fb, window = self._constants(x.device)
+        spec = torch.stft(x, self.n_fft, self.hop, window=window, return_complex=True).abs() ** 2
+        features = torch.log(torch.matmul(fb, spec) + 1e-6).transpose(1, 2)  # N x frames x mels
+        frames = torch.div(lengths, self.hop, rounding_mode="floor") + 1
+        return (features, frames.clamp(max=features.shape[1]), *rest)

@@ -1,0 +1,99 @@
+"""The batch-transform helpers (core/gpu_transforms.py) on CPU tensors: what they compute, per-sample draws, and
+that padding never leaks into a crop; the same code runs on CUDA batches inside StreamPrefetch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip, pad_collate
+from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+
+
+def test_pad_collate_pads_and_keeps_sizes():
+    images, sizes, labels = pad_collate([(torch.ones(3, 4, 6, dtype=torch.uint8), 1),
+                                         (torch.ones(3, 5, 2, dtype=torch.uint8), 2)])  # fmt: skip
+    assert images.shape == (2, 3, 5, 6) and sizes.tolist() == [[4, 6], [5, 2]] and labels.tolist() == [1, 2]
+    assert images[0, :, 4:].sum() == 0 and images[1, :, :, 2:].sum() == 0
+
+
+def test_the_whole_image_crop_is_a_bilinear_resize_and_padding_never_leaks():
+    torch.manual_seed(0)
+    image = torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8)
+    whole = RandomResizedCropFlip(size=20, scale=(1.0, 1.0), ratio=(1.0, 1.0), flip=False)
+    out, _ = whole((image[None], torch.tensor([[40, 40]]), torch.tensor([0])))
+    expected = F.interpolate(image[None].float() / 255, size=(20, 20), mode="bilinear", align_corners=False)
+    assert torch.allclose(out, expected, atol=1e-5)
+    # white images of different sizes padded with black: no crop may reach the padding
+    samples = [(torch.full((3, h, w), 255, dtype=torch.uint8), 0) for h, w in ((30, 50), (64, 20), (17, 17))]
+    crop = RandomResizedCropFlip(size=16)
+    for _ in range(20):
+        out, _ = crop(pad_collate(samples)[:1] + pad_collate(samples)[1:2] + (torch.zeros(3),))
+        assert out.min() > 0.999, "a crop sampled the padding"
+
+
+def test_crops_and_flips_are_drawn_per_sample():
+    torch.manual_seed(1)
+    x = torch.arange(64 * 64, dtype=torch.float32).view(1, 1, 64, 64).repeat(8, 3, 1, 1) % 256
+    images, sizes = x.to(torch.uint8), torch.full((8, 2), 64)
+    out, _ = RandomResizedCropFlip(size=16, normalize=((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))((images, sizes, None))
+    assert out.shape == (8, 3, 16, 16) and len({tuple(o.flatten()[:8].tolist()) for o in out}) == 8
+    with pytest.raises(ValueError, match="scale must be"):
+        RandomResizedCropFlip(scale=(0.5, 0.2))
+
+
+def test_joint_augment_moves_image_and_mask_together():
+    torch.manual_seed(2)
+    mask = torch.zeros(4, 48, 48, dtype=torch.long)
+    mask[:, 8:30, 10:40] = 3
+    mask[:, 30:44, 4:20] = 7
+    image = (mask.float() / 10)[:, None].repeat(1, 3, 1, 1)  # the image says which class each pixel is
+    out, m = JointAugment(degrees=40, jitter=0.0)((image, mask))
+    inside = m != 255
+    agree = (out[:, 0][inside] * 10).round().long() == m[inside]
+    assert m.dtype == torch.long and inside.float().mean() > 0.5 and agree.float().mean() > 0.9  # bilinear vs nearest at the regions' edges
+    moved = JointAugment(degrees=40, jitter=0.0)((image, mask))[1]
+    assert not torch.equal(moved[0], moved[1]), "every sample draws its own rotation"
+
+
+def test_log_mel_of_a_padded_batch_matches_each_clip_alone():
+    torch.manual_seed(3)
+    clips = [torch.randn(44_100), torch.randn(30_000)]
+    lengths = torch.tensor([len(c) for c in clips])
+    waves = torch.zeros(2, 44_100)
+    waves[1, :30_000] = clips[1]
+    waves[0] = clips[0]
+    mel = LogMel(source_rate=44_100, rate=16_000)
+    features, frames, labels = mel((waves, lengths, torch.tensor([0, 1])))
+    assert features.shape[0] == 2 and features.shape[2] == 80 and labels.tolist() == [0, 1]
+    for k, clip in enumerate(clips):
+        alone, alone_frames, _ = mel((clip[None], lengths[k : k + 1], None))
+        n = int(alone_frames) - 3  # the last frames see the batch's zero padding instead of the clip's end
+        assert int(frames[k]) == int(alone_frames)
+        assert torch.allclose(features[k, :n], alone[0, :n], atol=1e-3), k
+
+
+def test_helpers_run_inside_the_prefetcher_with_its_seeds():
+    samples = [(torch.randint(0, 256, (3, 20 + k, 30 - k), dtype=torch.uint8), k) for k in range(4)]
+    batches = [pad_collate(samples) for _ in range(3)]
+    crop = RandomResizedCropFlip(size=8)
+    a = [b[0] for b in StreamPrefetcher(batches, device="cpu", transform=crop, seed=5)]
+    b = [b[0] for b in StreamPrefetcher(batches, device="cpu", transform=crop, seed=5, depth=2)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) and not torch.equal(a[0], a[1])
+
+
+@pytest.mark.gpu
+def test_helpers_give_the_same_numbers_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    samples = [(torch.randint(0, 256, (3, 40 + k, 50 - k), dtype=torch.uint8), k) for k in range(8)]
+    batch = pad_collate(samples)
+    crop = RandomResizedCropFlip(size=24, flip=False, scale=(1.0, 1.0), ratio=(1.0, 1.0))
+    cpu = crop(batch)[0]
+    gpu = crop(tuple(t.cuda() for t in batch))[0].cpu()
+    assert torch.allclose(cpu, gpu, atol=1e-4)
+    mel = LogMel(44_100, 16_000)
+    waves = torch.randn(4, 44_100)
+    lengths = torch.full((4,), 44_100)
+    assert torch.allclose(mel((waves, lengths))[0], mel((waves.cuda(), lengths.cuda()))[0].cpu(), atol=1e-3)
