@@ -40,7 +40,8 @@ def block_order(
         return []
     rng = np.random.default_rng([seed, epoch])
     blocks = rng.permutation(math.ceil(n / block_size))
-    flat = np.concatenate([np.arange(b * block_size, min(n, (b + 1) * block_size)) for b in blocks])
+    flat = (blocks[:, None] * block_size + np.arange(block_size)[None]).ravel()
+    flat = flat[flat < n]  # the last block may be short
     if drop_last:
         per_rank = n // num_replicas
         flat = flat[: per_rank * num_replicas]
@@ -50,6 +51,8 @@ def block_order(
             flat = np.concatenate([flat, flat[: per_rank * num_replicas - n]])
     mine = flat[rank * per_rank : (rank + 1) * per_rank]
     window = block_size * window_blocks
+    if window == 1:  # blocks of one record: already a full shuffle
+        return mine.tolist()
     local = np.random.default_rng([seed, epoch, rank, 1])
     out = [local.permutation(mine[s : s + window]) for s in range(0, len(mine), window)]
     return np.concatenate(out).tolist() if out else []
@@ -124,8 +127,10 @@ class BlockShuffleSampler(DistributedSampler):
         return iter(order[start:])
 
     def __len__(self) -> int:
+        """The epoch's samples on this rank, also when resuming mid-epoch (Lightning counts the epoch's batches from
+        it and resumes its own batch index where the checkpoint left it)."""
         self._resolve()
-        return self.num_samples - self._start
+        return self.num_samples
 
     def state_dict(self, consumed: int = 0) -> dict[str, int]:
         """Where this rank stands: the epoch and the samples of it already consumed (``consumed``: counted by the

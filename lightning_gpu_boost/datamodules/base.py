@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -58,8 +59,13 @@ class BoostDataModule(pl.LightningDataModule):
       processes on the node, one kept for the main process), or ``num_workers="auto"`` to measure it,
     - ``drop_last`` and ``collate_fn`` options, shuffling for training only.
 
-    DataLoaders are real ``torch.utils.data.DataLoader`` objects built inside ``*_dataloader()``, so Lightning
-    injects its ``DistributedSampler`` under DDP and keeps every argument set here.
+    DataLoaders are real ``torch.utils.data.DataLoader`` objects built inside ``*_dataloader()``. The shuffled
+    training loader draws its order from a :class:`~lightning_gpu_boost.core.block_shuffle.BlockShuffleSampler`
+    with blocks of one record (a full shuffle, a new one each epoch, seeded by Lightning's ``seed_everything`` seed
+    or 0): a ``DistributedSampler`` that Lightning keeps under DDP (each rank a contiguous share), and whose loader
+    (:class:`~lightning_gpu_boost.core.block_shuffle.BlockShuffleLoader`) saves where the epoch stands, so a run
+    resumed from a mid-epoch checkpoint neither repeats nor skips a batch. Other loaders get Lightning's
+    ``DistributedSampler`` under DDP as usual.
 
     Args:
         batch_size: samples per batch, ``>= 1``.
@@ -225,6 +231,14 @@ class BoostDataModule(pl.LightningDataModule):
         around the collate function, a :class:`RefillDataLoader` (full batches: a batch a skipped sample left
         short takes the next samples) and a :class:`~lightning_gpu_boost.callbacks.bad_samples.BadSampleReport`."""
         kwargs = self.dataloader_kwargs(dataset, stage)
+        loader_class: type[DataLoader] = DataLoader
+        if stage == "train" and kwargs.get("shuffle") and kwargs.get("sampler") is None and _sized(dataset):
+            from lightning_gpu_boost.core.block_shuffle import BlockShuffleLoader, BlockShuffleSampler
+
+            kwargs.pop("shuffle")
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)  # Lightning's DistributedSampler seed
+            kwargs["sampler"] = BlockShuffleSampler(dataset, block_size=1, window_blocks=1, seed=max(0, seed))
+            loader_class = BlockShuffleLoader
         owner = _bad_sample_owner(dataset)
         if owner is not None:
             from lightning_gpu_boost.callbacks.bad_samples import attach
@@ -233,7 +247,7 @@ class BoostDataModule(pl.LightningDataModule):
             kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"), refill=True)
             attach(self.trainer, {stage: owner})
             return RefillDataLoader(dataset, **kwargs)
-        return DataLoader(dataset, **kwargs)
+        return loader_class(dataset, **kwargs)
 
     # -- LightningDataModule hooks ----------------------------------------------------------------------------
     def _loader(self, stage: Stage) -> DataLoader | list:
@@ -272,3 +286,10 @@ class BoostDataModule(pl.LightningDataModule):
         if self._prefetch_hook is not None and self.trainer is not None:
             self._prefetch_hook.teardown(self.trainer, self.trainer.lightning_module, stage)
             self._prefetch_hook = None
+
+
+def _sized(dataset: Any) -> bool:
+    try:
+        return len(dataset) >= 0
+    except TypeError:
+        return False

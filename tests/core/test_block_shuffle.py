@@ -53,7 +53,7 @@ def test_resume_continues_the_same_order():
     state = sampler.state_dict(consumed=20)
     other = BlockShuffleSampler(range(50), block_size=5, window_blocks=2, seed=1)
     other.load_state_dict(state)
-    assert other.epoch == 2 and len(other) == 30 and list(other) == order[20:]
+    assert other.epoch == 2 and len(other) == 50 and list(other) == order[20:]
     assert list(other) == order, "the next epoch starts from its beginning"
     with pytest.raises(ValueError, match="block_size=5 on a sampler with block_size=6"):
         BlockShuffleSampler(range(50), block_size=6, window_blocks=2, seed=1).load_state_dict(state)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import textwrap
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -41,7 +43,7 @@ def test_loader_defaults():
     assert train.num_workers == 2 and train.persistent_workers and train.prefetch_factor == 4
     assert train.drop_last and not val.drop_last
     assert (
-        type(train.sampler).__name__ == "RandomSampler" and type(val.sampler).__name__ == "SequentialSampler"
+        type(train.sampler).__name__ == "BlockShuffleSampler" and train.sampler.block_size == 1 and type(val.sampler).__name__ == "SequentialSampler"
     )
     assert not train.pin_memory  # no Trainer on CUDA
     assert dm.test_dataloader() == [] and dm.predict_dataloader() == []
@@ -89,3 +91,65 @@ def test_collate_fn_is_used():
         iter(Tensors(batch_size=3, num_workers=0, shuffle=False, collate_fn=collate).train_dataloader())
     )
     assert batch.tolist() == [0.0, 1.0, 2.0]
+
+
+class Indexed24(BoostDataModule):
+    def train_dataset(self):
+        return IndexDataset(24)
+
+
+def test_a_run_resumed_mid_epoch_neither_repeats_nor_skips_a_batch(tmp_path, trainer_kwargs):
+    """Lightning restarts the epoch for plain loaders; the DataModules' shuffled training loader saves where the
+    epoch stands, so the resumed run sees exactly the batches the uninterrupted one would have seen next."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    kwargs = {**trainer_kwargs, "enable_checkpointing": True, "default_root_dir": str(tmp_path)}
+    first = RecordingModel()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1, save_last=False)
+    pl.Trainer(callbacks=[ckpt], max_steps=2, **kwargs).fit(first, datamodule=Indexed24(batch_size=4, num_workers=2))
+    resumed = RecordingModel()
+    pl.Trainer(max_epochs=1, **trainer_kwargs).fit(resumed, datamodule=Indexed24(batch_size=4, num_workers=2),
+                                                   ckpt_path=sorted(tmp_path.glob("*step=2.ckpt"))[0])  # fmt: skip
+    whole = RecordingModel()
+    pl.Trainer(max_epochs=1, **trainer_kwargs).fit(whole, datamodule=Indexed24(batch_size=4, num_workers=2))
+    assert first.seen["train"] + resumed.seen["train"] == whole.seen["train"]
+    assert sorted(i for b in whole.seen["train"] for i in b) == list(range(24))
+
+
+def test_ddp_resume_mid_epoch_keeps_every_rank_exactly_once(tmp_path):
+    from tests.helpers import run_ddp
+
+    script = """
+        import lightning.pytorch as pl
+        from lightning.pytorch.callbacks import ModelCheckpoint
+        from lightning_gpu_boost.datamodules import BoostDataModule
+
+        class Indexed(BoostDataModule):
+            def train_dataset(self):
+                return IndexDataset(48)
+
+        common = dict(accelerator="cpu", devices=NPROCS, strategy="ddp", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=str(OUT))
+        model = RecordingModel()
+        if MODE == "first":
+            ckpt = ModelCheckpoint(dirpath=str(CKPT), every_n_train_steps=2, save_top_k=-1, save_last=False)
+            pl.Trainer(max_steps=2, callbacks=[ckpt], **common).fit(model, datamodule=Indexed(batch_size=4, num_workers=0))
+        elif MODE == "resume":
+            path = sorted(CKPT.glob("*step=2.ckpt"))[0]
+            pl.Trainer(max_epochs=1, enable_checkpointing=False, **common).fit(
+                model, datamodule=Indexed(batch_size=4, num_workers=0), ckpt_path=str(path))
+        else:
+            pl.Trainer(max_epochs=1, enable_checkpointing=False, **common).fit(
+                model, datamodule=Indexed(batch_size=4, num_workers=0))
+        (OUT / f"rank{model.global_rank}.json").write_text(json.dumps(model.seen["train"]))
+        """
+    ckpt = tmp_path / "ckpt"
+    runs = {}
+    for mode in ("first", "resume", "whole"):
+        code = f"from pathlib import Path\nMODE = {mode!r}\nCKPT = Path({str(ckpt)!r})\n" + textwrap.dedent(script)
+        (tmp_path / mode).mkdir()
+        runs[mode] = run_ddp(code, tmp_path / mode)
+    for rank in (0, 1):
+        assert runs["first"][rank] + runs["resume"][rank] == runs["whole"][rank], rank
+    seen = [i for rank in (0, 1) for batch in runs["whole"][rank] for i in batch]
+    assert sorted(seen) == list(range(48))
