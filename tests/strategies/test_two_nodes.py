@@ -1,0 +1,87 @@
+"""Two nodes without a cluster: two torchrun agents on this host (``--nnodes 2 --node-rank 0|1``, one gloo process
+each) train one of our DataModules; ranks, node ranks, the CPU share per node and exact-once sampling are checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import json, os, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+import lightning.pytorch as pl
+from lightning_gpu_boost.callbacks import GPUUtilWatchdog
+from lightning_gpu_boost.core.cpus import processes_per_node
+from lightning_gpu_boost.datamodules import BoostDataModule
+from tests.helpers import IndexDataset, RecordingModel
+
+class Indexed(BoostDataModule):
+    def train_dataset(self):
+        return IndexDataset(40)
+
+if __name__ == "__main__":
+    model = RecordingModel()
+    dog = GPUUtilWatchdog(window=2, warmup_steps=1, summary=False)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", max_epochs=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[dog])
+    trainer.fit(model, datamodule=Indexed(batch_size=4, num_workers=0))
+    seen = model.seen["train"]
+    out = {{"global_rank": trainer.global_rank, "node_rank": trainer.node_rank, "local_rank": trainer.local_rank,
+           "world_size": trainer.world_size, "procs_per_node": processes_per_node(),
+           "epochs": [sum(seen[:5], []), sum(seen[5:], [])], "summary": dog.format_summary()}}
+    Path({out!r}, f"rank{{trainer.global_rank}}.json").write_text(json.dumps(out))
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_simulated_nodes_split_ranks_and_samples(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(root=str(ROOT), out=str(out))))
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                        "MASTER_ADDR", "MASTER_PORT") and not k.startswith(("PL_", "TORCHELASTIC"))}  # fmt: skip
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    try:
+        logs = [agent.communicate(timeout=240)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, 9)
+    assert all(agent.returncode == 0 for agent in agents), "\n".join(log[-3000:] for log in logs)
+    ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["global_rank"])
+    assert [(r["global_rank"], r["node_rank"], r["local_rank"], r["world_size"]) for r in ranks] == [
+        (0, 0, 0, 2), (1, 1, 0, 2)]  # fmt: skip
+    assert all(r["procs_per_node"] == 1 for r in ranks), "each node's CPUs are shared by its own processes only"
+    for epoch in (0, 1):
+        shards = [set(r["epochs"][epoch]) for r in ranks]
+        assert shards[0].isdisjoint(shards[1]) and shards[0] | shards[1] == set(range(40))
+    assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1], "a new order each epoch"
+    summary = ranks[0]["summary"]  # every rank's row, gathered over both nodes, and which one was slowest
+    assert "slowest rank:" in summary and len([line for line in summary.splitlines() if line[:2] in ("0 ", "1 ")]) == 2
