@@ -27,9 +27,11 @@ sys.path.insert(1, str(HERE.parent.parent))  # the repository, for the harness's
 
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
+from lightning.fabric.utilities.apply_func import move_data_to_device  # noqa: E402
 
 from lightning_gpu_boost.callbacks import GPUBoost, GPUUtilWatchdog  # noqa: E402
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # noqa: E402
+from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
 from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
 from lightning_gpu_boost.core.steady import worst_halves_diff  # noqa: E402
 
@@ -39,27 +41,6 @@ def names() -> tuple[str, ...]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.NAMES
-
-
-class Resident:
-    """The ceiling's loader: one batch already on the device, ``n`` times."""
-
-    def __init__(self, batch: Any, n: int) -> None:
-        self.batch, self.n = batch, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter([self.batch] * self.n)
-
-
-def _to(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to(b, device) for b in batch)
-    return batch
 
 
 def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str, Any]:
@@ -81,7 +62,7 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
     if case == "ceiling":
         device = torch.device("cuda" if gpu else "cpu")
         steps = kwargs.get("max_steps", 40)
-        train, val = Resident(_to(next(iter(train)), device), steps), None
+        train, val = ResidentBatches(move_data_to_device(next(iter(train)), device), steps), None
         kwargs = {"max_steps": steps}
     trainer = pl.Trainer(
         accelerator="gpu" if gpu else "cpu", devices=1, callbacks=callbacks, logger=False, enable_checkpointing=False,

@@ -289,9 +289,10 @@ class GPUUtilWatchdog(Callback):
             self.warnings.append({"step": trainer.global_step, "verdict": verdict, "message": message})
             rank_zero_info(message)
 
-    def facts(self, trainer: pl.Trainer) -> RunFacts:
-        """The run's configuration as the advice needs it (:class:`~lightning_gpu_boost.core.verdicts.RunFacts`)."""
-        found = self._loader_facts(trainer)
+    def facts(self, trainer: pl.Trainer, found: dict[str, Any] | None = None) -> RunFacts:
+        """The run's configuration as the advice needs it (:class:`~lightning_gpu_boost.core.verdicts.RunFacts`);
+        ``found``: :meth:`_loader_facts` where the caller has it already."""
+        found = found or self._loader_facts(trainer)
         loader = found["loaders"][0] if found["loaders"] else None
         procs = trainer.num_devices if trainer.world_size > 1 else 1
         probe = self._worker_probe(trainer)
@@ -343,7 +344,7 @@ class GPUUtilWatchdog(Callback):
 
     def _diagnose(self, trainer: pl.Trainer, m: dict[str, float | None]) -> str:
         found = self._loader_facts(trainer)
-        facts = self.facts(trainer)
+        facts = self.facts(trainer, found)
         util = "unknown" if m["gpu_util"] is None else f"{m['gpu_util']:.0f} %"
         who = "GPU" if facts.cuda else "Training"
         lines = [

@@ -76,6 +76,7 @@ class RandomResizedCropFlip:
         self.size, self.scale, self.ratio, self.flip, self.normalize, self.dtype = (
             size, scale, ratio, flip, normalize, dtype,
         )  # fmt: skip
+        self._stats: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def boxes(self, sizes: torch.Tensor) -> torch.Tensor:
         """Per sample ``(top, left, height, width)`` of its crop, in pixels of its own image."""
@@ -108,8 +109,11 @@ class RandomResizedCropFlip:
         grid = F.affine_grid(theta, [n, images.shape[1], self.size, self.size], align_corners=False)
         out = F.grid_sample(images.float() / 255, grid, mode="bilinear", padding_mode="border", align_corners=False)
         if self.normalize is not None:
-            mean = torch.tensor(self.normalize[0], device=out.device).view(1, -1, 1, 1)
-            std = torch.tensor(self.normalize[1], device=out.device).view(1, -1, 1, 1)
+            if out.device not in self._stats:  # made once per device, not per batch
+                self._stats[out.device] = tuple(
+                    torch.tensor(v, device=out.device).view(1, -1, 1, 1) for v in self.normalize
+                )
+            mean, std = self._stats[out.device]
             out = (out - mean) / std
         return (out.to(self.dtype), *rest)
 

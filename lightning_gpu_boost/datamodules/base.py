@@ -230,15 +230,15 @@ class BoostDataModule(pl.LightningDataModule):
         any with a ``bad_sample_tracker``) gets :class:`~lightning_gpu_boost.core.bad_samples.SkipBadCollate`
         around the collate function, a :class:`RefillDataLoader` (full batches: a batch a skipped sample left
         short takes the next samples) and a :class:`~lightning_gpu_boost.callbacks.bad_samples.BadSampleReport`."""
-        kwargs = self.dataloader_kwargs(dataset, stage)
-        loader_class: type[DataLoader] = DataLoader
-        if stage == "train" and kwargs.get("shuffle") and kwargs.get("sampler") is None and _sized(dataset):
-            from lightning_gpu_boost.core.block_shuffle import BlockShuffleLoader, BlockShuffleSampler
+        from lightning_gpu_boost.core.block_shuffle import BlockShuffleLoader, BlockShuffleSampler
 
+        kwargs = self.dataloader_kwargs(dataset, stage)
+        if stage == "train" and kwargs.get("shuffle") and kwargs.get("sampler") is None and _sized(dataset):
             kwargs.pop("shuffle")
             seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)  # Lightning's DistributedSampler seed
             kwargs["sampler"] = BlockShuffleSampler(dataset, block_size=1, window_blocks=1, seed=max(0, seed))
-            loader_class = BlockShuffleLoader
+        # a block-shuffled order (a full shuffle is blocks of one record) resumes mid-epoch through its loader
+        loader_class = BlockShuffleLoader if isinstance(kwargs.get("sampler"), BlockShuffleSampler) else DataLoader
         owner = _bad_sample_owner(dataset)
         if owner is not None:
             from lightning_gpu_boost.callbacks.bad_samples import attach

@@ -15,7 +15,6 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.bad_samples import BadSampleTracker
 from lightning_gpu_boost.core.lmdb_format import CorruptRecordError, Record, unpack_sample
 from lightning_gpu_boost.core.lmdb_reader import open_pack
-from lightning_gpu_boost.datamodules.base import RefillDataLoader, _bad_sample_owner
 from lightning_gpu_boost.datamodules.image_folder import (
     ImageFolderDataModule,
     ImageFolderDataset,
@@ -147,29 +146,17 @@ class LMDBDataModule(ImageFolderDataModule):
         self.check_crc = check_crc
         self.order, self.block_bytes, self.window_blocks = order, block_bytes, window_blocks
 
-    def make_dataloader(self, dataset: Any, stage: Any) -> Any:
+    def dataloader_kwargs(self, dataset: Any, stage: Any) -> dict[str, Any]:
         """With ``order="block"``, the training loader reads in block-shuffled order (resumable mid-epoch)."""
-        if stage != "train" or self.order != "block":
-            return super().make_dataloader(dataset, stage)
-        from lightning_gpu_boost.core.block_shuffle import (
-            BlockShuffleLoader,
-            BlockShuffleSampler,
-            block_size_for,
-        )
+        kwargs = super().dataloader_kwargs(dataset, stage)
+        if stage == "train" and self.order == "block":
+            from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
 
-        kwargs = self.dataloader_kwargs(dataset, stage)
-        kwargs.pop("shuffle", None)
-        block = block_size_for(len(dataset), _pack_bytes(self.train_root, len(dataset)), self.block_bytes)
-        kwargs["sampler"] = BlockShuffleSampler(dataset, block, self.window_blocks, seed=self.split_seed,
-                                                drop_last=bool(kwargs.get("drop_last")))  # fmt: skip
-        if _bad_sample_owner(dataset) is not None:  # full batches under skip; the order itself is not resumable
-            from lightning_gpu_boost.callbacks.bad_samples import attach
-            from lightning_gpu_boost.core.bad_samples import SkipBadCollate
-
-            kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"), refill=True)
-            attach(self.trainer, {stage: _bad_sample_owner(dataset)})
-            return RefillDataLoader(dataset, **kwargs)
-        return BlockShuffleLoader(dataset, **kwargs)
+            kwargs.pop("shuffle", None)
+            block = block_size_for(len(dataset), _pack_bytes(self.train_root, len(dataset)), self.block_bytes)
+            kwargs["sampler"] = BlockShuffleSampler(dataset, block, self.window_blocks, seed=self.split_seed,
+                                                    drop_last=bool(kwargs.get("drop_last")))  # fmt: skip
+        return kwargs
 
     def _dataset(self, root: str, train: bool) -> ImageFolderDataset:
         return LMDBImageDataset(
