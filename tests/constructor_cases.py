@@ -88,7 +88,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (RandomResizedCropFlip, {}, {"size": "int>=1", "scale": "pair01", "ratio": "pair>0", "flip": "bool",
                                      "normalize": "normalize"}),
         (JointAugment, {}, {"degrees": "float>=0", "scale": "pair>0", "flip": "bool", "jitter": "unit_open",
-                            "ignore_index": "int>=0"}),
+                            "ignore_index": "int>=0", "size": "int>=1?", "elastic": "float>=0"}),
         (LogMel, {}, {"source_rate": "int>=1", "rate": "int>=1", "n_fft": "int>=1", "hop": "int>=1",
                       "n_mels": "int>=1"}),
         (BlockShuffleSampler, {"dataset": range(8), "block_size": 4},

@@ -111,6 +111,13 @@ def main() -> None:
         print(f"{name}: verdict {entry['plain']['verdict']} (expected {expected})"
               + (f", GPUBoost {entry['gpu_boost_vs_plain']:.2f}x plain, {100 * entry['gpu_boost_of_ceiling']:.0f} % "
                  "of the ceiling" if gpu else ""), flush=True)  # fmt: skip
+        path = write(results, args.size, gpu, args.out)  # after each workload: a run cut short keeps what it did
+        print(f"wrote {path}", flush=True)
+    for key, b in bars_of(results, gpu).items():
+        print(f"{key}: {b['value']} (target {b['target']}, pass={b['pass']})")
+
+
+def bars_of(results: dict[str, dict[str, Any]], gpu: bool) -> dict[str, Any]:
     right = sum(r["right"] for r in results.values())
     bars = {"verdicts_right": bar(right, len(results), "workloads")}
     if gpu:
@@ -126,9 +133,12 @@ def main() -> None:
         bars["steady_state_halves_max_diff"] = bar(
             worst_halves_diff([{c: r[c]["throughput"] for c in ("plain", "gpu_boost", "ceiling")}
                                for r in results.values()]), 0.05, "ratio", higher_is_better=False)  # fmt: skip
-    for key, b in bars.items():
-        print(f"{key}: {b['value']} (target {b['target']}, pass={b['pass']})")
-    print(f"wrote {write_result('workloads', {'size': args.size, 'workloads': results}, bars, args.out)}")
+    return bars
+
+
+def write(results: dict[str, dict[str, Any]], size: str, gpu: bool, out: str) -> Path:
+    done = {"size": size, "workloads": results, "complete": len(results) == len(names())}
+    return write_result("workloads", done, bars_of(results, gpu), out)
 
 
 if __name__ == "__main__":

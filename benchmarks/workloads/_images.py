@@ -2,53 +2,70 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 
+def _jpeg(job: tuple[str, int, int, int]) -> None:
+    path, seed, w, h = job
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (max(2, h // 64), max(2, w // 64), 3), dtype=np.uint8)
+    img = Image.fromarray(small).resize((w, h), Image.BICUBIC)
+    noise = rng.normal(0, 12, (h, w, 3))
+    arr = np.clip(np.asarray(img, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
+    Image.fromarray(arr).save(path, quality=90)
+
+
 def jpeg_tree(root: Path, n: int, classes: int, size: tuple[int, int], seed: int = 0) -> Path:
-    """``root/class_k/img_i.jpg``: smooth colour fields plus noise (JPEG sizes like photos of that size)."""
+    """``root/class_k/img_i.jpg``: smooth colour fields plus noise (JPEG sizes like photos of that size), written
+    by one process per core."""
     done = root / ".complete"
     if done.exists():
         return root
-    rng = np.random.default_rng(seed)
-    w, h = size
+    jobs = []
     for i in range(n):
         folder = root / f"class_{i % classes:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        small = rng.integers(0, 256, (max(2, h // 64), max(2, w // 64), 3), dtype=np.uint8)
-        img = Image.fromarray(small).resize((w, h), Image.BICUBIC)
-        noise = rng.normal(0, 12, (h, w, 3))
-        arr = np.clip(np.asarray(img, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
-        Image.fromarray(arr).save(folder / f"img_{i:06d}.jpg", quality=90)
+        jobs.append((str(folder / f"img_{i:06d}.jpg"), seed * 1_000_003 + i, *size))
+    with multiprocessing.Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
+        pool.map(_jpeg, jobs, chunksize=max(1, len(jobs) // (8 * (os.cpu_count() or 1))))
     done.touch()
     return root
 
 
+def _pair(job: tuple[Path, int, int, int, int]) -> None:
+    root, i, size, classes, seed = job
+    rng = np.random.default_rng(seed * 1_000_003 + i)
+    mask = Image.new("L", (size, size), 0)
+    draw = ImageDraw.Draw(mask)
+    img = Image.fromarray(rng.integers(0, 256, (size // 32, size // 32, 3), dtype=np.uint8)).resize(
+        (size, size), Image.BICUBIC
+    )
+    paint = ImageDraw.Draw(img)
+    for _ in range(6):
+        x0, y0 = rng.integers(0, size - 32, 2)
+        x1, y1 = x0 + rng.integers(16, size // 2), y0 + rng.integers(16, size // 2)
+        label = int(rng.integers(1, classes))
+        draw.ellipse((x0, y0, x1, y1), fill=label)
+        paint.ellipse((x0, y0, x1, y1), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    img.save(root / "images" / f"{i:05d}.jpg", quality=90)
+    mask.save(root / "masks" / f"{i:05d}.png")
+
+
 def image_mask_pairs(root: Path, n: int, size: int, classes: int, seed: int = 0) -> Path:
-    """``root/images/i.jpg`` and ``root/masks/i.png`` (a class index per pixel: a few filled shapes)."""
+    """``root/images/i.jpg`` and ``root/masks/i.png`` (a class index per pixel: a few filled shapes), written by one
+    process per core."""
     done = root / ".complete"
     if done.exists():
         return root
-    rng = np.random.default_rng(seed)
     (root / "images").mkdir(parents=True, exist_ok=True)
     (root / "masks").mkdir(parents=True, exist_ok=True)
-    for i in range(n):
-        mask = Image.new("L", (size, size), 0)
-        draw = ImageDraw.Draw(mask)
-        img = Image.fromarray(rng.integers(0, 256, (size // 32, size // 32, 3), dtype=np.uint8)).resize(
-            (size, size), Image.BICUBIC
-        )
-        paint = ImageDraw.Draw(img)
-        for _ in range(6):
-            x0, y0 = rng.integers(0, size - 32, 2)
-            x1, y1 = x0 + rng.integers(16, size // 2), y0 + rng.integers(16, size // 2)
-            label = int(rng.integers(1, classes))
-            draw.ellipse((x0, y0, x1, y1), fill=label)
-            paint.ellipse((x0, y0, x1, y1), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-        img.save(root / "images" / f"{i:05d}.jpg", quality=90)
-        mask.save(root / "masks" / f"{i:05d}.png")
+    jobs = [(root, i, size, classes, seed) for i in range(n)]
+    with multiprocessing.Pool(min(n, os.cpu_count() or 1)) as pool:
+        pool.map(_pair, jobs, chunksize=max(1, n // (8 * (os.cpu_count() or 1))))
     done.touch()
     return root

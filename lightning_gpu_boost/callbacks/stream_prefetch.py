@@ -141,9 +141,13 @@ class StreamPrefetch(Callback):
         if self._strategy is not None:
             return
         device = trainer.strategy.root_device
-        if device.type != "cuda" and not self.cpu_lookahead:
+        transforms = self.transform is not None or self.val_transform is not None
+        if device.type != "cuda" and not self.cpu_lookahead and not transforms:
             rank_zero_info("StreamPrefetch: no CUDA device in use, batches are loaded as usual (no-op).")
             return
+        if device.type != "cuda" and transforms:  # never train on batches that skipped the user's transform
+            rank_zero_info("StreamPrefetch: no CUDA device in use; the batch transforms run on the CPU, one batch "
+                           "ahead.")  # fmt: skip
         overridden = self._user_transfer_hooks(trainer, pl_module)
         if overridden:
             rank_zero_warn(

@@ -130,6 +130,14 @@ class JointAugment:
         flip: flip horizontally with probability 0.5.
         jitter: brightness, contrast and saturation factors drawn in ``(1 - jitter, 1 + jitter)``, in ``[0, 1)``.
         ignore_index: the mask value where the warp leaves the image.
+        size: output side in pixels: each sample's window of ``size x size`` input pixels at a random place
+            (about whose centre it is rotated, zoomed and flipped), the whole image where ``None``.
+        elastic: an elastic warp on top, the same for image and mask: a smooth random displacement field (an
+            8 x 8 grid of normal draws with this standard deviation, in units of the output's half side,
+            upsampled bicubically), ``>= 0``; 0 turns it off.
+
+    Raises:
+        ValueError: a bad ``degrees``, ``scale``, ``jitter``, ``ignore_index``, ``size`` or ``elastic``.
     """
 
     def __init__(
@@ -139,8 +147,13 @@ class JointAugment:
         flip: bool = True,
         jitter: float = 0.3,
         ignore_index: int = 255,
+        size: int | None = None,
+        elastic: float = 0.0,
     ) -> None:
         checks.check_number("degrees", degrees, low=0.0)
+        checks.check_int("size", size, low=1, allow_none=True)
+        checks.check_number("elastic", elastic, low=0.0)
+        self.size, self.elastic = size, elastic
         checks.check_pair("scale", scale, low=0.0)
         checks.check_int("ignore_index", ignore_index, low=0)
         checks.check_bool("flip", flip)
@@ -155,12 +168,24 @@ class JointAugment:
         zoom = _uniform(n, *self.scale, device)
         flip = torch.where(torch.rand(n, device=device) < 0.5, -1.0, 1.0) if self.flip else torch.ones(n, device=device)
         cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
+        h, w = x.shape[-2:]
+        out_h, out_w = (h, w) if self.size is None else (self.size, self.size)
+        if out_h > h or out_w > w:
+            raise ValueError(f"JointAugment(size={self.size}) needs images at least that large, got {h} x {w}.")
+        # the window's half sides and centre in the input's [-1, 1] coordinates (the centre drawn per sample)
+        sx, sy = out_w / w, out_h / h
+        cx = (torch.rand(n, device=device) * 2 - 1) * (1 - sx)
+        cy = (torch.rand(n, device=device) * 2 - 1) * (1 - sy)
         theta = torch.zeros(n, 2, 3, device=device)
-        theta[:, 0, 0], theta[:, 0, 1] = cos * flip, -sin
-        theta[:, 1, 0], theta[:, 1, 1] = sin * flip, cos
-        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+        theta[:, 0, 0], theta[:, 0, 1], theta[:, 0, 2] = sx * cos * flip, -sx * sin, cx
+        theta[:, 1, 0], theta[:, 1, 1], theta[:, 1, 2] = sy * sin * flip, sy * cos, cy
+        grid = F.affine_grid(theta, [n, x.shape[1], out_h, out_w], align_corners=False)
+        if self.elastic:
+            field = torch.randn(n, 2, 8, 8, device=device) * self.elastic
+            field = F.interpolate(field, size=(out_h, out_w), mode="bicubic", align_corners=False)
+            grid = grid + field.permute(0, 2, 3, 1) * torch.tensor([sx, sy], device=device)
         x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-        inside = F.grid_sample(torch.ones_like(masks[:, None], dtype=torch.float32), grid, mode="nearest",
+        inside = F.grid_sample(torch.ones(n, 1, h, w, device=device), grid, mode="nearest",
                                padding_mode="zeros", align_corners=False)[:, 0]  # fmt: skip
         m = F.grid_sample(masks[:, None].float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
         m = torch.where(inside > 0.5, m[:, 0], torch.full_like(m[:, 0], float(self.ignore_index))).to(masks.dtype)

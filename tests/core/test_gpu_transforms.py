@@ -57,6 +57,21 @@ def test_joint_augment_moves_image_and_mask_together():
     assert not torch.equal(moved[0], moved[1]), "every sample draws its own rotation"
 
 
+def test_joint_augment_crops_and_warps_image_and_mask_together():
+    torch.manual_seed(4)
+    mask = torch.zeros(6, 64, 80, dtype=torch.long)
+    mask[:, 8:40, 10:60] = 3
+    mask[:, 40:60, 4:30] = 7
+    image = (mask.float() / 10)[:, None].repeat(1, 3, 1, 1)
+    out, m = JointAugment(degrees=20, jitter=0.0, size=32, elastic=0.05)((image, mask))
+    assert out.shape == (6, 3, 32, 32) and m.shape == (6, 32, 32)
+    inside = m != 255
+    agree = (out[:, 0][inside] * 10).round().long() == m[inside]
+    assert inside.float().mean() > 0.5 and agree.float().mean() > 0.9
+    with pytest.raises(ValueError, match="size=128"):
+        JointAugment(size=128)((image, mask))
+
+
 def test_log_mel_of_a_padded_batch_matches_each_clip_alone():
     torch.manual_seed(3)
     clips = [torch.randn(44_100), torch.randn(30_000)]

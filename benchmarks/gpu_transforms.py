@@ -1,0 +1,365 @@
+"""Per-sample transforms moved from the DataLoader workers to the GPU (``StreamPrefetch(transform=...)``, run on
+the side stream one batch ahead), side by side with the same pipeline's CPU transforms, in one run.
+
+    python benchmarks/gpu_transforms.py --data /tmp/workloads            # H100 machine (--size gpu there)
+    python benchmarks/gpu_transforms.py --size cpu --data /tmp/wl --out /tmp   # a smoke run on CPU
+
+Three pipelines, each at steady state (ThroughputMeter: the loader's queue drained first, the window's halves
+recorded), every case with ``StreamPrefetch`` so that only where the transforms run differs:
+
+- segmentation (``benchmarks/workloads/segmentation.py``: 640-px image + PNG mask pairs, U-Net on 512-px crops):
+  the workload's per-sample rotation, elastic warp, crop, flip and colour jitter (torchvision.transforms.v2) in
+  16 workers (all cores: its best hand-tuned loader), against workers that only decode and ``JointAugment(size=512,
+  degrees=30, elastic=0.05, jitter=0.3)`` on the GPU;
+- audio (``benchmarks/workloads/audio.py``: 3-8 s WAV clips at 44.1 kHz, conv + transformer encoder): resampling
+  and log-mel per clip in its 4 workers, against the same 4 workers reading the waveforms and ``LogMel`` on the GPU;
+- ImageNet-style (ResNet-50, bf16-mixed, channels_last, batch 256, 16 workers, 500 x 375 JPEGs whose colour
+  carries the class): torchvision's RandomResizedCrop + flip + ToTensor + Normalize in the workers, against
+  workers that only decode (``pad_collate``) and ``RandomResizedCropFlip`` on the GPU; both loss curves from the
+  same initial weights are compared over their common steps.
+
+The ceiling of each is its model's step on one transformed batch resident on the GPU. Overlap: the segmentation
+step fed a resident raw batch through the stage, against the ceiling's step plus the stage's own GPU time.
+
+Bars (issue 18; ``gpu_transforms-<date>-<gpu>.json``): ``segmentation_gpu_vs_cpu`` >= 2,
+``segmentation_gpu_of_ceiling`` >= 0.85, ``audio_gpu_vs_cpu_same_workers`` >= 3, ``imagenet_gpu_of_ceiling``
+>= 0.80, ``imagenet_loss_gap_z`` <= 3 (the difference of the two runs' mean loss over the last third of their common
+steps, in standard errors), ``overlap_extra_of_stage`` <= 0.30 ((step with the stage - compute alone) / the
+stage's GPU time) and ``steady_state_halves_max_diff`` <= 0.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))  # the workloads' projects, imported by module name
+sys.path.insert(1, str(HERE.parent))
+
+import lightning.pytorch as pl  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from lightning.fabric.utilities.apply_func import move_data_to_device  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, default_collate  # noqa: E402
+
+from lightning_gpu_boost.callbacks import StreamPrefetch  # noqa: E402
+from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # noqa: E402
+from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
+from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip, pad_collate  # noqa: E402
+from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
+from lightning_gpu_boost.core.steady import worst_halves_diff  # noqa: E402
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SIZES = {
+    "cpu": {"images": 256, "classes": 4, "batch": 16, "crop": 64, "workers": 2, "steps": 12, "pairs": 96,
+            "clips": 256},
+    "gpu": {"images": 32000, "classes": 100, "batch": 256, "crop": 224, "workers": 16, "steps": 64, "pairs": 4096,
+            "clips": 4096},
+}  # fmt: skip
+"""ImageNet-style images and the segmentation pairs and audio clips each pipeline reads: enough that warm-up, the
+queue's drain and the window fit in one epoch (an epoch's restart stalls while the workers refill)."""
+
+
+# --- the data the projects read -------------------------------------------------------------------------------
+
+
+def _signal_image(job: tuple[str, int, int, int]) -> None:
+    path, seed, label, classes = job
+    rng = np.random.default_rng(seed)
+    w, h = 500, 375
+    hue = np.random.default_rng(label).integers(0, 256, 3)  # the class's colour
+    small = rng.integers(0, 256, (6, 8, 3)).astype(np.float32) * 0.5 + hue * 0.5
+    img = np.asarray(Image.fromarray(small.astype(np.uint8)).resize((w, h), Image.BICUBIC), dtype=np.float32)
+    img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(img).save(path, quality=90)
+
+
+def signal_tree(root: Path, n: int, classes: int) -> Path:
+    """``root/class_k/img_i.jpg``, 500 x 375: a smooth random colour field half of which is the class's colour
+    (so that a short run's loss falls and two runs' curves can be compared)."""
+    if (root / ".complete").exists():
+        return root
+    jobs = []
+    for i in range(n):
+        folder = root / f"class_{i % classes:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        jobs.append((str(folder / f"img_{i:06d}.jpg"), i, i % classes, classes))
+    with multiprocessing.Pool(os.cpu_count()) as pool:
+        pool.map(_signal_image, jobs, chunksize=64)
+    (root / ".complete").touch()
+    return root
+
+
+class Decoded(Dataset):
+    """The ImageNet-style tree decoded to uint8 CHW tensors, nothing else (the transforms run on the GPU)."""
+
+    def __init__(self, root: Path) -> None:
+        self.samples = sorted((p, int(p.parent.name.split("_")[1])) for p in Path(root).glob("class_*/*.jpg"))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        img = np.asarray(Image.open(path).convert("RGB"))
+        return torch.from_numpy(img.copy()).permute(2, 0, 1), label
+
+
+class RawPairs(Dataset):
+    """The segmentation pairs decoded to a uint8 image and an int64 mask, nothing else."""
+
+    def __init__(self, root: Path) -> None:
+        self.images = sorted((Path(root) / "images").glob("*.jpg"))
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        path = self.images[i]
+        image = np.asarray(Image.open(path).convert("RGB"))
+        mask = np.asarray(Image.open(path.parent.parent / "masks" / f"{path.stem}.png"))
+        return torch.from_numpy(image.copy()).permute(2, 0, 1), torch.from_numpy(mask.astype(np.int64))
+
+
+class Waves(Dataset):
+    """The audio clips read to float waveforms at their own rate, nothing else."""
+
+    def __init__(self, root: Path) -> None:
+        self.files = sorted(Path(root).glob("*.wav"))
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        from audio import read_wav
+
+        audio, _ = read_wav(self.files[i])
+        return torch.from_numpy(audio), i % 10
+
+
+def pad_waves(batch):
+    waves, labels = zip(*batch, strict=True)
+    return (torch.nn.utils.rnn.pad_sequence(waves, batch_first=True), torch.tensor([len(w) for w in waves]),
+            torch.tensor(labels))  # fmt: skip
+
+
+# --- one timed run ----------------------------------------------------------------------------------------------
+
+
+class LossLog(pl.Callback):
+    """Every training step's loss, kept on the device until the end (no sync per step)."""
+
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.losses.append(loss.detach().float())
+
+    def values(self) -> list[float]:
+        return torch.stack(self.losses).cpu().tolist() if self.losses else []
+
+
+def loader(dataset: Dataset, batch: int, workers: int, gpu: bool, collate=None) -> DataLoader:
+    """The hand-tuned loader: shuffled, ``workers`` persistent workers, pinned memory, 2 batches each queued."""
+    return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, pin_memory=gpu,
+                      persistent_workers=workers > 0, prefetch_factor=2 if workers else None, drop_last=True,
+                      collate_fn=collate or default_collate)  # fmt: skip
+
+
+def timed_fit(model: pl.LightningModule, train: Any, args, transform=None, precision: str = "32-true",
+              steps: int | None = None, max_steps: int = 100_000) -> dict[str, Any]:
+    gpu = args.size == "gpu"
+    torch.manual_seed(0)
+    meter = ThroughputMeter(warmup=10 if gpu else 3, steps=steps or args.cfg["steps"], sample_gpu_util=False)
+    losses = LossLog()
+    trainer = pl.Trainer(
+        accelerator="gpu" if gpu else "cpu", devices=1, precision=precision, max_steps=max_steps,
+        max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=[meter, losses, StreamPrefetch(transform=transform, transform_seed=0)],
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, train)
+    return {**meter.summary(), "losses": losses.values()}
+
+
+def ceiling(make_model, raw_batch: Any, transform, args, precision: str = "32-true") -> tuple[dict, Any]:
+    """The model's step on one transformed batch resident on the device, and that batch."""
+    device = torch.device("cuda" if args.size == "gpu" else "cpu")
+    torch.manual_seed(0)
+    batch = move_data_to_device(raw_batch, device)
+    if transform is not None:
+        batch = transform(batch)
+    steps = 3 * args.cfg["steps"]
+    return timed_fit(make_model(), ResidentBatches(batch, steps), args, precision=precision, max_steps=steps), batch
+
+
+def stage_ms(transform, raw_batch: Any, args, repeats: int = 20) -> float:
+    """The transform's own time on a resident raw batch (GPU time: synchronized around ``repeats`` calls)."""
+    device = torch.device("cuda" if args.size == "gpu" else "cpu")
+    batch = move_data_to_device(raw_batch, device)
+    for _ in range(3):
+        transform(batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        transform(batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
+def ms_per_step(result: dict[str, Any], batch: int) -> float:
+    return 1000 * batch / result["samples_per_s"]
+
+
+# --- the three pipelines ----------------------------------------------------------------------------------------
+
+
+def segmentation(args) -> dict[str, Any]:
+    import segmentation as seg
+
+    seg.SIZES[args.size] = cfg = {**seg.SIZES[args.size], "pairs": args.cfg["pairs"]}
+    data = seg.prepare(Path(args.data), args.size)
+    workers = os.cpu_count() if args.size == "gpu" else cfg["workers"]
+    crop, batch = cfg["crop"], cfg["batch"]
+
+    def model():
+        return seg.UNet(cfg["classes"], cfg["width"])
+
+    aug = JointAugment(size=crop, degrees=30.0, elastic=0.05, jitter=0.3, ignore_index=0)
+    raw = next(iter(DataLoader(RawPairs(data), batch_size=batch)))
+    result: dict[str, Any] = {"workers": workers, "batch": batch, "crop": crop}
+    print("segmentation: CPU transforms ...", flush=True)
+    result["cpu"] = timed_fit(model(), loader(seg.Pairs(data, crop), batch, workers, args.size == "gpu"), args)
+    print("segmentation: GPU transforms ...", flush=True)
+    result["gpu"] = timed_fit(model(), loader(RawPairs(data), batch, workers, args.size == "gpu"), args, aug)
+    print("segmentation: ceiling ...", flush=True)
+    result["ceiling"], _ = ceiling(model, raw, aug, args)
+    # overlap: the raw batch resident on the device, transformed by the stage on the side stream every step
+    device = torch.device("cuda" if args.size == "gpu" else "cpu")
+    steps = 3 * args.cfg["steps"]
+    result["with_stage"] = timed_fit(model(), ResidentBatches(move_data_to_device(raw, device), steps), args, aug,
+                                     max_steps=steps)  # fmt: skip
+    result["stage_ms"] = stage_ms(aug, raw, args)
+    result["compute_ms"] = ms_per_step(result["ceiling"], batch)
+    result["with_stage_ms"] = ms_per_step(result["with_stage"], batch)
+    result["overlap_extra_of_stage"] = (result["with_stage_ms"] - result["compute_ms"]) / result["stage_ms"]
+    result["gpu_vs_cpu"] = result["gpu"]["samples_per_s"] / result["cpu"]["samples_per_s"]
+    result["gpu_of_ceiling"] = result["gpu"]["samples_per_s"] / result["ceiling"]["samples_per_s"]
+    return result
+
+
+def audio(args) -> dict[str, Any]:
+    import audio as au
+
+    au.SIZES[args.size] = cfg = {**au.SIZES[args.size], "clips": args.cfg["clips"]}
+    data = au.prepare(Path(args.data), args.size)
+    workers, batch = cfg["workers"], cfg["batch"]
+
+    def model():
+        return au.Encoder(cfg["dim"], cfg["layers"])
+
+    mel = LogMel(source_rate=au.SOURCE_RATE, rate=au.RATE, n_fft=au.N_FFT, hop=au.HOP, n_mels=au.MELS)
+    result: dict[str, Any] = {"workers": workers, "batch": batch}
+    print("audio: CPU features ...", flush=True)
+    result["cpu"] = timed_fit(model(), loader(au.Clips(data), batch, workers, args.size == "gpu", au.collate), args)
+    print("audio: GPU features ...", flush=True)
+    result["gpu"] = timed_fit(model(), loader(Waves(data), batch, workers, args.size == "gpu", pad_waves), args, mel)
+    raw = next(iter(DataLoader(Waves(data), batch_size=batch, collate_fn=pad_waves)))
+    result["ceiling"], _ = ceiling(model, raw, mel, args)
+    result["stage_ms"] = stage_ms(mel, raw, args)
+    result["gpu_vs_cpu"] = result["gpu"]["samples_per_s"] / result["cpu"]["samples_per_s"]
+    result["gpu_of_ceiling"] = result["gpu"]["samples_per_s"] / result["ceiling"]["samples_per_s"]
+    return result
+
+
+def imagenet(args) -> dict[str, Any]:
+    from jpeg_classification import Folder
+
+    from lightning_gpu_boost.models import ImageClassifier
+
+    cfg = args.cfg
+    data = signal_tree(Path(args.data) / f"signal-{cfg['images']}-{cfg['classes']}", cfg["images"], cfg["classes"])
+    workers = cfg["workers"] if args.size == "gpu" else 2
+    batch, crop, gpu = cfg["batch"], cfg["crop"], args.size == "gpu"
+    precision = "bf16-mixed" if gpu else "32-true"
+
+    def model():
+        torch.manual_seed(0)  # the same initial weights for every case
+        return ImageClassifier("resnet50" if gpu else "small_cnn", num_classes=cfg["classes"], channels_last=gpu)
+
+    rrc = RandomResizedCropFlip(crop, normalize=(MEAN, STD))
+    result: dict[str, Any] = {"workers": workers, "batch": batch, "precision": precision}
+    print("imagenet: CPU transforms ...", flush=True)
+    result["cpu"] = timed_fit(model(), loader(Folder(data, crop), batch, workers, gpu), args, precision=precision)
+    print("imagenet: GPU transforms ...", flush=True)
+    result["gpu"] = timed_fit(model(), loader(Decoded(data), batch, workers, gpu, pad_collate), args, rrc,
+                              precision=precision)  # fmt: skip
+    raw = next(iter(DataLoader(Decoded(data), batch_size=batch, collate_fn=pad_collate)))
+    result["ceiling"], _ = ceiling(model, raw, rrc, args, precision=precision)
+    result["stage_ms"] = stage_ms(rrc, raw, args)
+    result["gpu_of_ceiling"] = result["gpu"]["samples_per_s"] / result["ceiling"]["samples_per_s"]
+    result["cpu_of_ceiling"] = result["cpu"]["samples_per_s"] / result["ceiling"]["samples_per_s"]
+    result["gpu_vs_cpu"] = result["gpu"]["samples_per_s"] / result["cpu"]["samples_per_s"]
+    a, b = result["cpu"]["losses"], result["gpu"]["losses"]
+    common = min(len(a), len(b))
+    tail = slice(2 * common // 3, common)
+    ta, tb = np.array(a[tail]), np.array(b[tail])
+    se = np.sqrt(ta.var(ddof=1) / len(ta) + tb.var(ddof=1) / len(tb)) if len(ta) > 1 else float("nan")
+    result["loss"] = {"common_steps": common, "first_cpu": a[0] if a else None, "first_gpu": b[0] if b else None,
+                      "tail_mean_cpu": float(ta.mean()), "tail_mean_gpu": float(tb.mean()),
+                      "gap_z": float(abs(ta.mean() - tb.mean()) / se) if se > 0 else 0.0}  # fmt: skip
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["cpu", "gpu"], default="gpu" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--data", default=".workloads-data", help="where the pipelines' data is written (and reused)")
+    parser.add_argument("--only", nargs="+", choices=["segmentation", "audio", "imagenet"])
+    parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
+    args = parser.parse_args()
+    args.cfg = SIZES[args.size]
+    if args.size == "gpu" and not torch.cuda.is_available():
+        raise SystemExit("--size gpu needs a CUDA GPU.")
+    figures: dict[str, Any] = {"size": args.size}
+    for name, run in (("segmentation", segmentation), ("audio", audio), ("imagenet", imagenet)):
+        if args.only and name not in args.only:
+            continue
+        figures[name] = r = run(args)
+        print(f"{name}: CPU {r['cpu']['samples_per_s']:,.1f}/s, GPU {r['gpu']['samples_per_s']:,.1f}/s "
+              f"({r['gpu_vs_cpu']:.2f}x), ceiling {r['ceiling']['samples_per_s']:,.1f}/s "
+              f"({100 * r['gpu_of_ceiling']:.0f} % of it), stage {r['stage_ms']:.2f} ms", flush=True)  # fmt: skip
+    bars: dict[str, Any] = {}
+    if "segmentation" in figures:
+        s = figures["segmentation"]
+        bars["segmentation_gpu_vs_cpu"] = bar(s["gpu_vs_cpu"], 2.0, "x")
+        bars["segmentation_gpu_of_ceiling"] = bar(s["gpu_of_ceiling"], 0.85, "ratio")
+        bars["overlap_extra_of_stage"] = bar(s["overlap_extra_of_stage"], 0.30, "ratio", higher_is_better=False)
+    if "audio" in figures:
+        bars["audio_gpu_vs_cpu_same_workers"] = bar(figures["audio"]["gpu_vs_cpu"], 3.0, "x")
+    if "imagenet" in figures:
+        bars["imagenet_gpu_of_ceiling"] = bar(figures["imagenet"]["gpu_of_ceiling"], 0.80, "ratio")
+        bars["imagenet_loss_gap_z"] = bar(figures["imagenet"]["loss"]["gap_z"], 3.0, "z", higher_is_better=False)
+    cases = [{c: figures[n][c] for c in ("cpu", "gpu", "ceiling")} for n in ("segmentation", "audio", "imagenet")
+             if n in figures]  # fmt: skip
+    bars["steady_state_halves_max_diff"] = bar(worst_halves_diff(cases), 0.05, "ratio", higher_is_better=False)
+    for key, b in bars.items():
+        print(f"{key}: {b['value']} (target {b['target']}, pass={b['pass']})")
+    print(f"wrote {write_result('gpu_transforms', figures, bars, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
