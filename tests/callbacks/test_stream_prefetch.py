@@ -298,3 +298,14 @@ def test_a_batch_transform_reaches_training_only_and_draws_anew_each_epoch(train
     assert all(torch.equal(a, b) for a, b in zip(train, again.features["train"], strict=True)), "not reproducible"
     val_plain = [b[0] for b in DataLoader(IndexDataset(8), batch_size=4)]
     assert all(torch.equal(v, p) for v, p in zip(model.features["val"][-2:], val_plain, strict=True))
+
+
+def test_a_batch_transform_runs_on_a_cpu_only_trainer_too(trainer_kwargs):
+    """Without CUDA (and without cpu_lookahead) the prefetcher is off, but a user's transform is not skipped."""
+    model = SeesFeatures()
+    trainer = pl.Trainer(callbacks=[StreamPrefetch(transform=Jitter(), transform_seed=3)], max_epochs=1,
+                         **trainer_kwargs)  # fmt: skip
+    trainer.fit(model, DataLoader(IndexDataset(16), batch_size=4))
+    plain = [b[0] for b in DataLoader(IndexDataset(16), batch_size=4)]
+    assert len(model.features["train"]) == 4
+    assert all(not torch.equal(t, p) for t, p in zip(model.features["train"], plain, strict=True))

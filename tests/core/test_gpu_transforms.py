@@ -112,3 +112,10 @@ def test_helpers_give_the_same_numbers_on_the_gpu():
     waves = torch.randn(4, 44_100)
     lengths = torch.full((4,), 44_100)
     assert torch.allclose(mel((waves, lengths))[0], mel((waves.cuda(), lengths.cuda()))[0].cpu(), atol=1e-3)
+    mask = torch.zeros(6, 64, 80, dtype=torch.long, device="cuda")
+    mask[:, 8:40, 10:60] = 3
+    image = (mask.float() / 10)[:, None].repeat(1, 3, 1, 1)
+    out, m = JointAugment(degrees=20, jitter=0.0, size=32, elastic=0.05)((image, mask))
+    inside = m != 255
+    assert out.is_cuda and m.shape == (6, 32, 32)
+    assert ((out[:, 0][inside] * 10).round().long() == m[inside]).float().mean() > 0.9
