@@ -3,7 +3,7 @@
 # on a lent GPU machine goes on between commands; each one's log and exit status land in $RERUN_DIR (/tmp/rerun).
 #
 #   benchmarks/rerun.sh start "auto_num_workers.py --data /tmp/demo" "bench --data /tmp/demo" ...
-#       (a word ending in .py runs benchmarks/<script>; bench, demo and doctor run the package's CLI)
+#       (a script or folder under benchmarks/ runs as benchmarks/<it>; bench, demo and doctor run the package's CLI)
 #   benchmarks/rerun.sh wait SECONDS    # until every one has finished or SECONDS have passed; prints where each stands
 #   benchmarks/rerun.sh pack FILE.tgz   # the result files written since start, and every log, in one file
 #
@@ -24,10 +24,8 @@ start)
     for f in "$0"/*.cmd; do
       n=${f%.cmd}; read -r first rest <"$f"
       date +%s >"$n.start"
-      case "$first" in
-        *.py) python benchmarks/$first $rest ;;
-        *) python -m lightning_gpu_boost $first $rest ;;
-      esac >"$n.log" 2>&1
+      if [ -e "benchmarks/$first" ]; then python benchmarks/$first $rest
+      else python -m lightning_gpu_boost $first $rest; fi >"$n.log" 2>&1
       echo $? >"$n.rc"; date +%s >"$n.end"
     done
     touch "$0/done"' "$dir" >/dev/null 2>&1 </dev/null &
