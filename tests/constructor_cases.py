@@ -86,7 +86,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
                                                  "val_root": "path?", "order": "dtype", "block_bytes": "int>=1",
                                                  "window_blocks": "int>=1"}),
         (RandomResizedCropFlip, {}, {"size": "int>=1", "scale": "pair01", "ratio": "pair>0", "flip": "bool",
-                                     "normalize": "normalize"}),
+                                     "normalize": "normalize", "antialias": "bool"}),
         (JointAugment, {}, {"degrees": "float>=0", "scale": "pair>0", "flip": "bool", "jitter": "unit_open",
                             "ignore_index": "int>=0", "size": "int>=1?", "elastic": "float>=0"}),
         (LogMel, {}, {"source_rate": "int>=1", "rate": "int>=1", "n_fft": "int>=1", "hop": "int>=1",

@@ -14,6 +14,7 @@ alone is what is measured so far) and ``steady_state_halves_max_diff`` <= 0.05.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import importlib.util
 import sys
@@ -35,6 +36,9 @@ from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
 from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
 from lightning_gpu_boost.core.steady import worst_halves_diff  # noqa: E402
 
+#: timed steps per case on a GPU (after the loader's queue has drained)
+TIMED_STEPS = 48
+
 
 def names() -> tuple[str, ...]:
     spec = importlib.util.spec_from_file_location("workloads_index", HERE / "__init__.py")
@@ -55,11 +59,17 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
         torch.set_num_threads(1)
     dog = GPUUtilWatchdog(window=4 if small else 10, warmup_steps=3 if small else 10, on_starvation="ignore",
                           summary=False)  # fmt: skip
-    meter = ThroughputMeter(warmup=3 if small else 10, sample_gpu_util=False)
+    # on a GPU the meter ends the fit once its window (after the loader's queue has drained) holds TIMED_STEPS
+    # steps whose halves agree: the project's own max_steps would end most runs inside the queue's drain
+    meter = ThroughputMeter(warmup=3 if small else 10, steps=TIMED_STEPS if gpu else None, sample_gpu_util=False)
+    if gpu:
+        kwargs = {**kwargs, "max_steps": max(kwargs.get("max_steps", 0), 20 * TIMED_STEPS)}
     callbacks: list[pl.Callback] = [dog, meter]
     if case == "gpu_boost":
         callbacks.append(GPUBoost())
     if case == "ceiling":
+        # the same step as GPUBoost's (its TF32, cuDNN and channels_last settings), on one resident batch
+        callbacks.append(GPUBoost(prefetch=False, auto_workers=False, watchdog=False))
         device = torch.device("cuda" if gpu else "cpu")
         steps = kwargs.get("max_steps", 40)
         train, val = ResidentBatches(move_data_to_device(next(iter(train)), device), steps), None
@@ -72,6 +82,8 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the verdicts are recorded, not printed
         trainer.fit(model, train, val)
+    del trainer, model, train, val
+    gc.collect()  # the next fit forks workers: no earlier fit's pinned batches left for them to free
     return {
         "verdict": dog.run_verdict,
         "window_verdicts": [w["verdict"] for w in dog.warnings],

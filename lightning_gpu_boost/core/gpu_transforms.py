@@ -37,6 +37,10 @@ def pad_collate(samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[torch.Tens
     return out, sizes, torch.as_tensor(labels)
 
 
+#: box-filtered levels (2x, 4x) RandomResizedCropFlip(antialias=True) reads shrunk crops from
+MIP_LEVELS = 2
+
+
 def _uniform(n: int, low: float, high: float, device: torch.device) -> torch.Tensor:
     return torch.empty(n, device=device).uniform_(low, high)
 
@@ -54,6 +58,10 @@ class RandomResizedCropFlip:
         flip: flip horizontally with probability 0.5.
         normalize: ``(mean, std)`` per channel in [0, 1] units, applied after the crop; ``None``: [0, 1] floats.
         dtype: ``torch.float32`` or a lower precision for the output.
+        antialias: shrink without aliasing, as Pillow's and torchvision's antialiased resize do: each sample is
+            read from the batch's 2x- and 4x-box-filtered copies, blended by its crop's shrink (trilinear
+            mipmapping: one ``grid_sample`` per level for the whole batch, no per-sample loop, no host sync).
+            ``False``: plain bilinear sampling of the full image, whose pixel noise survives a large shrink.
 
     Raises:
         ValueError: a bad ``size``, ``scale``, ``ratio`` or ``normalize``.
@@ -67,8 +75,11 @@ class RandomResizedCropFlip:
         flip: bool = True,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
         dtype: torch.dtype = torch.float32,
+        antialias: bool = True,
     ) -> None:
         checks.check_int("size", size, low=1)
+        checks.check_bool("antialias", antialias)
+        self.antialias = antialias
         checks.check_pair("scale", scale, low=0.0, high=1.0)
         checks.check_pair("ratio", ratio, low=0.0)
         checks.check_bool("flip", flip)
@@ -107,7 +118,25 @@ class RandomResizedCropFlip:
         theta = torch.zeros(n, 2, 3, device=images.device)
         theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = sx, tx, sy, ty
         grid = F.affine_grid(theta, [n, images.shape[1], self.size, self.size], align_corners=False)
-        out = F.grid_sample(images.float() / 255, grid, mode="bilinear", padding_mode="border", align_corners=False)
+        if self.antialias:  # the padding repeats each image's edge, so that no filtered level mixes it in
+            c, dev = images.shape[1], images.device
+            hs, ws = sizes[:, 0].to(dev), sizes[:, 1].to(dev)
+            rows = torch.minimum(torch.arange(hp, device=dev)[None], (hs - 1)[:, None])
+            cols = torch.minimum(torch.arange(wp, device=dev)[None], (ws - 1)[:, None])
+            images = images.gather(2, rows[:, None, :, None].expand(-1, c, -1, wp))
+            images = images.gather(3, cols[:, None, None, :].expand(-1, c, hp, -1))
+        x = images.float() / 255
+        out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+        if self.antialias:
+            # trilinear mipmapping: a crop shrunk by s reads level log2(s) of 2x box-filtered copies, blended
+            # between the two nearest levels (every level for every sample: no host sync on the side stream)
+            shrink = torch.maximum(ch, cw) / self.size
+            lv = torch.log2(shrink.clamp(min=1.0)).clamp(max=float(MIP_LEVELS)).view(-1, 1, 1, 1)
+            out = out * (1 - lv).clamp(min=0)
+            for k in range(1, MIP_LEVELS + 1):
+                x = F.avg_pool2d(x, 2, ceil_mode=True)
+                level = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+                out = out + level * (1 - (lv - k).abs()).clamp(min=0)
         if self.normalize is not None:
             if out.device not in self._stats:  # made once per device, not per batch
                 self._stats[out.device] = tuple(

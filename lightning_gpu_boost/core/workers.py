@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -375,13 +376,30 @@ def tune_num_workers(
     limit = max_workers_for_node() if max_workers is None else max_workers
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a worker; and leaves no busy intra-op thread team behind in this process
+    # unreachable cycles that hold CUDA-pinned host memory (an earlier fit's batches) would be freed by the
+    # garbage collector inside a forked worker, where CUDA cannot run: free them here, before forking
+    gc.collect()
+    start = time.perf_counter()
     try:
         return _search(
             dataloader, budget_s, candidates, tolerance, limit,
             prefetch_factor or dataloader.prefetch_factor or 2, min_window_s,
         )  # fmt: skip
+    except WorkersDied as died:  # keep the user's setting: a probe that broke measured nothing it can rank
+        user = dataloader.num_workers
+        return WorkerProbe(user, {}, time.perf_counter() - start, limit, user_workers=user, conclusive=False,
+                           reason=f"the probe's workers died at num_workers={died.workers} ({died.cause}); "
+                                  f"num_workers={user} is kept")  # fmt: skip
     finally:
         torch.set_num_threads(threads)
+
+
+class WorkersDied(RuntimeError):
+    """A probe loader's workers exited unexpectedly (e.g. a worker touched CUDA after the fork)."""
+
+    def __init__(self, workers: int, cause: BaseException) -> None:
+        super().__init__(f"workers died at num_workers={workers}: {cause}")
+        self.workers, self.cause = workers, cause
 
 
 def _search(
@@ -414,7 +432,12 @@ def _search(
         if (w in table and not again) or cost(w) > left:
             return False
         probe = clone_loader(dataloader, w, prefetch_factor, small)
-        window = measure_loader(probe, w, left - (small or batch) * (sample_s or 0.0), min_window_s)
+        try:
+            window = measure_loader(probe, w, left - (small or batch) * (sample_s or 0.0), min_window_s)
+        except RuntimeError as error:
+            if w > 0 and "exited unexpectedly" in str(error):
+                raise WorkersDied(w, error) from error
+            raise
         rate = window.rate * (small or batch) / batch  # batches/s at the loader's own batch size
         if again and rates.get(w) and rate > 0:  # another window: the median of them all
             rates[w].append(rate)

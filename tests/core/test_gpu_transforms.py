@@ -119,3 +119,15 @@ def test_helpers_give_the_same_numbers_on_the_gpu():
     inside = m != 255
     assert out.is_cuda and m.shape == (6, 32, 32)
     assert ((out[:, 0][inside] * 10).round().long() == m[inside]).float().mean() > 0.9
+
+
+def test_random_resized_crop_antialias_shrinks_noise_like_a_box_filter():
+    torch.manual_seed(0)
+    noise = (torch.rand(8, 3, 400, 400) * 255).to(torch.uint8)
+    batch = (noise, torch.tensor([[400, 400]] * 8), None)
+    kwargs = {"scale": (1.0, 1.0), "ratio": (1.0, 1.0), "flip": False}
+    aliased = RandomResizedCropFlip(50, antialias=False, **kwargs)(batch)[0]
+    smooth = RandomResizedCropFlip(50, **kwargs)(batch)[0]
+    # an 8x shrink of uniform noise (std 0.29): an 8 x 8 box leaves 0.036; bilinear taps of single pixels ~0.14
+    assert smooth.std() < 0.05 < 0.1 < aliased.std()
+    assert abs(smooth.mean() - aliased.mean()) < 0.01

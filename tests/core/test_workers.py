@@ -212,3 +212,24 @@ def test_quick_contenders_get_interleaved_windows_and_slow_ones_one_confirmation
     calls.clear()
     workers._confirm(dict(table), 0.03, lambda w: calls.append(w) or len(calls) < 2, quick=lambda w: True)
     assert calls == [16, 12]  # a window that does not fit ends the extra passes
+
+
+class DiesInWorkers(Dataset):
+    """Loads in the main process; a worker that loads exits at once (as one that touches CUDA after a fork)."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int):
+        import os
+
+        if torch.utils.data.get_worker_info() is not None:
+            os._exit(3)
+        time.sleep(0.001)
+        return torch.zeros(4)
+
+
+def test_workers_that_die_keep_the_users_setting():
+    loader = DataLoader(DiesInWorkers(), batch_size=8, num_workers=3)
+    probe = workers.tune_num_workers(loader, budget_s=6, max_workers=2)
+    assert probe.num_workers == 3 and not probe.conclusive and "died" in probe.reason
