@@ -164,7 +164,15 @@ def advise(verdict: Verdict, facts: RunFacts, e: Evidence | None = None) -> list
     if verdict == "host-bound":
         util = "" if e is None or e.gpu_util is None else f" ({e.gpu_util:.0f} % utilization while steps wait " \
             f"{100 * e.data_wait_frac:.0f} % for data)"
-        return [
+        crowded: list[str] = []
+        if f.num_workers is not None and f.usable_cpus > 1 and f.num_workers >= f.usable_cpus:
+            # the workers' per-sample work takes every core from the process that launches the GPU's kernels
+            crowded = [
+                f"the loader's {f.num_workers} workers can use all {f.usable_cpus} CPUs and leave none to the "
+                f"training process, which launches the GPU's kernels: set num_workers={f.usable_cpus - 1}, or move "
+                "per-sample work to the GPU (StreamPrefetch(transform=...)) so that fewer workers keep up;"
+            ]
+        return crowded + [
             f"the GPU idles inside the step{util}, so data is not the limit and more workers will not help: remove "
             "per-step synchronizations (.item(), .cpu(), .tolist(), printing tensors, torch.cuda.synchronize(); "
             "log tensors with self.log(...), which does not sync each step) and Python work between kernels;",

@@ -95,3 +95,11 @@ def test_batch_kind_and_the_sample_cost_advice_follow_what_the_batches_hold():
     assert "DALI" in advice("images") and "uint8" in advice("images")
     rows = " ".join(advise("data-bound", RunFacts(num_workers=0, usable_cpus=16, batch_kind="rows"), e))
     assert rows.index("__getitems__") < rows.index("AutoNumWorkers"), rows
+
+
+def test_host_bound_with_every_cpu_in_workers_names_the_crowding_first():
+    e = Evidence(0.02, 38.9, 0.8, gpu_util=12.0, gpu_mem_frac=0.1)
+    crowded = advise("host-bound", RunFacts(cuda=True, num_workers=16, usable_cpus=16), e)
+    assert "num_workers=15" in crowded[0] and "StreamPrefetch(transform" in crowded[0]
+    spare = advise("host-bound", RunFacts(cuda=True, num_workers=8, usable_cpus=16), e)
+    assert "num_workers" not in spare[0] and ".item()" in spare[0]
