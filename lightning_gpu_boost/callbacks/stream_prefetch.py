@@ -188,6 +188,10 @@ class StreamPrefetch(Callback):
                                           transform=transform, seed=seed, rank=trainer.global_rank)  # fmt: skip
             if transform is not None and stage in ("train", "fit", None):
                 self._train_prefetchers.add(prefetcher)
+                # a run resumed mid-epoch: a loader that saves its place (ours do) yields the epoch's next batch
+                # first (Lightning calls no on_train_epoch_start then): the draws go on at that batch's index
+                resumes = hasattr(dataloader, "state_dict") and hasattr(dataloader, "load_state_dict")
+                prefetcher.set_epoch(trainer.current_epoch, _batches_done_in_epoch(trainer) if resumes else 0)
             return prefetcher
 
         if self.move_normalize and self.normalize is None:
@@ -209,3 +213,13 @@ class StreamPrefetch(Callback):
         if strategy is not None:
             remove_dataloader_hook(strategy, f"StreamPrefetch-uint8-{id(self)}")
             remove_dataloader_hook(strategy, f"StreamPrefetch-{id(self)}")
+
+
+def _batches_done_in_epoch(trainer: pl.Trainer) -> int:
+    """Training batches of the current epoch already done by a run that resumes mid-epoch (0 otherwise)."""
+    loop = trainer.fit_loop
+    if not getattr(loop, "restarting", False):
+        return 0
+    done = int(loop.epoch_loop.batch_progress.current.processed)  # a checkpoint saved inside a step counts it
+    total = trainer.num_training_batches
+    return 0 if done <= 0 or (isinstance(total, int) and done >= total) else done

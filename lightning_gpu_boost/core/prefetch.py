@@ -320,7 +320,7 @@ class StreamPrefetcher:
     """
 
     _OWN = ("_loader", "_device", "_depth", "_normalize", "_pin", "_stream", "_state", "_iterating", "_transform",
-            "_seed", "_rank", "_epoch")
+            "_seed", "_rank", "_epoch", "_start")
 
     def __new__(cls, loader: Iterable, *args: Any, **kwargs: Any) -> StreamPrefetcher:
         # Stateful loaders get real state_dict/load_state_dict methods: Lightning's `isinstance(x, _Stateful)`
@@ -365,11 +365,20 @@ class StreamPrefetcher:
         object.__setattr__(self, "_seed", seed)
         object.__setattr__(self, "_rank", rank)
         object.__setattr__(self, "_epoch", 0)
+        object.__setattr__(self, "_start", 0)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
         """The epoch the next iteration belongs to (it seeds ``transform``'s draws); also passed on to the loader
-        where it has ``set_epoch``."""
+        where it has ``set_epoch``. ``start``: the index in the epoch of that iteration's first batch (a loader
+        resumed mid-epoch yields batch ``start`` first), so that every batch draws what it would have drawn in an
+        uninterrupted epoch; it applies to the next iteration only."""
         object.__setattr__(self, "_epoch", int(epoch))
+        object.__setattr__(self, "_start", int(start))
+
+    def _take_start(self) -> int:
+        start = self._start
+        object.__setattr__(self, "_start", 0)
+        return start
 
     def _apply_transform(self, batch: Any, index: int) -> Any:
         """``transform(batch)`` with torch's generators (CPU, and this CUDA device) seeded for this batch, inside
@@ -456,7 +465,7 @@ class StreamPrefetcher:
         queue: deque = deque()
         it = iter(self._loader)
         object.__setattr__(self, "_iterating", True)
-        index = 0
+        index = self._take_start()
         try:
             alive = True
             while alive and len(queue) < self._depth:
@@ -482,7 +491,7 @@ class StreamPrefetcher:
         side: torch.cuda.Stream = self._stream
         queue: deque = deque()  # items: (kind, batch on GPU, loader state, ready event)
         it = iter(self._loader)
-        fetched = 0  # batches of this epoch copied so far: the next one's index
+        fetched = self._take_start()  # the next batch's index in the epoch
 
         def fetch_and_copy() -> bool:
             nonlocal fetched

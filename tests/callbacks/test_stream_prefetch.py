@@ -309,3 +309,26 @@ def test_a_batch_transform_runs_on_a_cpu_only_trainer_too(trainer_kwargs):
     plain = [b[0] for b in DataLoader(IndexDataset(16), batch_size=4)]
     assert len(model.features["train"]) == 4
     assert all(not torch.equal(t, p) for t, p in zip(model.features["train"], plain, strict=True))
+
+
+def test_a_run_resumed_mid_epoch_draws_what_the_uninterrupted_run_drew(tmp_path, trainer_kwargs):
+    """The DataModules' loader resumes at the epoch's next batch; the transform's draws resume with it."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tests.datamodules.test_base import Indexed24
+
+    def prefetch() -> StreamPrefetch:
+        return StreamPrefetch(cpu_lookahead=True, transform=Jitter(), transform_seed=3)
+
+    kwargs = {**trainer_kwargs, "enable_checkpointing": True, "default_root_dir": str(tmp_path)}
+    first = SeesFeatures()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, save_last=False)
+    pl.Trainer(callbacks=[ckpt, prefetch()], max_steps=3, **kwargs).fit(first, datamodule=Indexed24(batch_size=4))
+    resumed = SeesFeatures()
+    pl.Trainer(callbacks=[prefetch()], max_epochs=2, **trainer_kwargs).fit(
+        resumed, datamodule=Indexed24(batch_size=4), ckpt_path=sorted(tmp_path.glob("*step=3.ckpt"))[0])
+    whole = SeesFeatures()
+    pl.Trainer(callbacks=[prefetch()], max_epochs=2, **trainer_kwargs).fit(whole, datamodule=Indexed24(batch_size=4))
+    both = first.features["train"] + resumed.features["train"]
+    assert len(both) == len(whole.features["train"]) == 12
+    assert all(torch.equal(a, b) for a, b in zip(both, whole.features["train"], strict=True))
