@@ -24,17 +24,20 @@ from lightning_gpu_boost.core.steady import (
     min_warmup,
     steady_window,
 )
-from lightning_gpu_boost.core.verdicts import Verdict
+from lightning_gpu_boost.core.verdicts import BETWEEN_STEPS_SHARE, Verdict
 from lightning_gpu_boost.core.workers import (
     clone_loader,
     measure_batches_per_s,
     tune_num_workers,
 )
 
-Bottleneck = Literal["loader", "copy", "compute", "unknown"]
+Bottleneck = Literal["loader", "copy", "host", "epoch-start", "compute", "unknown"]
 
 #: each bottleneck's name in the taxonomy the watchdog shares (:mod:`~lightning_gpu_boost.core.verdicts`)
-VERDICT_OF: dict[str, Verdict | None] = {"loader": "data-bound", "copy": "copy-bound", "compute": "ok", "unknown": None}
+VERDICT_OF: dict[str, Verdict | None] = {"loader": "data-bound", "copy": "copy-bound", "host": "host-bound",
+                                         "epoch-start": "between-steps", "compute": "ok", "unknown": None}  # fmt: skip
+#: the step on a resident batch is host-bound where the GPU is busy less than this share of it (%)
+HOST_BOUND_UTIL = 80.0
 
 
 @dataclass
@@ -49,6 +52,14 @@ class Diagnosis:
     tuned_samples_per_s: float | None = None
     copy_ms: float | None = None
     step_ms: float | None = None
+    #: the GPU's utilization (%) during the step on a resident batch (NVML; ``None`` where not sampled)
+    step_gpu_util: float | None = None
+    #: seconds from a fresh iterator to its first batch: what each epoch start costs without persistent workers
+    startup_s: float | None = None
+    batches_per_epoch: int | None = None
+    persistent_workers: bool | None = None
+    #: the share of an epoch its start-up takes (``startup_s`` against the epoch's steps), where it is paid
+    between_frac: float | None = None
     bottleneck: Bottleneck = "unknown"
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -81,7 +92,12 @@ class Diagnosis:
             + ("not measured" if self.copy_ms is None else f"{self.copy_ms:.2f} ms per batch")
         )
         step = "not measured" if self.step_ms is None else f"{self.step_ms:.1f} ms per batch"
-        lines.append(f"  training step on a resident batch: {step} ({rate(self.ceiling_samples_per_s)})")
+        util = "" if self.step_gpu_util is None else f", GPU {self.step_gpu_util:.0f} % busy"
+        lines.append(f"  training step on a resident batch: {step} ({rate(self.ceiling_samples_per_s)}{util})")
+        if self.startup_s is not None:
+            restart = (f"; {100 * self.between_frac:.0f} % of each epoch without persistent workers"
+                       if self.between_frac is not None else "")  # fmt: skip
+            lines.append(f"  first batch of a fresh iterator: {self.startup_s:.2f} s{restart}")
         lines.append(f"Bottleneck: {self.bottleneck}" + (f" (verdict: {self.verdict})" if self.verdict else ""))
         lines += [f"  -> {a}" for a in self.advice] + [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -121,7 +137,18 @@ def measure_step_ms(model: Any, batch: Any, steps: int = 10, warmup: int = 3, **
     """Milliseconds per training step of ``model`` (a LightningModule) on ``batch`` already on the device, in a
     real Trainer (``trainer_kwargs``: e.g. ``precision``), timed in steady state by the rule of
     :mod:`~lightning_gpu_boost.core.steady` (the batches are stamped as Lightning asks for them; no callback)."""
+    return measure_step(model, batch, steps, warmup, **trainer_kwargs)[0]
+
+
+def measure_step(
+    model: Any, batch: Any, steps: int = 10, warmup: int = 3, **trainer_kwargs: Any
+) -> tuple[float, float | None]:
+    """:func:`measure_step_ms` and the GPU's mean utilization (%) over the same steady window, sampled through NVML
+    on a CUDA device (``None`` where it cannot be: no CUDA, no NVML). A step on a resident batch that leaves the GPU
+    idle is host-bound: syncs, Python between kernels, launch overhead."""
     import lightning.pytorch as pl
+
+    from lightning_gpu_boost.core.nvml import NVMLSampler
 
     kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
               "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
@@ -130,9 +157,20 @@ def measure_step_ms(model: Any, batch: Any, steps: int = 10, warmup: int = 3, **
     trainer = pl.Trainer(max_steps=total, **kwargs)
     device = trainer.strategy.root_device
     batches = TimedIterable(ResidentBatches(_move(batch, device), total + 2))
-    trainer.fit(model, batches)
+    sampler = NVMLSampler(device.index or 0, interval=0.02) if device.type == "cuda" else None
+    clock = time.monotonic() - time.perf_counter()  # the stamps' clock to the sampler's
+    if sampler is not None:
+        sampler.start()
+    try:
+        trainer.fit(model, batches)
+    finally:
+        if sampler is not None:
+            sampler.stop()
     window = steady_window(batches.stamps[: total + 1], warmup=warmup)
-    return 1000 / window.rate if window.rate > 0 else float("nan")
+    util = None
+    if sampler is not None and sampler.available and window.warmup < len(batches.stamps):
+        util = sampler.mean_util(since=batches.stamps[window.warmup] + clock)
+    return (1000 / window.rate if window.rate > 0 else float("nan")), util
 
 
 def diagnose(
@@ -174,7 +212,9 @@ def diagnose(
     cuda = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
+    started = time.perf_counter()
     first = next(iter(loader))
+    startup_s = time.perf_counter() - started
     batch_size = batch_size_of(first)
     if isinstance(loader, DataLoader):
         workers = loader.num_workers
@@ -212,9 +252,16 @@ def diagnose(
         result.notes.append(
             "no CUDA device: the host->GPU copy is not measured and the step runs on the CPU."
         )
+    result.startup_s = startup_s
+    if isinstance(loader, DataLoader):
+        result.persistent_workers = bool(loader.persistent_workers)
+        try:
+            result.batches_per_epoch = len(loader)
+        except TypeError:
+            result.batches_per_epoch = None
     if model is not None:
         say(f"timing {steps} training steps on a batch already on {device} ...")
-        result.step_ms = measure_step_ms(model, first, steps=steps, **trainer_kwargs)
+        result.step_ms, result.step_gpu_util = measure_step(model, first, steps=steps, **trainer_kwargs)
     else:
         result.notes.append("no model given (--model): the training step, the ceiling, is not measured.")
     _conclude(result)
@@ -231,7 +278,20 @@ def _conclude(d: Diagnosis) -> None:
     step_s, copy_s = d.step_ms / 1000, (d.copy_ms or 0.0) / 1000
     ceiling = d.batch_size / step_s
     with_copy = d.batch_size / (step_s + copy_s)  # Lightning copies on the compute stream, before the step
-    if loader < 0.9 * with_copy:
+    restarts = bool(d.num_workers) and d.persistent_workers is False and d.startup_s is not None
+    if restarts and d.batches_per_epoch and loader > 0:
+        # every epoch starts its workers again and waits for the first batch; the steps run at the slower pace
+        epoch_s = d.batches_per_epoch * max(step_s + copy_s, d.batch_size / loader)
+        d.between_frac = d.startup_s / (d.startup_s + epoch_s)
+    if d.between_frac is not None and d.between_frac >= BETWEEN_STEPS_SHARE:
+        d.bottleneck = "epoch-start"
+        d.advice.append(
+            f"each epoch of {d.batches_per_epoch} batches starts {d.num_workers} workers again and waits "
+            f"{d.startup_s:.1f} s for its first batch: {100 * d.between_frac:.0f} % of the epoch. Set "
+            "persistent_workers=True on the training (and validation) DataLoader, or make epochs longer (more samples "
+            "per epoch); validate less often where validation's loader does the same."
+        )
+    elif loader < 0.9 * with_copy:
         d.bottleneck = "loader"
         expected = min(tuned, with_copy)
         if d.tuned_workers is not None and tuned > 1.1 * loader:
@@ -254,6 +314,14 @@ def _conclude(d: Diagnosis) -> None:
             f"the next batch on a side stream while this one computes; expect about "
             f"{min(loader, ceiling):,.0f} samples/s ({min(loader, ceiling) / with_copy:.2f}x). Shipping uint8 images "
             "and normalizing on the GPU (StreamPrefetch(normalize=...)) copies 4x fewer bytes."
+        )
+    elif d.step_gpu_util is not None and d.step_gpu_util < HOST_BOUND_UTIL:
+        d.bottleneck = "host"
+        d.advice.append(
+            f"the step idles the GPU ({d.step_gpu_util:.0f} % utilization on a batch already on it, "
+            f"{d.step_ms:.1f} ms per step): data is not the limit. Remove per-step synchronizations (.item(), .cpu(), "
+            ".tolist(), printing tensors; log tensors with self.log) and Python work between kernels; "
+            "torch.compile(model) cuts launch overhead."
         )
     else:
         d.bottleneck = "compute"

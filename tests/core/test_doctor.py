@@ -80,3 +80,39 @@ def test_huge_batches_on_a_trivial_model_are_copy_bound():
     d = diagnose(SameBatch(batch), ImageMeanModel(), budget_s=2, steps=5, tune=False)
     assert d.copy_ms is not None and d.bottleneck == "copy", d.format()
     assert "StreamPrefetch()" in d.advice[0]
+
+
+def test_short_epochs_that_restart_their_workers_are_between_steps():
+    """Three batches per epoch from 2 workers that start again every epoch (each sample 20 ms: a worker's first
+    batch takes 0.32 s, the epoch's steps about as long): the epoch's start is a large share of it."""
+    from torch.utils.data import DataLoader
+
+    from tests.helpers import VectorDataset
+
+    def loader(persistent: bool) -> DataLoader:
+        return DataLoader(VectorDataset(48, delay_s=0.02), batch_size=16, num_workers=2,
+                          persistent_workers=persistent)  # fmt: skip
+
+    short = diagnose(loader(False), VectorModel(), budget_s=4, steps=5, tune=False, accelerator="cpu")
+    assert short.bottleneck == "epoch-start" and short.verdict == "between-steps", short.format()
+    assert "persistent_workers=True" in short.advice[0] and short.between_frac >= 0.25
+    kept = diagnose(loader(True), VectorModel(), budget_s=4, steps=5, tune=False, accelerator="cpu")
+    assert kept.between_frac is None and kept.bottleneck == "loader", kept.format()
+
+
+@pytest.mark.gpu
+def test_a_step_that_syncs_and_sleeps_is_host_bound_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import time
+
+    class Syncs(VectorModel):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            loss.item()  # a sync every step, then Python work while the GPU waits
+            time.sleep(0.03)
+            return loss
+
+    d = diagnose(VectorDataModule(), Syncs(), budget_s=4, steps=10, tune=False)
+    assert d.step_gpu_util is not None and d.step_gpu_util < 50, d.format()
+    assert d.bottleneck == "host" and d.verdict == "host-bound" and ".item()" in d.advice[0], d.format()
