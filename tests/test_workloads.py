@@ -29,7 +29,7 @@ def data_root(tmp_path_factory):
 
 
 #: a phrase the advice for each data-bound workload must hold: the fix for what its batches carry, not image advice
-ADVICE = {"jpeg_classification": "uint8", "photos_hr": "uint8", "segmentation": "kornia", "audio": "spectrogram",
+ADVICE = {"jpeg_classification": "uint8", "photos_hr": "uint8", "segmentation": "JointAugment", "audio": "LogMel",
           "tabular": "__getitems__", "short_epochs": "persistent_workers=True"}  # fmt: skip
 
 
@@ -57,3 +57,14 @@ def test_workloads_are_written_without_this_package():
         if path.name in ("__main__.py", "__init__.py"):
             continue
         assert not re.search(r"^\s*(from|import)\s+lightning_gpu_boost", path.read_text(), re.M), path.name
+
+
+@pytest.mark.parametrize("name", RUNNER.names())
+def test_doctor_names_the_same_verdict_at_cpu_size(name, data_root):
+    """``doctor`` measures the loader alone, the copy and the step on a resident batch: its verdict for each plain
+    project is the one written in the workload, and its advice fits what the batches hold."""
+    result = RUNNER.doctor(name, "cpu", data_root)
+    expected = sys.modules[name].EXPECTED["cpu"]
+    assert result["verdict"] == expected, result["diagnosis"]
+    if name in ADVICE:
+        assert ADVICE[name] in " ".join(result["advice"]), result["advice"]

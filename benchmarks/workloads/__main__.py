@@ -95,6 +95,29 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
     }
 
 
+def doctor(name: str, size: str, data_root: Path) -> dict[str, Any]:
+    """``doctor``'s diagnosis of the plain project (its own loader and model, a fresh build): the verdict it names
+    from measuring the loader alone, one batch's copy and the step on a resident batch."""
+    from lightning_gpu_boost.core.doctor import diagnose
+
+    module = importlib.import_module(name)
+    model, train, _, _ = module.build(module.prepare(Path(data_root), size), size)
+    gpu = size == "gpu" and torch.cuda.is_available()
+    threads = torch.get_num_threads()
+    if size == "cpu":
+        torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            d = diagnose(train, model, budget_s=10.0 if gpu else 4.0, steps=10 if gpu else 5, tune=False,
+                         accelerator="gpu" if gpu else "cpu")  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    del model, train
+    gc.collect()
+    return {"verdict": d.verdict, "bottleneck": d.bottleneck, "advice": d.advice, "diagnosis": d.as_dict()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=["cpu", "gpu"], default="gpu" if torch.cuda.is_available() else "cpu")
@@ -111,6 +134,9 @@ def main() -> None:
         print(f"{name}: plain ...", flush=True)
         entry: dict[str, Any] = {"expected": expected, "plain": fit(name, args.size, args.data)}
         entry["right"] = entry["plain"]["verdict"] == expected
+        print(f"{name}: doctor ...", flush=True)
+        entry["doctor"] = doctor(name, args.size, args.data)
+        entry["doctor_right"] = entry["doctor"]["verdict"] == expected
         if gpu:
             for case in ("gpu_boost", "ceiling"):
                 print(f"{name}: {case} ...", flush=True)
@@ -120,7 +146,7 @@ def main() -> None:
             entry["gpu_boost_of_ceiling"] = (entry["gpu_boost"]["throughput"]["samples_per_s"]
                                              / entry["ceiling"]["throughput"]["samples_per_s"])  # fmt: skip
         results[name] = entry
-        print(f"{name}: verdict {entry['plain']['verdict']} (expected {expected})"
+        print(f"{name}: verdict {entry['plain']['verdict']}, doctor {entry['doctor']['verdict']} (expected {expected})"
               + (f", GPUBoost {entry['gpu_boost_vs_plain']:.2f}x plain, {100 * entry['gpu_boost_of_ceiling']:.0f} % "
                  "of the ceiling" if gpu else ""), flush=True)  # fmt: skip
         path = write(results, args.size, gpu, args.out)  # after each workload: a run cut short keeps what it did
@@ -131,7 +157,9 @@ def main() -> None:
 
 def bars_of(results: dict[str, dict[str, Any]], gpu: bool) -> dict[str, Any]:
     right = sum(r["right"] for r in results.values())
-    bars = {"verdicts_right": bar(right, len(results), "workloads")}
+    bars = {"verdicts_right": bar(right, len(results), "workloads"),
+            "doctor_verdicts_right": bar(sum(r.get("doctor_right", False) for r in results.values()), len(results),
+                                         "workloads")}  # fmt: skip
     if gpu:
         fed = [r for n, r in results.items() if n in ("tokens_lm", "host_bound")]
         data_bound = [r for r in results.values() if r["expected"] in ("data-bound", "copy-bound", "between-steps")]

@@ -24,7 +24,13 @@ from lightning_gpu_boost.core.steady import (
     min_warmup,
     steady_window,
 )
-from lightning_gpu_boost.core.verdicts import BETWEEN_STEPS_SHARE, Verdict
+from lightning_gpu_boost.core.verdicts import (
+    BETWEEN_STEPS_SHARE,
+    RunFacts,
+    Verdict,
+    batch_kind,
+    sample_cost_fixes,
+)
 from lightning_gpu_boost.core.workers import (
     clone_loader,
     measure_batches_per_s,
@@ -38,6 +44,9 @@ VERDICT_OF: dict[str, Verdict | None] = {"loader": "data-bound", "copy": "copy-b
                                          "epoch-start": "between-steps", "compute": "ok", "unknown": None}  # fmt: skip
 #: the step on a resident batch is host-bound where the GPU is busy less than this share of it (%)
 HOST_BOUND_UTIL = 80.0
+#: without workers, loading is the bottleneck where it takes at least this share of each step's time (as the
+#: watchdog's default ``wait_threshold``)
+SERIAL_WAIT_SHARE = 0.2
 
 
 @dataclass
@@ -60,6 +69,8 @@ class Diagnosis:
     persistent_workers: bool | None = None
     #: the share of an epoch its start-up takes (``startup_s`` against the epoch's steps), where it is paid
     between_frac: float | None = None
+    #: what a batch holds (:func:`~lightning_gpu_boost.core.verdicts.batch_kind`): it decides the advice
+    batch_kind: str | None = None
     bottleneck: Bottleneck = "unknown"
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -253,6 +264,7 @@ def diagnose(
             "no CUDA device: the host->GPU copy is not measured and the step runs on the CPU."
         )
     result.startup_s = startup_s
+    result.batch_kind = batch_kind(first)
     if isinstance(loader, DataLoader):
         result.persistent_workers = bool(loader.persistent_workers)
         try:
@@ -268,6 +280,13 @@ def diagnose(
     return result
 
 
+def _join_fixes(d: Diagnosis) -> str:
+    """The sample-cost fixes for what ``d``'s batches hold (the watchdog's wording), as one clause."""
+    facts = RunFacts(cuda=d.device.startswith("cuda"), num_workers=d.num_workers, batch_size=d.batch_size,
+                     batch_kind=d.batch_kind)  # fmt: skip
+    return "; ".join(sample_cost_fixes(facts))
+
+
 def _conclude(d: Diagnosis) -> None:
     loader = d.loader_samples_per_s
     tuned = d.tuned_samples_per_s or loader
@@ -279,10 +298,14 @@ def _conclude(d: Diagnosis) -> None:
     ceiling = d.batch_size / step_s
     with_copy = d.batch_size / (step_s + copy_s)  # Lightning copies on the compute stream, before the step
     restarts = bool(d.num_workers) and d.persistent_workers is False and d.startup_s is not None
+    serial = d.num_workers == 0 and loader > 0  # no workers: loading and the step take turns
+    load_s = d.batch_size / loader if loader > 0 else float("inf")
     if restarts and d.batches_per_epoch and loader > 0:
-        # every epoch starts its workers again and waits for the first batch; the steps run at the slower pace
-        epoch_s = d.batches_per_epoch * max(step_s + copy_s, d.batch_size / loader)
-        d.between_frac = d.startup_s / (d.startup_s + epoch_s)
+        # every epoch starts its workers again: what a fresh iterator's first batch costs beyond one worker making
+        # one batch (which persistent workers pay too) is the start-up; the steps run at the slower pace
+        spawn_s = max(0.0, d.startup_s - load_s * (d.num_workers or 1))
+        epoch_s = d.batches_per_epoch * max(step_s + copy_s, load_s)
+        d.between_frac = spawn_s / (spawn_s + epoch_s)
     if d.between_frac is not None and d.between_frac >= BETWEEN_STEPS_SHARE:
         d.bottleneck = "epoch-start"
         d.advice.append(
@@ -291,6 +314,16 @@ def _conclude(d: Diagnosis) -> None:
             "persistent_workers=True on the training (and validation) DataLoader, or make epochs longer (more samples "
             "per epoch); validate less often where validation's loader does the same."
         )
+    elif serial and load_s >= SERIAL_WAIT_SHARE * (load_s + step_s + copy_s):
+        d.bottleneck = "loader"
+        share = load_s / (load_s + step_s + copy_s)
+        d.advice.append(
+            f"num_workers=0 loads each batch in the training process, between the steps: {1000 * load_s:.1f} ms of "
+            f"every {1000 * (load_s + step_s + copy_s):.1f} ms ({100 * share:.0f} %). "
+            + (f"set num_workers={d.tuned_workers} (or add AutoNumWorkers()) to load while the step runs; "
+               if d.tuned_workers else "add AutoNumWorkers() to the Trainer's callbacks to load while the step runs; ")
+            + "and make each sample cheaper: " + _join_fixes(d) + "."
+        )  # fmt: skip
     elif loader < 0.9 * with_copy:
         d.bottleneck = "loader"
         expected = min(tuned, with_copy)
@@ -302,10 +335,9 @@ def _conclude(d: Diagnosis) -> None:
             )
         if tuned < 0.9 * with_copy:
             d.advice.append(
-                f"even at its best worker count the loader ({tuned:,.0f} samples/s) is below what the step can take "
-                f"({with_copy:,.0f}): make each sample cheaper: uint8 batches normalized on the GPU "
-                "(ImageFolderDataModule + StreamPrefetch), DALI decoding (DALIDataModule), or an LMDB pack for many "
-                "small files."
+                ("even at its best worker count" if d.tuned_workers is not None else f"at num_workers={d.num_workers}")
+                + f" the loader ({tuned:,.0f} samples/s) is below what the step can take ({with_copy:,.0f}): make "
+                "each sample cheaper: " + _join_fixes(d) + "."
             )
     elif copy_s > 0.15 * step_s:
         d.bottleneck = "copy"
@@ -327,8 +359,10 @@ def _conclude(d: Diagnosis) -> None:
         d.bottleneck = "compute"
         d.advice.append(
             f"the step itself is the limit ({d.step_ms:.1f} ms per batch, {ceiling:,.0f} samples/s; the loader "
-            f"delivers {loader:,.0f}): use mixed precision (precision=recommended_precision()), channels_last for "
-            "convolutional models (GPUBoost), or a larger batch if memory allows."
-        )
+            f"delivers {loader:,.0f}): use mixed precision (precision=recommended_precision()), "
+            + ("channels_last for convolutional models (GPUBoost), " if d.batch_kind in ("images", "images+masks", None)
+               else "torch.compile(model), ")
+            + "or a larger batch if memory allows."
+        )  # fmt: skip
     if not math.isfinite(loader):
         d.notes.append("the loader measurement did not finish: raise --budget.")

@@ -83,21 +83,35 @@ def test_huge_batches_on_a_trivial_model_are_copy_bound():
 
 
 def test_short_epochs_that_restart_their_workers_are_between_steps():
-    """Three batches per epoch from 2 workers that start again every epoch (each sample 20 ms: a worker's first
-    batch takes 0.32 s, the epoch's steps about as long): the epoch's start is a large share of it."""
+    """Three batches per epoch from 2 workers that start again every epoch, each worker taking 0.3 s to set up:
+    the epoch's start is most of it (persistent workers pay it once)."""
     from torch.utils.data import DataLoader
 
     from tests.helpers import VectorDataset
 
-    def loader(persistent: bool) -> DataLoader:
-        return DataLoader(VectorDataset(48, delay_s=0.02), batch_size=16, num_workers=2,
-                          persistent_workers=persistent)  # fmt: skip
+    def loader(persistent: bool) -> DataLoader:  # each worker opens something slow first (files, a tokenizer)
+        return DataLoader(VectorDataset(48, delay_s=0.002), batch_size=16, num_workers=2,
+                          persistent_workers=persistent, worker_init_fn=_slow_worker_init)  # fmt: skip
 
     short = diagnose(loader(False), VectorModel(), budget_s=4, steps=5, tune=False, accelerator="cpu")
     assert short.bottleneck == "epoch-start" and short.verdict == "between-steps", short.format()
     assert "persistent_workers=True" in short.advice[0] and short.between_frac >= 0.25
     kept = diagnose(loader(True), VectorModel(), budget_s=4, steps=5, tune=False, accelerator="cpu")
-    assert kept.between_frac is None and kept.bottleneck == "loader", kept.format()
+    assert kept.between_frac is None and kept.bottleneck != "epoch-start", kept.format()
+
+
+def _slow_worker_init(worker_id: int) -> None:
+    import time
+
+    time.sleep(0.3)
+
+
+def test_without_workers_loading_between_steps_is_the_bottleneck():
+    """num_workers=0: the loader and the step take turns, so a loader faster than the step still holds it back."""
+    d = diagnose(VectorDataModule(delay_s=0.0015), VectorModel(work=4), budget_s=4, steps=5, tune=False,
+                 accelerator="cpu")  # fmt: skip
+    assert d.num_workers == 0 and d.bottleneck == "loader", d.format()
+    assert "num_workers=0 loads each batch in the training process" in d.advice[0], d.advice
 
 
 @pytest.mark.gpu
