@@ -101,58 +101,7 @@ def signal_tree(root: Path, n: int, classes: int) -> Path:
     return root
 
 
-class Decoded(Dataset):
-    """The ImageNet-style tree decoded to uint8 CHW tensors, nothing else (the transforms run on the GPU)."""
-
-    def __init__(self, root: Path) -> None:
-        self.samples = sorted((p, int(p.parent.name.split("_")[1])) for p in Path(root).glob("class_*/*.jpg"))
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int):
-        path, label = self.samples[i]
-        img = np.asarray(Image.open(path).convert("RGB"))
-        return torch.from_numpy(img.copy()).permute(2, 0, 1), label
-
-
-class RawPairs(Dataset):
-    """The segmentation pairs decoded to a uint8 image and an int64 mask, nothing else."""
-
-    def __init__(self, root: Path) -> None:
-        self.images = sorted((Path(root) / "images").glob("*.jpg"))
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, i: int):
-        path = self.images[i]
-        image = np.asarray(Image.open(path).convert("RGB"))
-        mask = np.asarray(Image.open(path.parent.parent / "masks" / f"{path.stem}.png"))
-        return torch.from_numpy(image.copy()).permute(2, 0, 1), torch.from_numpy(mask.astype(np.int64))
-
-
-class Waves(Dataset):
-    """The audio clips read to float waveforms at their own rate, nothing else."""
-
-    def __init__(self, root: Path) -> None:
-        self.files = sorted(Path(root).glob("*.wav"))
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int):
-        from audio import read_wav
-
-        audio, _ = read_wav(self.files[i])
-        return torch.from_numpy(audio), i % 10
-
-
-def pad_waves(batch):
-    waves, labels = zip(*batch, strict=True)
-    return (torch.nn.utils.rnn.pad_sequence(waves, batch_first=True), torch.tensor([len(w) for w in waves]),
-            torch.tensor(labels))  # fmt: skip
-
+from _best import Decoded, RawPairs, Waves, pad_waves  # noqa: E402  (the workers' side of each pipeline)
 
 # --- one timed run ----------------------------------------------------------------------------------------------
 

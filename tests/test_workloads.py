@@ -3,6 +3,7 @@ the one written in the workload before it first ran (data-bound, ok or between-s
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import sys
@@ -68,3 +69,18 @@ def test_doctor_names_the_same_verdict_at_cpu_size(name, data_root):
     assert result["verdict"] == expected, result["diagnosis"]
     if name in ADVICE:
         assert ADVICE[name] in " ".join(result["advice"]), result["advice"]
+
+
+@pytest.mark.parametrize("name", sorted(importlib.import_module("_best").BEST))
+def test_each_documented_best_trains_at_cpu_size(name, data_root):
+    """The documented fix of each data-bound workload (uint8 decoding with crops after the copy, joint
+    augmentation, log-mel, batched rows, persistent workers) trains the project's own model; on a CPU its
+    transforms run on the CPU, one batch ahead."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        result = RUNNER.fit(name, "cpu", data_root, "best")
+    finally:
+        torch.set_num_threads(threads)
+    assert result["throughput"]["samples_per_s"] > 0, result["throughput"]

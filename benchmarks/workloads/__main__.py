@@ -49,10 +49,17 @@ def names() -> tuple[str, ...]:
 
 def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str, Any]:
     """One run of workload ``name``: ``case`` is ``"plain"`` (as its users run it), ``"gpu_boost"`` (plus
-    ``GPUBoost()``) or ``"ceiling"`` (its first batch resident on the device, the same step)."""
+    ``GPUBoost()``), ``"best"`` (the documented fix, for the data-bound ones: ``_best.BEST``) or ``"ceiling"`` (its
+    first batch resident on the device, GPUBoost's step)."""
     module = importlib.import_module(name)
     data = module.prepare(Path(data_root), size)
-    model, train, val, kwargs = module.build(data, size)
+    extra: list[pl.Callback] = []
+    if case == "best":  # the documented fix (benchmarks/workloads/_best.py)
+        from _best import BEST
+
+        model, train, val, kwargs, extra = BEST[name](data, size)
+    else:
+        model, train, val, kwargs = module.build(data, size)
     gpu = size == "gpu" and torch.cuda.is_available()
     small = size == "cpu"
     if small:  # one core steps, as one core drives a GPU; the others are the workers' (CI has two)
@@ -64,7 +71,7 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
     meter = ThroughputMeter(warmup=3 if small else 10, steps=TIMED_STEPS if gpu else None, sample_gpu_util=False)
     if gpu:
         kwargs = {**kwargs, "max_steps": max(kwargs.get("max_steps", 0), 20 * TIMED_STEPS)}
-    callbacks: list[pl.Callback] = [dog, meter]
+    callbacks: list[pl.Callback] = [dog, meter, *extra]
     if case == "gpu_boost":
         callbacks.append(GPUBoost())
     if case == "ceiling":
@@ -138,9 +145,14 @@ def main() -> None:
         entry["doctor"] = doctor(name, args.size, args.data)
         entry["doctor_right"] = entry["doctor"]["verdict"] == expected
         if gpu:
-            for case in ("gpu_boost", "ceiling"):
+            from _best import BEST
+
+            for case in ("gpu_boost", "ceiling", *(("best",) if name in BEST else ())):
                 print(f"{name}: {case} ...", flush=True)
                 entry[case] = fit(name, args.size, args.data, case)
+            if "best" in entry:
+                entry["best_of_ceiling"] = (entry["best"]["throughput"]["samples_per_s"]
+                                            / entry["ceiling"]["throughput"]["samples_per_s"])  # fmt: skip
             plain = entry["plain"]["throughput"]["samples_per_s"]
             entry["gpu_boost_vs_plain"] = entry["gpu_boost"]["throughput"]["samples_per_s"] / plain
             entry["gpu_boost_of_ceiling"] = (entry["gpu_boost"]["throughput"]["samples_per_s"]
@@ -170,8 +182,11 @@ def bars_of(results: dict[str, dict[str, Any]], gpu: bool) -> dict[str, Any]:
             bars["gpu_boost_vs_plain_min_data_bound"] = bar(min(r["gpu_boost_vs_plain"] for r in data_bound), 3.0, "x")
             bars["gpu_boost_of_ceiling_min_data_bound"] = bar(
                 min(r["gpu_boost_of_ceiling"] for r in data_bound), 0.90, "ratio")
+            best = [r["best_of_ceiling"] for r in data_bound if "best_of_ceiling" in r]
+            if best:  # the issue's bar: each data-bound workload's documented best
+                bars["best_of_ceiling_min_data_bound"] = bar(min(best), 0.90, "ratio")
         bars["steady_state_halves_max_diff"] = bar(
-            worst_halves_diff([{c: r[c]["throughput"] for c in ("plain", "gpu_boost", "ceiling")}
+            worst_halves_diff([{c: r[c]["throughput"] for c in ("plain", "gpu_boost", "ceiling", "best") if c in r}
                                for r in results.values()]), 0.05, "ratio", higher_is_better=False)  # fmt: skip
     return bars
 

@@ -1,0 +1,196 @@
+"""The documented best for each data-bound workload (harness, not part of the projects: it uses this package),
+run by ``python benchmarks/workloads`` as the case ``best`` beside plain, ``GPUBoost()`` and the ceiling.
+
+Each builder takes the workload's data and size and returns ``(model, train loader, val loader or None, trainer
+kwargs, callbacks)``: the project's own model and precision, its loader changed only as docs/workloads.md says.
+
+- ``jpeg_classification``: the workers only decode (uint8, ``pad_collate``); crop, flip and normalize run on the GPU
+  (``GPUBoost(transform=RandomResizedCropFlip(...))``).
+- ``photos_hr``: the same, decoding at reduced size (Pillow's ``draft``: the JPEG's DCT scaling to at least twice
+  the crop) instead of all 12 megapixels.
+- ``segmentation``: the workers decode image and mask; rotation, elastic warp, crop, flip and colour run on the GPU
+  (``JointAugment``).
+- ``audio``: the workers read the waveforms; resampling and log-mel run on the GPU (``LogMel``).
+- ``tabular``: a whole batch of rows in one call (``__getitems__``), no per-sample Python.
+- ``short_epochs``: the jpeg best with persistent workers for training and validation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_gpu_boost.callbacks import GPUBoost
+from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip, pad_collate
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class Decoded(Dataset):
+    """The ImageNet-style tree decoded to uint8 CHW tensors, nothing else (the transforms run on the GPU)."""
+
+    def __init__(self, root: Path) -> None:
+        self.samples = sorted((p, int(p.parent.name.split("_")[1])) for p in Path(root).glob("class_*/*.jpg"))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        img = np.asarray(Image.open(path).convert("RGB"))
+        return torch.from_numpy(img.copy()).permute(2, 0, 1), label
+
+
+class RawPairs(Dataset):
+    """The segmentation pairs decoded to a uint8 image and an int64 mask, nothing else."""
+
+    def __init__(self, root: Path) -> None:
+        self.images = sorted((Path(root) / "images").glob("*.jpg"))
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        path = self.images[i]
+        image = np.asarray(Image.open(path).convert("RGB"))
+        mask = np.asarray(Image.open(path.parent.parent / "masks" / f"{path.stem}.png"))
+        return torch.from_numpy(image.copy()).permute(2, 0, 1), torch.from_numpy(mask.astype(np.int64))
+
+
+class Waves(Dataset):
+    """The audio clips read to float waveforms at their own rate, nothing else."""
+
+    def __init__(self, root: Path) -> None:
+        self.files = sorted(Path(root).glob("*.wav"))
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        from audio import read_wav
+
+        audio, _ = read_wav(self.files[i])
+        return torch.from_numpy(audio), i % 10
+
+
+def pad_waves(batch):
+    waves, labels = zip(*batch, strict=True)
+    return (torch.nn.utils.rnn.pad_sequence(waves, batch_first=True), torch.tensor([len(w) for w in waves]),
+            torch.tensor(labels))  # fmt: skip
+
+
+class DraftDecoded(Decoded):
+    """:class:`Decoded` at reduced size: Pillow's ``draft`` lets the JPEG decoder scale by 1/2, 1/4 or 1/8 (DCT
+    scaling) while keeping both sides at least ``side`` pixels."""
+
+    def __init__(self, root: Path, side: int) -> None:
+        super().__init__(root)
+        self.side = side
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        img = Image.open(path)
+        img.draft("RGB", (self.side, self.side))
+        return torch.from_numpy(np.asarray(img.convert("RGB")).copy()).permute(2, 0, 1), label
+
+
+class BatchedRows(Dataset):
+    """The tabular rows with ``__getitems__``: the DataLoader hands it a batch's indices, it answers with one
+    indexing operation (and the identity collate keeps the result as it is)."""
+
+    def __init__(self, rows: Any) -> None:
+        self.x, self.y = rows.x, rows.y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+    def __getitems__(self, indices: list[int]):
+        index = torch.as_tensor(indices)
+        return self.x[index], self.y[index]
+
+
+def as_is(batch: Any) -> Any:
+    return batch
+
+
+def _boost(size: str, transform: Any = None) -> GPUBoost:
+    # on a CPU (tests) the worker probe is left out: seconds matter there, and the step runs on the same cores
+    return GPUBoost(transform=transform, auto_workers=size == "gpu")
+
+
+def _loader(dataset: Dataset, cfg: dict, size: str, collate: Any = None, **kwargs: Any) -> DataLoader:
+    workers = (os.cpu_count() or 1) if size == "gpu" else cfg.get("workers", 1)
+    return DataLoader(dataset, batch_size=cfg["batch"], shuffle=kwargs.pop("shuffle", True), num_workers=workers,
+                      pin_memory=size == "gpu", collate_fn=collate, drop_last=True, **kwargs)  # fmt: skip
+
+
+def jpeg_classification(data: Path, size: str):
+    import jpeg_classification as w
+
+    cfg = w.SIZES[size]
+    model, _, _, kwargs = w.build(data, size)
+    crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
+    return model, _loader(Decoded(data), cfg, size, pad_collate), None, kwargs, [_boost(size, crop)]
+
+
+def photos_hr(data: Path, size: str):
+    import photos_hr as w
+
+    cfg = w.SIZES[size]
+    model, _, _, kwargs = w.build(data, size)
+    crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
+    dataset = DraftDecoded(data, 2 * cfg["crop"])
+    return model, _loader(dataset, cfg, size, pad_collate), None, kwargs, [_boost(size, crop)]
+
+
+def segmentation(data: Path, size: str):
+    import segmentation as w
+
+    cfg = w.SIZES[size]
+    model, _, _, kwargs = w.build(data, size)
+    aug = JointAugment(size=cfg["crop"], degrees=30.0, elastic=0.05, jitter=0.3, ignore_index=0)
+    return model, _loader(RawPairs(data), cfg, size), None, kwargs, [_boost(size, aug)]
+
+
+def audio(data: Path, size: str):
+    import audio as w
+
+    cfg = w.SIZES[size]
+    model, _, _, kwargs = w.build(data, size)
+    mel = LogMel(source_rate=w.SOURCE_RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS)
+    return model, _loader(Waves(data), cfg, size, pad_waves), None, kwargs, [_boost(size, mel)]
+
+
+def tabular(data: Path, size: str):
+    import tabular as w
+
+    model, loader, _, kwargs = w.build(data, size)
+    batched = DataLoader(BatchedRows(loader.dataset), batch_size=loader.batch_size, shuffle=True, collate_fn=as_is,
+                         pin_memory=size == "gpu")  # fmt: skip
+    return model, batched, None, kwargs, [_boost(size)]
+
+
+def short_epochs(data: Path, size: str):
+    import short_epochs as w
+
+    cfg = w.SIZES[size]
+    model, _, _, kwargs = w.build(data, size)
+    crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
+    train = _loader(Decoded(data), cfg, size, pad_collate, persistent_workers=True)
+    val = _loader(Decoded(data), cfg, size, pad_collate, persistent_workers=True, shuffle=False)
+    boost = GPUBoost(transform=crop, val_transform=RandomResizedCropFlip(cfg["crop"], scale=(1.0, 1.0),
+                     ratio=(1.0, 1.0), flip=False, normalize=(MEAN, STD)), auto_workers=size == "gpu")  # fmt: skip
+    return model, train, val, kwargs, [boost]
+
+
+BEST = {"jpeg_classification": jpeg_classification, "photos_hr": photos_hr, "segmentation": segmentation,
+        "audio": audio, "tabular": tabular, "short_epochs": short_epochs}  # fmt: skip
