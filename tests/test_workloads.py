@@ -55,7 +55,7 @@ def test_each_workload_gets_its_expected_verdict_at_cpu_size(name, data_root):
 
 def test_workloads_are_written_without_this_package():
     for path in WORKLOADS.glob("*.py"):
-        if path.name in ("__main__.py", "__init__.py"):
+        if path.name in ("__main__.py", "__init__.py", "_best.py"):  # the harness and the documented fixes use it
             continue
         assert not re.search(r"^\s*(from|import)\s+lightning_gpu_boost", path.read_text(), re.M), path.name
 
