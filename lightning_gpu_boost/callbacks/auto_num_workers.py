@@ -7,11 +7,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.workers import (
     WorkerProbe,
     default_cache_path,
@@ -80,7 +82,7 @@ class AutoNumWorkers(Callback):
         use_cache: read and write the on-disk cache.
         cache_path: cache file (default ``~/.cache/lightning_gpu_boost/num_workers.json``).
         keep_user_value: leave loaders alone whose ``num_workers`` is already > 0 (the user pinned it).
-        max_workers: upper bound of the search (default: usable CPUs / processes per node - 1).
+        max_workers: upper bound of the search (default: the node's usable CPUs / its processes).
         tolerance: relative throughput difference that counts as "as good", in ``[0, 1)``.
         prefetch_factor: set when a loader goes from 0 workers to some, ``>= 1``.
         persistent_workers: keep workers between epochs when there are any.
@@ -148,9 +150,11 @@ class AutoNumWorkers(Callback):
             self.probes[stage] = probe
             self.chosen[stage] = probe.num_workers
             source = "cache" if probe.cached else f"a {probe.elapsed_s:.1f} s probe"
-            rank_zero_info(
-                f"AutoNumWorkers: {stage} num_workers={probe.num_workers} (from {source}, searched up to "
-                f"{probe.max_workers}).\n{probe.format_table()}"
+            node_info(
+                trainer,
+                f"AutoNumWorkers: {stage} num_workers={probe.num_workers} per process (from {source}, searched up "
+                f"to {probe.max_workers}: this node's {usable_cpus()} usable CPUs shared by its "
+                f"{_procs_on_node(trainer)} process(es)).\n{probe.format_table()}",
             )
             if not probe.conclusive:
                 rank_zero_warn(f"AutoNumWorkers ({stage}): {probe.reason}")
@@ -186,3 +190,7 @@ class AutoNumWorkers(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.chosen = dict(state_dict.get("chosen", {}))
         self.probes = {k: WorkerProbe.from_dict(v) for k, v in state_dict.get("probes", {}).items()}
+
+
+def _procs_on_node(trainer: pl.Trainer | None) -> int:
+    return trainer.num_devices if trainer is not None and trainer.world_size > 1 else 1

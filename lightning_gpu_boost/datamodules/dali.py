@@ -6,10 +6,10 @@ import functools
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._imports import require
+from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.dali import DTYPES, DALILoader, Dtype, classification_graph, open_source
 from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD
@@ -258,7 +258,8 @@ class DALIDataModule(pl.LightningDataModule):
         else:
             where = f"cuda:{device_id} (decode: mixed, hw_decoder_load={self.hw_decoder_load})"
         where += f", {loader.pipelines} pipeline(s)"
-        rank_zero_info(
+        node_info(
+            self.trainer,
             f"DALIDataModule: {stage} pipeline on {where}, {threads} DALI CPU threads + {self.read_threads} "
             f"read threads per process ({procs} process(es) per node, {usable_cpus()} usable CPUs); "
             f"{len(source)} samples, {len(loader)} batches per rank and epoch."

@@ -83,7 +83,7 @@ def test_logs_its_threads(jpeg_tree, monkeypatch):
     from lightning_gpu_boost.datamodules import dali as module
 
     messages: list[str] = []
-    monkeypatch.setattr(module, "rank_zero_info", messages.append)
+    monkeypatch.setattr(module, "node_info", lambda trainer, message: messages.append(message))
     dm = DALIDataModule(
         str(jpeg_tree), batch_size=8, image_size=16, num_threads=2, read_threads=3, device="cpu"
     )
