@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 EXPECTED = {"cpu": "data-bound", "gpu": "data-bound"}
 SIZES = {
-    "cpu": {"images": 512, "classes": 8, "pixels": (320, 240), "batch": 16, "crop": 64, "workers": 2, "steps": 30},
+    "cpu": {"images": 1024, "classes": 8, "pixels": (320, 240), "batch": 16, "crop": 64, "workers": 2, "steps": 30},
     "gpu": {"images": 16000, "classes": 100, "pixels": (500, 375), "batch": 256, "crop": 224, "workers": 4,
             "steps": 60},
 }  # fmt: skip
