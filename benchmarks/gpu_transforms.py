@@ -34,7 +34,6 @@ stage's GPU time) and ``steady_state_halves_max_diff`` <= 0.05.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import sys
 import time
@@ -50,7 +49,6 @@ import lightning.pytorch as pl  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from lightning.fabric.utilities.apply_func import move_data_to_device  # noqa: E402
-from PIL import Image  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, default_collate  # noqa: E402
 
 from lightning_gpu_boost.callbacks import StreamPrefetch  # noqa: E402
@@ -72,33 +70,6 @@ queue's drain and the window fit in one epoch (an epoch's restart stalls while t
 
 
 # --- the data the projects read -------------------------------------------------------------------------------
-
-
-def _signal_image(job: tuple[str, int, int, int]) -> None:
-    path, seed, label, classes = job
-    rng = np.random.default_rng(seed)
-    w, h = 500, 375
-    hue = np.random.default_rng(label).integers(0, 256, 3)  # the class's colour
-    small = rng.integers(0, 256, (6, 8, 3)).astype(np.float32) * 0.5 + hue * 0.5
-    img = np.asarray(Image.fromarray(small.astype(np.uint8)).resize((w, h), Image.BICUBIC), dtype=np.float32)
-    img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)
-    Image.fromarray(img).save(path, quality=90)
-
-
-def signal_tree(root: Path, n: int, classes: int) -> Path:
-    """``root/class_k/img_i.jpg``, 500 x 375: a smooth random colour field half of which is the class's colour
-    (so that a short run's loss falls and two runs' curves can be compared)."""
-    if (root / ".complete").exists():
-        return root
-    jobs = []
-    for i in range(n):
-        folder = root / f"class_{i % classes:03d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        jobs.append((str(folder / f"img_{i:06d}.jpg"), i, i % classes, classes))
-    with multiprocessing.Pool(os.cpu_count()) as pool:
-        pool.map(_signal_image, jobs, chunksize=64)
-    (root / ".complete").touch()
-    return root
 
 
 from _best import Decoded, RawPairs, Waves, pad_waves  # noqa: E402  (the workers' side of each pipeline)
@@ -253,7 +224,10 @@ def imagenet(args) -> dict[str, Any]:
     from lightning_gpu_boost.models import ImageClassifier
 
     cfg = args.cfg
-    data = signal_tree(Path(args.data) / f"signal-{cfg['images']}-{cfg['classes']}", cfg["images"], cfg["classes"])
+    from _images import jpeg_tree
+
+    data = jpeg_tree(Path(args.data) / f"signal-{cfg['images']}-{cfg['classes']}", cfg["images"], cfg["classes"],
+                     (500, 375), class_colour=True)  # fmt: skip
     workers = cfg["workers"] if args.size == "gpu" else 2
     batch, crop, gpu = cfg["batch"], cfg["crop"], args.size == "gpu"
     precision = "bf16-mixed" if gpu else "32-true"

@@ -122,9 +122,9 @@ def as_is(batch: Any) -> Any:
     return batch
 
 
-def _boost(size: str, transform: Any = None) -> GPUBoost:
+def _boost(size: str, transform: Any = None, val_transform: Any = None) -> GPUBoost:
     # on a CPU (tests) the worker probe is left out: seconds matter there, and the step runs on the same cores
-    return GPUBoost(transform=transform, auto_workers=size == "gpu")
+    return GPUBoost(transform=transform, val_transform=val_transform, auto_workers=size == "gpu")
 
 
 def _loader(dataset: Dataset, cfg: dict, size: str, collate: Any = None, **kwargs: Any) -> DataLoader:
@@ -187,9 +187,8 @@ def short_epochs(data: Path, size: str):
     crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
     train = _loader(Decoded(data), cfg, size, pad_collate, persistent_workers=True)
     val = _loader(Decoded(data), cfg, size, pad_collate, persistent_workers=True, shuffle=False)
-    boost = GPUBoost(transform=crop, val_transform=RandomResizedCropFlip(cfg["crop"], scale=(1.0, 1.0),
-                     ratio=(1.0, 1.0), flip=False, normalize=(MEAN, STD)), auto_workers=size == "gpu")  # fmt: skip
-    return model, train, val, kwargs, [boost]
+    centre = RandomResizedCropFlip(cfg["crop"], scale=(1.0, 1.0), ratio=(1.0, 1.0), flip=False, normalize=(MEAN, STD))
+    return model, train, val, kwargs, [_boost(size, crop, centre)]
 
 
 BEST = {"jpeg_classification": jpeg_classification, "photos_hr": photos_hr, "segmentation": segmentation,

@@ -10,19 +10,25 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 
-def _jpeg(job: tuple[str, int, int, int]) -> None:
-    path, seed, w, h = job
+def _jpeg(job: tuple[str, int, int, int, int | None]) -> None:
+    path, seed, w, h, label = job
     rng = np.random.default_rng(seed)
     small = rng.integers(0, 256, (max(2, h // 64), max(2, w // 64), 3), dtype=np.uint8)
+    if label is not None:  # half of the field is the class's own colour
+        hue = np.random.default_rng(label).integers(0, 256, 3)
+        small = (small.astype(np.float32) * 0.5 + hue * 0.5).astype(np.uint8)
     img = Image.fromarray(small).resize((w, h), Image.BICUBIC)
     noise = rng.normal(0, 12, (h, w, 3))
     arr = np.clip(np.asarray(img, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
     Image.fromarray(arr).save(path, quality=90)
 
 
-def jpeg_tree(root: Path, n: int, classes: int, size: tuple[int, int], seed: int = 0) -> Path:
+def jpeg_tree(
+    root: Path, n: int, classes: int, size: tuple[int, int], seed: int = 0, class_colour: bool = False
+) -> Path:
     """``root/class_k/img_i.jpg``: smooth colour fields plus noise (JPEG sizes like photos of that size), written
-    by one process per core."""
+    by one process per core. ``class_colour``: half of each field is its class's colour, so that a short run's loss
+    falls (and two runs' loss curves can be compared)."""
     done = root / ".complete"
     if done.exists():
         return root
@@ -30,7 +36,8 @@ def jpeg_tree(root: Path, n: int, classes: int, size: tuple[int, int], seed: int
     for i in range(n):
         folder = root / f"class_{i % classes:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        jobs.append((str(folder / f"img_{i:06d}.jpg"), seed * 1_000_003 + i, *size))
+        jobs.append((str(folder / f"img_{i:06d}.jpg"), seed * 1_000_003 + i, *size,
+                     i % classes if class_colour else None))  # fmt: skip
     with multiprocessing.Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
         pool.map(_jpeg, jobs, chunksize=max(1, len(jobs) // (8 * (os.cpu_count() or 1))))
     done.touch()
