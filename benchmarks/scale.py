@@ -1,0 +1,264 @@
+"""One GPU vs several: the ceiling, the boosted CPU path, LMDBDataModule and DALIDataModule (folder and LMDB), every
+configuration in one run, ResNet-50 bf16 on the generated demo JPEGs (issue 20).
+
+    python benchmarks/scale.py --data /tmp/demo                 # the 2 x H200 machine: 1 GPU vs 2
+    python benchmarks/scale.py --size cpu --data /tmp/scale     # a smoke run: 1 vs 2 gloo processes on CPU
+
+Each configuration runs in its own process, and Lightning launches the ranks (``strategy="ddp_boost"`` on several
+devices); every rank times its own steady window (``ThroughputMeter``: the loader's queue skipped, halves compared)
+and writes it; the node's rate is the sum over ranks. The DataModules pick their workers with
+``num_workers="auto"``, which divides the node's usable CPUs among its local ranks; DALI divides its threads the
+same way. The ceiling is each rank's batch resident on its GPU (no loader), with the same strategy.
+
+Bars (``scale-<date>-<gpu>.json``): DALIDataModule from the folder on N GPUs >= 1.9x its one-GPU figure and >= 95 %
+of the N-GPU ceiling; the boosted CPU path and LMDBDataModule >= 1.8x; ``ddp_boost`` on resident batches >= 1.93x;
+every window steady (halves <= 5 % apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent.parent)
+)  # the checkout, for `python benchmarks/scale.py`
+
+CASES = ("ceiling", "boosted_cpu", "lmdb", "dali_folder", "dali_lmdb")
+
+
+def _config(args: argparse.Namespace) -> dict:
+    gpu = args.size == "gpu"
+    cfg = (
+        {"arch": "resnet50", "images": 64000, "classes": 100, "batch_size": 256, "image_size": 224, "steps": 64,
+         "warmup": 8}
+        if gpu
+        else {"arch": "small_cnn", "images": 256, "classes": 4, "batch_size": 8, "image_size": 64, "steps": 6,
+              "warmup": 2}
+    )  # fmt: skip
+    for key in ("images", "steps", "batch_size"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    return cfg
+
+
+def _roots(args: argparse.Namespace, cfg: dict) -> tuple[Path, Path]:
+    root = Path(args.data) / f"jpeg-{cfg['images']}-{cfg['classes']}"
+    return root, Path(f"{root}.lmdb")
+
+
+def child(args: argparse.Namespace) -> None:
+    """One configuration (``args.run`` on ``args.devices`` devices); every rank writes its meter's summary."""
+    import lightning.pytorch as pl
+    import torch
+
+    import lightning_gpu_boost  # noqa: F401  (registers ddp_boost)
+    from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+    from lightning_gpu_boost.cli.demo import queue_bound
+    from lightning_gpu_boost.core.steady import EXTRA_WARMUP, min_warmup
+    from lightning_gpu_boost.models import ImageClassifier
+
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    cfg = _config(args)
+    gpu = args.size == "gpu"
+    root, pack = _roots(args, cfg)
+    bs, size = cfg["batch_size"], cfg["image_size"]
+    boosted = dict(
+        image_size=size, batch_size=bs, num_workers="auto", auto_budget_s=args.auto_budget, prefetch=True
+    )
+    if args.run == "ceiling":
+        data = _ResidentBatches(bs, size, cfg["classes"], -(-cfg["images"] // (bs * args.devices)), gpu)
+    elif args.run == "boosted_cpu":
+        from lightning_gpu_boost.datamodules import ImageFolderDataModule
+
+        data = ImageFolderDataModule(str(root), **boosted)
+    elif args.run == "lmdb":
+        from lightning_gpu_boost.datamodules.lmdb import LMDBDataModule
+
+        data = LMDBDataModule(str(pack), **boosted)
+    else:
+        from lightning_gpu_boost.datamodules.dali import DALIDataModule
+
+        data = DALIDataModule(str(root if args.run == "dali_folder" else pack), batch_size=bs, image_size=size,
+                              dtype="bfloat16" if gpu else "float32", channels_last=gpu,
+                              **({} if gpu else {"device": "cpu"}))  # fmt: skip
+    queue = queue_bound(data)
+    if args.devices > 1 and hasattr(
+        data, "num_workers"
+    ):  # each rank's workers get its share of the node's CPUs
+        from lightning_gpu_boost.core.cpus import usable_cpus
+
+        queue = max(1, usable_cpus() // args.devices) * data.prefetch_factor + 2
+    meter = ThroughputMeter(warmup=cfg["warmup"], sample_gpu_util=False)
+    torch.backends.cudnn.benchmark = gpu
+    trainer = pl.Trainer(
+        accelerator="gpu" if gpu else "cpu", devices=args.devices,
+        strategy="ddp_boost" if args.devices > 1 else "auto", precision="bf16-mixed" if gpu else "32-true",
+        # every rank runs the same number of steps (the meter does not stop the fit: ranks would disagree)
+        max_steps=min_warmup(queue, cfg["warmup"]) + 2 * queue + EXTRA_WARMUP + cfg["steps"],
+        callbacks=[meter], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = ImageClassifier(cfg["arch"], cfg["classes"], channels_last=gpu)
+    if isinstance(data, pl.LightningDataModule):
+        trainer.fit(model, datamodule=data)
+    else:
+        trainer.fit(model, data)
+    summary = meter.summary()
+    summary["world_size"] = trainer.world_size
+    summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30 if gpu else None
+    probes = getattr(data, "auto_probes", None)
+    if probes:
+        summary["num_workers"] = {stage: probe.num_workers for stage, probe in probes.items()}
+    if hasattr(data, "decoder_in_use"):
+        summary["decoder"] = data.decoder_in_use
+    out = Path(args.rank_dir, f"{args.run}-{args.devices}-rank{trainer.global_rank}.json")
+    out.write_text(json.dumps(summary, default=str))
+
+
+class _ResidentBatches:
+    """This rank's uint8 batch, made on its device on first use, ``length`` times per epoch (no loader)."""
+
+    def __init__(self, batch_size: int, size: int, classes: int, length: int, gpu: bool) -> None:
+        self.shape, self.classes, self.length, self.gpu, self.batch = (
+            (batch_size, 3, size, size),
+            classes,
+            length,
+            gpu,
+            None,
+        )
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        import torch
+
+        if self.batch is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if self.gpu else torch.device("cpu")
+            g = torch.Generator(device=device).manual_seed(0)
+            self.batch = (
+                torch.randint(0, 256, self.shape, dtype=torch.uint8, device=device, generator=g),
+                torch.randint(0, self.classes, self.shape[:1], device=device, generator=g),
+            )
+        return (self.batch for _ in range(self.length))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", choices=["cpu", "gpu"], help="gpu where CUDA is available, else cpu")
+    parser.add_argument(
+        "--data", default=".demo-data", help="folder of the generated demo JPEGs (and their LMDB)"
+    )
+    parser.add_argument("--devices", type=int, default=2, help="the several-GPU figure's devices")
+    parser.add_argument("--images", type=int, help="generated JPEGs (default 64,000 on GPUs, 256 on CPU)")
+    parser.add_argument("--batch-size", type=int, help="per device")
+    parser.add_argument("--steps", type=int, help="timed steps per configuration (after the queue)")
+    parser.add_argument("--only", nargs="+", choices=CASES, help="cases to run (default: all)")
+    parser.add_argument(
+        "--auto-budget", type=float, default=10.0, help="seconds for each worker-count search"
+    )
+    parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
+    parser.add_argument("--run", choices=CASES, help=argparse.SUPPRESS)
+    parser.add_argument("--rank-dir", default="/tmp/scale-bench", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.size is None:
+        import torch
+
+        args.size = "gpu" if torch.cuda.is_available() else "cpu"
+    if args.run:
+        return child(args)
+
+    from lightning_gpu_boost._imports import module_available
+    from lightning_gpu_boost.core.cpus import usable_cpus
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.results import bar, write_result
+    from lightning_gpu_boost.core.steady import worst_halves_diff
+
+    cfg = _config(args)
+    root, pack = _roots(args, cfg)
+    make_jpeg_folder(root, n=cfg["images"], num_classes=cfg["classes"])
+    skipped: dict[str, str] = {}
+    cases = [c for c in CASES if not args.only or c in args.only]
+    if module_available("lmdb"):
+        if not pack.exists() and {"lmdb", "dali_lmdb"} & set(cases):
+            from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+
+            pack_image_folder(root, pack, progress=False)
+    else:
+        skipped.update({c: "lmdb is not installed" for c in ("lmdb", "dali_lmdb")})
+    if not module_available("nvidia.dali"):
+        skipped.update({c: "DALI is not installed" for c in ("dali_folder", "dali_lmdb")})
+    cases = [c for c in cases if c not in skipped]
+    os.makedirs(args.rank_dir, exist_ok=True)
+    results: dict[str, dict] = {}
+    for name in cases:
+        results[name] = {}
+        for devices in (1, args.devices):
+            for old in Path(args.rank_dir).glob(f"{name}-{devices}-rank*.json"):
+                old.unlink()
+            cmd = [sys.executable, __file__, "--run", name, "--size", args.size, "--devices", str(devices),
+                   "--data", args.data, "--rank-dir", args.rank_dir, "--auto-budget", str(args.auto_budget),
+                   *sum(([f"--{k.replace('_', '-')}", str(getattr(args, k))] for k in ("images", "steps", "batch_size")
+                         if getattr(args, k) is not None), [])]  # fmt: skip
+            print(f"scale: {name} on {devices} ...", flush=True)
+            subprocess.run(cmd, check=True)
+            ranks = [
+                json.loads(p.read_text())
+                for p in sorted(Path(args.rank_dir).glob(f"{name}-{devices}-rank*.json"))
+            ]
+            results[name][str(devices)] = {
+                "img_s": sum(r["samples_per_s"] for r in ranks),
+                "step_ms": max(r["step_ms"] for r in ranks),
+                "steady": all(r.get("steady", True) for r in ranks),
+                "ranks": ranks,
+            }  # fmt: skip
+            print(
+                f"scale: {name} on {devices}: {results[name][str(devices)]['img_s']:,.0f} img/s", flush=True
+            )
+        one, many = results[name]["1"]["img_s"], results[name][str(args.devices)]["img_s"]
+        results[name]["scaling"] = many / one
+    n = str(args.devices)
+    for r in results.values():
+        if "ceiling" in results:
+            r["of_ceiling"] = {d: r[d]["img_s"] / results["ceiling"][d]["img_s"] for d in ("1", n)}
+    bars = {}
+    if "dali_folder" in results:
+        bars["dali_folder_scaling"] = bar(results["dali_folder"]["scaling"], 0.95 * args.devices, "x")
+        if "ceiling" in results:
+            bars["dali_folder_of_ceiling_many"] = bar(results["dali_folder"]["of_ceiling"][n], 0.95, "ratio")
+    for name in ("boosted_cpu", "lmdb"):
+        if name in results:
+            bars[f"{name}_scaling"] = bar(results[name]["scaling"], 0.9 * args.devices, "x")
+    if "ceiling" in results:
+        bars["ddp_boost_resident_scaling"] = bar(results["ceiling"]["scaling"], 0.965 * args.devices, "x")
+    bars["steady_state_halves_max_diff"] = bar(
+        worst_halves_diff({f"{c}-{d}": results[c][d]["ranks"] for c in results for d in ("1", n)}), 0.05, "ratio",
+        higher_is_better=False,
+    )  # fmt: skip
+    print(
+        f"\n| case | 1 device img/s | {n} devices img/s | scaling | of the {n}-device ceiling |\n|---|---|---|---|---|"
+    )
+    for name, r in results.items():
+        flag = "" if r["1"]["steady"] and r[n]["steady"] else " (not steady)"
+        ceil = f"{100 * r['of_ceiling'][n]:.0f} %" if "of_ceiling" in r else "-"
+        print(
+            f"| {name} | {r['1']['img_s']:,.0f} | {r[n]['img_s']:,.0f}{flag} | {r['scaling']:.2f}x | {ceil} |"
+        )
+    for key, b in bars.items():
+        print(f"{key}: {b['value']} (target {b['target']}, pass={b['pass']})")
+    figures = {"config": {**cfg, "size": args.size, "devices": args.devices}, "usable_cpus": usable_cpus(),
+               "cases": results, "skipped": skipped}  # fmt: skip
+    print(f"wrote {write_result('scale', figures, bars, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
