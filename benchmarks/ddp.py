@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 CONFIGS = {"one_gpu": ("auto", 1), "ddp": ("ddp", None), "ddp_boost": ("ddp_boost", None),
-           "ddp_boost_static": ("ddp_boost_static", None)}  # fmt: skip
+           "ddp_boost_static": ("ddp_boost_static", None), "ddp_boost_bf16": ("ddp_boost_bf16", None)}  # fmt: skip
 
 
 def child(args: argparse.Namespace) -> None:
