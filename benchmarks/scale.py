@@ -164,6 +164,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="timed steps per configuration (after the queue)")
     parser.add_argument("--only", nargs="+", choices=CASES, help="cases to run (default: all)")
     parser.add_argument(
+        "--keep",
+        help="an earlier scale result (JSON): its cases that --only does not re-run are carried over, each with "
+        "the commit it was measured at",
+    )
+    parser.add_argument(
         "--auto-budget", type=float, default=10.0, help="seconds for each worker-count search"
     )
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
@@ -199,9 +204,20 @@ def main() -> None:
         skipped.update({c: "DALI is not installed" for c in ("dali_folder", "dali_lmdb")})
     cases = [c for c in cases if c not in skipped]
     os.makedirs(args.rank_dir, exist_ok=True)
+    from lightning_gpu_boost.core.results import environment
+
+    commit = environment().get("git_commit")
     results: dict[str, dict] = {}
+    if args.keep:  # carried over, in CASES order, with where they come from
+        earlier = json.loads(Path(args.keep).read_text())
+        for name, r in earlier["figures"]["cases"].items():
+            if name not in cases:
+                results[name] = {
+                    **r,
+                    "git_commit": r.get("git_commit", earlier["environment"].get("git_commit")),
+                }
     for name in cases:
-        results[name] = {}
+        results[name] = {"git_commit": commit}
         for devices in (1, args.devices):
             for old in Path(args.rank_dir).glob(f"{name}-{devices}-rank*.json"):
                 old.unlink()
@@ -226,6 +242,7 @@ def main() -> None:
             )
         one, many = results[name]["1"]["img_s"], results[name][str(args.devices)]["img_s"]
         results[name]["scaling"] = many / one
+    results = {c: results[c] for c in CASES if c in results}
     n = str(args.devices)
     for r in results.values():
         if "ceiling" in results:

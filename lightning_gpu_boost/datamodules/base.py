@@ -189,14 +189,23 @@ class BoostDataModule(pl.LightningDataModule):
                 collate = SkipBadCollate(self.collate_fn) if _bad_sample_owner(dataset) else self.collate_fn
                 probe_loader = DataLoader(
                     dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=collate,
-                    num_workers=default_num_workers(),
+                    num_workers=default_num_workers(self._processes_per_node()),
                 )  # fmt: skip
                 probe = agreed_probe(self.trainer, probe_loader, budget_s=self.auto_budget_s)
                 self.auto_probes[stage] = probe
                 rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} (measured).\n"
                                f"{probe.format_table()}")  # fmt: skip
             return self.auto_probes[stage].num_workers
-        return default_num_workers()
+        return default_num_workers(self._processes_per_node())
+
+    def _processes_per_node(self) -> int | None:
+        """This node's training processes from the Trainer (its devices under DDP), else ``None`` (the launcher's
+        environment decides). Lightning's own launcher sets no ``LOCAL_WORLD_SIZE``: without the Trainer, every
+        rank of ``Trainer(devices=2)`` would take all of the node's CPUs for its workers."""
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1:
+            return max(1, trainer.num_devices)
+        return None
 
     def resolve_pin_memory(self) -> bool:
         """``pin_memory`` if set, else whether the Trainer's root device is CUDA."""

@@ -54,8 +54,25 @@ def test_loader_defaults():
 def test_default_worker_count_comes_from_usable_cpus(monkeypatch):
     from lightning_gpu_boost.datamodules import base
 
-    monkeypatch.setattr(base, "default_num_workers", lambda: 5)
+    monkeypatch.setattr(base, "default_num_workers", lambda procs=None: 5)
     assert Indexed().train_dataloader().num_workers == 5
+
+
+def test_default_worker_count_shares_the_node_among_its_ddp_ranks(monkeypatch):
+    # Lightning's launcher of Trainer(devices=2) sets no LOCAL_WORLD_SIZE: the count comes from the Trainer (on
+    # 2 x H200 with 32 CPUs, each rank took 31 workers and two GPUs trained no faster than one)
+    from types import SimpleNamespace
+
+    from lightning_gpu_boost.core import cpus
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 32)
+    dm = Indexed()
+    assert dm.train_dataloader().num_workers == 31
+    strategy = SimpleNamespace(root_device=SimpleNamespace(type="cpu"))
+    dm.trainer = SimpleNamespace(world_size=4, num_devices=2, strategy=strategy)  # two nodes of two GPUs
+    assert dm.train_dataloader().num_workers == 15
 
 
 def test_auto_num_workers_measures_each_stage():
