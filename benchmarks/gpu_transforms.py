@@ -34,6 +34,7 @@ stage's GPU time) and ``steady_state_halves_max_diff`` <= 0.05.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -55,7 +56,7 @@ from lightning_gpu_boost.callbacks import StreamPrefetch  # noqa: E402
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # noqa: E402
 from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
 from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip, pad_collate  # noqa: E402
-from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
+from lightning_gpu_boost.core.results import bar, environment, write_result  # noqa: E402
 from lightning_gpu_boost.core.steady import worst_halves_diff  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -286,6 +287,11 @@ def main() -> None:
     parser.add_argument("--data", default=".workloads-data", help="where the pipelines' data is written (and reused)")
     parser.add_argument("--only", nargs="+", choices=["segmentation", "audio", "imagenet"])
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
+    parser.add_argument(
+        "--keep",
+        help="an earlier gpu_transforms result (JSON): its pipelines that --only does not re-run are carried "
+        "over, each with the commit it was measured at",
+    )
     args = parser.parse_args()
     args.cfg = SIZES[args.size]
     if args.size == "gpu" and not torch.cuda.is_available():
@@ -295,9 +301,17 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         figures[name] = r = run(args)
+        r["git_commit"] = environment().get("git_commit")
         print(f"{name}: CPU {r['cpu']['samples_per_s']:,.1f}/s, GPU {r['gpu']['samples_per_s']:,.1f}/s "
               f"({r['gpu_vs_cpu']:.2f}x), ceiling {r['ceiling']['samples_per_s']:,.1f}/s "
               f"({100 * r['gpu_of_ceiling']:.0f} % of it), stage {r['stage_ms']:.2f} ms", flush=True)  # fmt: skip
+    if args.keep:  # carried over, with where they come from
+        earlier = json.loads(Path(args.keep).read_text())
+        for name in ("segmentation", "audio", "imagenet"):
+            if name not in figures and name in earlier["figures"]:
+                kept = earlier["figures"][name]
+                figures[name] = {**kept, "git_commit": kept.get("git_commit", earlier["environment"]["git_commit"])}
+        figures = {"size": args.size, **{n: figures[n] for n in ("segmentation", "audio", "imagenet") if n in figures}}
     bars: dict[str, Any] = {}
     if "segmentation" in figures:
         s = figures["segmentation"]

@@ -212,7 +212,9 @@ class JointAugment:
         if self.elastic:
             field = torch.randn(n, 2, 8, 8, device=device) * self.elastic
             field = F.interpolate(field, size=(out_h, out_w), mode="bicubic", align_corners=False)
-            grid = grid + field.permute(0, 2, 3, 1) * torch.tensor([sx, sy], device=device)
+            # scaled by Python floats, not a tensor made from a list: that copy from pageable memory would block
+            # the host until the side stream (waiting on the previous step) got to it, every batch
+            grid = grid + torch.stack((field[:, 0] * sx, field[:, 1] * sy), dim=-1)
         x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         inside = F.grid_sample(torch.ones(n, 1, h, w, device=device), grid, mode="nearest",
                                padding_mode="zeros", align_corners=False)[:, 0]  # fmt: skip
@@ -234,9 +236,12 @@ class JointAugment:
 
 
 class LogMel:
-    """``(waveforms N x T float, lengths N, *rest)`` -> ``(features N x frames x n_mels, frame lengths, *rest)``:
+    """``(waveforms N x T, lengths N, *rest)`` -> ``(features N x frames x n_mels, frame lengths, *rest)``:
     linear resampling from ``source_rate`` to ``rate``, a Hann-window STFT, an ``n_mels`` triangular mel filterbank
     and ``log(x + 1e-6)``, for the whole batch at once.
+
+    Waveforms are floats in [-1, 1] or integer PCM (``int16``: what a WAV file holds, half the bytes of float32 to
+    pickle out of the workers, pin and copy), scaled to [-1, 1) on the device.
 
     Args:
         source_rate: the waveforms' sample rate, ``>= 1``.
@@ -273,6 +278,8 @@ class LogMel:
     def __call__(self, batch: Any) -> Any:
         waves, lengths, *rest = batch
         x = waves.float()
+        if not waves.is_floating_point():  # integer PCM: int16 full scale is 32768
+            x = x * (1.0 / (torch.iinfo(waves.dtype).max + 1))
         lengths = lengths.to(x.device)
         if self.source_rate != self.rate:
             # one fixed ratio (not a size per batch): a clip resamples the same alone and padded in a batch

@@ -89,6 +89,43 @@ def test_log_mel_of_a_padded_batch_matches_each_clip_alone():
         assert torch.allclose(features[k, :n], alone[0, :n], atol=1e-3), k
 
 
+def test_log_mel_of_int16_pcm_equals_the_float_waveform():
+    torch.manual_seed(4)
+    pcm = (torch.randn(2, 22_050) * 3000).clamp(-32768, 32767).to(torch.int16)
+    lengths = torch.tensor([22_050, 20_000])
+    mel = LogMel(source_rate=22_050, rate=16_000)
+    from_pcm, frames, _ = mel((pcm, lengths, None))
+    from_float, frames_f, _ = mel((pcm.float() / 32768, lengths, None))
+    assert torch.equal(frames, frames_f) and torch.allclose(from_pcm, from_float, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_helpers_never_wait_for_the_gpu():
+    # a host sync inside a transform on the side stream waits for the step the side stream waits on: the next
+    # step is launched late every batch (JointAugment's tensor made from a list cost 3 ms per U-Net step)
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    images = torch.randint(0, 256, (4, 3, 48, 56), dtype=torch.uint8, device="cuda")
+    masks = torch.randint(0, 5, (4, 48, 56), device="cuda")
+    sizes = torch.tensor([[48, 56], [40, 50], [48, 30], [20, 56]], device="cuda")
+    waves = torch.randint(-3000, 3000, (4, 44_100), dtype=torch.int16, device="cuda")
+    lengths = torch.full((4,), 44_100, device="cuda")
+    helpers = [
+        (JointAugment(size=32, degrees=20, elastic=0.05, jitter=0.2), (images, masks)),
+        (RandomResizedCropFlip(24, normalize=((0.5, 0.5, 0.5), (0.2, 0.2, 0.2))), (images, sizes)),
+        (LogMel(44_100, 16_000), (waves, lengths)),
+    ]
+    for transform, batch in helpers:
+        transform(batch)  # the first call may make constants (filterbank, normalization) once per device
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for transform, batch in helpers:
+            transform(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_helpers_run_inside_the_prefetcher_with_its_seeds():
     samples = [(torch.randint(0, 256, (3, 20 + k, 30 - k), dtype=torch.uint8), k) for k in range(4)]
     batches = [pad_collate(samples) for _ in range(3)]
