@@ -216,22 +216,25 @@ class JointAugment:
             # the host until the side stream (waiting on the previous step) got to it, every batch
             grid = grid + torch.stack((field[:, 0] * sx, field[:, 1] * sy), dim=-1)
         x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-        inside = F.grid_sample(torch.ones(n, 1, h, w, device=device), grid, mode="nearest",
-                               padding_mode="zeros", align_corners=False)[:, 0]  # fmt: skip
+        # where the window left the image: the pixel nearest sampling reads (grid_sample's own unnormalization,
+        # align_corners=False) is off the image, worked out from the grid instead of sampling a tensor of ones
+        ix = (((grid[..., 0] + 1) * w - 1) / 2).round()
+        iy = (((grid[..., 1] + 1) * h - 1) / 2).round()
+        inside = (ix >= 0) & (ix <= w - 1) & (iy >= 0) & (iy <= h - 1)
         m = F.grid_sample(masks[:, None].float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
-        m = torch.where(inside > 0.5, m[:, 0], torch.full_like(m[:, 0], float(self.ignore_index))).to(masks.dtype)
+        m = m[:, 0].masked_fill_(~inside, float(self.ignore_index)).to(masks.dtype)
         if self.jitter:
             j = self.jitter
             bright = _uniform(n, 1 - j, 1 + j, device).view(-1, 1, 1, 1)
             contrast = _uniform(n, 1 - j, 1 + j, device).view(-1, 1, 1, 1)
             satur = _uniform(n, 1 - j, 1 + j, device).view(-1, 1, 1, 1)
-            x = x * bright
+            # brightness, then contrast around the brightened mean, in one pass: x * b * c + mean * b * (1 - c)
             mean = x.mean(dim=(1, 2, 3), keepdim=True)
-            x = (x - mean) * contrast + mean
-            if x.shape[1] == 3:
-                gray = (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
-                x = (x - gray) * satur + gray
-            x = x.clamp(0, 1)
+            x = torch.addcmul(mean * bright * (1 - contrast), x, bright * contrast)
+            if x.shape[1] == 3:  # saturation: towards or away from each pixel's grey
+                gray = 0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]
+                x = torch.lerp(gray, x, satur)
+            x = x.clamp_(0, 1)
         return (x, m, *rest)
 
 
