@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
 from lightning_gpu_boost.core.images import make_jpeg_folder
 
@@ -41,3 +43,12 @@ def fit_resnet50(data, max_steps: int, callbacks: list) -> None:
         trainer.fit(model, datamodule=data)
     else:
         trainer.fit(model, data)
+
+
+def carried_over(path: str | Path, names: list[str], section: str | None = None) -> dict[str, dict[str, Any]]:
+    """For ``--keep``: the entries ``names`` of an earlier result's figures (or of ``figures[section]``) that it
+    holds, each with the commit it was measured at (its own ``git_commit``, else the file's)."""
+    earlier = json.loads(Path(path).read_text())
+    found = earlier["figures"] if section is None else earlier["figures"][section]
+    commit = earlier["environment"].get("git_commit")
+    return {n: {**found[n], "git_commit": found[n].get("git_commit", commit)} for n in names if n in found}

@@ -34,7 +34,6 @@ stage's GPU time) and ``steady_state_halves_max_diff`` <= 0.05.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -74,6 +73,7 @@ queue's drain and the window fit in one epoch (an epoch's restart stalls while t
 
 
 from _best import Decoded, RawPairs, Waves, pad_waves  # noqa: E402  (the workers' side of each pipeline)
+from _common import carried_over  # noqa: E402
 
 # --- one timed run ----------------------------------------------------------------------------------------------
 
@@ -297,20 +297,17 @@ def main() -> None:
     if args.size == "gpu" and not torch.cuda.is_available():
         raise SystemExit("--size gpu needs a CUDA GPU.")
     figures: dict[str, Any] = {"size": args.size}
+    commit = environment().get("git_commit")
     for name, run in (("segmentation", segmentation), ("audio", audio), ("imagenet", imagenet)):
         if args.only and name not in args.only:
             continue
         figures[name] = r = run(args)
-        r["git_commit"] = environment().get("git_commit")
+        r["git_commit"] = commit
         print(f"{name}: CPU {r['cpu']['samples_per_s']:,.1f}/s, GPU {r['gpu']['samples_per_s']:,.1f}/s "
               f"({r['gpu_vs_cpu']:.2f}x), ceiling {r['ceiling']['samples_per_s']:,.1f}/s "
               f"({100 * r['gpu_of_ceiling']:.0f} % of it), stage {r['stage_ms']:.2f} ms", flush=True)  # fmt: skip
-    if args.keep:  # carried over, with where they come from
-        earlier = json.loads(Path(args.keep).read_text())
-        for name in ("segmentation", "audio", "imagenet"):
-            if name not in figures and name in earlier["figures"]:
-                kept = earlier["figures"][name]
-                figures[name] = {**kept, "git_commit": kept.get("git_commit", earlier["environment"]["git_commit"])}
+    if args.keep:  # carried over, with the commit each was measured at
+        figures.update(carried_over(args.keep, [n for n in ("segmentation", "audio", "imagenet") if n not in figures]))
         figures = {"size": args.size, **{n: figures[n] for n in ("segmentation", "audio", "imagenet") if n in figures}}
     bars: dict[str, Any] = {}
     if "segmentation" in figures:

@@ -60,6 +60,7 @@ def child(args: argparse.Namespace) -> None:
     import lightning_gpu_boost  # noqa: F401  (registers ddp_boost)
     from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
     from lightning_gpu_boost.cli.demo import queue_bound
+    from lightning_gpu_boost.core.doctor import ResidentBatches
     from lightning_gpu_boost.core.steady import EXTRA_WARMUP, min_warmup
     from lightning_gpu_boost.models import ImageClassifier
 
@@ -72,7 +73,13 @@ def child(args: argparse.Namespace) -> None:
         image_size=size, batch_size=bs, num_workers="auto", auto_budget_s=args.auto_budget, prefetch=True
     )
     if args.run == "ceiling":
-        data = _ResidentBatches(bs, size, cfg["classes"], -(-cfg["images"] // (bs * args.devices)), gpu)
+        # this rank's batch on its own GPU (Lightning's launcher starts each rank with LOCAL_RANK set; rank 0 has
+        # none before fit), one epoch as long as the loaders' epochs per rank
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
+        g = torch.Generator(device=device).manual_seed(0)
+        batch = (torch.randint(0, 256, (bs, 3, size, size), dtype=torch.uint8, device=device, generator=g),
+                 torch.randint(0, cfg["classes"], (bs,), device=device, generator=g))  # fmt: skip
+        data = ResidentBatches(batch, -(-cfg["images"] // (bs * args.devices)))
     elif args.run == "boosted_cpu":
         from lightning_gpu_boost.datamodules import ImageFolderDataModule
 
@@ -87,13 +94,7 @@ def child(args: argparse.Namespace) -> None:
         data = DALIDataModule(str(root if args.run == "dali_folder" else pack), batch_size=bs, image_size=size,
                               dtype="bfloat16" if gpu else "float32", channels_last=gpu,
                               **({} if gpu else {"device": "cpu"}))  # fmt: skip
-    queue = queue_bound(data)
-    if args.devices > 1 and hasattr(
-        data, "num_workers"
-    ):  # each rank's workers get its share of the node's CPUs
-        from lightning_gpu_boost.core.cpus import usable_cpus
-
-        queue = max(1, usable_cpus() // args.devices) * data.prefetch_factor + 2
+    queue = queue_bound(data, args.devices)  # each rank's workers get its share of the node's CPUs
     meter = ThroughputMeter(warmup=cfg["warmup"], sample_gpu_util=False)
     torch.backends.cudnn.benchmark = gpu
     trainer = pl.Trainer(
@@ -120,34 +121,6 @@ def child(args: argparse.Namespace) -> None:
         summary["decoder"] = data.decoder_in_use
     out = Path(args.rank_dir, f"{args.run}-{args.devices}-rank{trainer.global_rank}.json")
     out.write_text(json.dumps(summary, default=str))
-
-
-class _ResidentBatches:
-    """This rank's uint8 batch, made on its device on first use, ``length`` times per epoch (no loader)."""
-
-    def __init__(self, batch_size: int, size: int, classes: int, length: int, gpu: bool) -> None:
-        self.shape, self.classes, self.length, self.gpu, self.batch = (
-            (batch_size, 3, size, size),
-            classes,
-            length,
-            gpu,
-            None,
-        )
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __iter__(self):
-        import torch
-
-        if self.batch is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if self.gpu else torch.device("cpu")
-            g = torch.Generator(device=device).manual_seed(0)
-            self.batch = (
-                torch.randint(0, 256, self.shape, dtype=torch.uint8, device=device, generator=g),
-                torch.randint(0, self.classes, self.shape[:1], device=device, generator=g),
-            )
-        return (self.batch for _ in range(self.length))
 
 
 def main() -> None:
@@ -182,10 +155,12 @@ def main() -> None:
     if args.run:
         return child(args)
 
+    from _common import carried_over
+
     from lightning_gpu_boost._imports import module_available
     from lightning_gpu_boost.core.cpus import usable_cpus
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.results import bar, write_result
+    from lightning_gpu_boost.core.results import bar, environment, write_result
     from lightning_gpu_boost.core.steady import worst_halves_diff
 
     cfg = _config(args)
@@ -204,18 +179,10 @@ def main() -> None:
         skipped.update({c: "DALI is not installed" for c in ("dali_folder", "dali_lmdb")})
     cases = [c for c in cases if c not in skipped]
     os.makedirs(args.rank_dir, exist_ok=True)
-    from lightning_gpu_boost.core.results import environment
-
     commit = environment().get("git_commit")
     results: dict[str, dict] = {}
-    if args.keep:  # carried over, in CASES order, with where they come from
-        earlier = json.loads(Path(args.keep).read_text())
-        for name, r in earlier["figures"]["cases"].items():
-            if name not in cases:
-                results[name] = {
-                    **r,
-                    "git_commit": r.get("git_commit", earlier["environment"].get("git_commit")),
-                }
+    if args.keep:  # put back in CASES order below
+        results.update(carried_over(args.keep, [c for c in CASES if c not in cases], section="cases"))
     for name in cases:
         results[name] = {"git_commit": commit}
         for devices in (1, args.devices):

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
-from lightning_gpu_boost.core.cpus import usable_cpus
+from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.workers import (
     WorkerProbe,
     default_cache_path,
@@ -38,7 +38,7 @@ def agreed_probe(
 ) -> WorkerProbe:
     """Tune ``loader`` once for the whole job: from the cache when rank 0 has a hit, else every rank probes its
     own shard at the same time (as they will load in training) and rank 0's result is broadcast to all."""
-    procs = trainer.num_devices if trainer is not None and trainer.world_size > 1 else 1
+    procs = processes_per_node(trainer) if trainer is not None else 1
     key = loader_fingerprint(loader, procs)
     path = cache_path or default_cache_path()
     probe = read_cache(path, key) if use_cache else None
@@ -154,7 +154,7 @@ class AutoNumWorkers(Callback):
                 trainer,
                 f"AutoNumWorkers: {stage} num_workers={probe.num_workers} per process (from {source}, searched up "
                 f"to {probe.max_workers}: this node's {usable_cpus()} usable CPUs shared by its "
-                f"{_procs_on_node(trainer)} process(es)).\n{probe.format_table()}",
+                f"{processes_per_node(trainer)} process(es)).\n{probe.format_table()}",
             )
             if not probe.conclusive:
                 rank_zero_warn(f"AutoNumWorkers ({stage}): {probe.reason}")
@@ -190,7 +190,3 @@ class AutoNumWorkers(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.chosen = dict(state_dict.get("chosen", {}))
         self.probes = {k: WorkerProbe.from_dict(v) for k, v in state_dict.get("probes", {}).items()}
-
-
-def _procs_on_node(trainer: pl.Trainer | None) -> int:
-    return trainer.num_devices if trainer is not None and trainer.world_size > 1 else 1

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.core.cpus import usable_cpus
+from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
@@ -294,7 +294,7 @@ class GPUUtilWatchdog(Callback):
         ``found``: :meth:`_loader_facts` where the caller has it already."""
         found = found or self._loader_facts(trainer)
         loader = found["loaders"][0] if found["loaders"] else None
-        procs = trainer.num_devices if trainer.world_size > 1 else 1
+        procs = processes_per_node(trainer)
         probe = self._worker_probe(trainer)
         names = {type(c).__name__ for c in trainer.callbacks}
         dm = getattr(trainer, "datamodule", None)

@@ -44,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def queue_bound(data: Any) -> int:
+def queue_bound(data: Any, procs_per_node: int = 1) -> int:
     """The most batches ``data``'s loader can hold queued: exact for a DataLoader, else the most a DataModule of
-    ours can set up (every usable CPU a worker, ``prefetch_factor=4``, plus the prefetch depth)."""
+    ours can set up in one of ``procs_per_node`` processes (its share of the usable CPUs a worker each,
+    ``prefetch_factor=4``, plus the prefetch depth)."""
     from torch.utils.data import DataLoader
 
     from lightning_gpu_boost.core.cpus import usable_cpus
@@ -57,7 +58,7 @@ def queue_bound(data: Any) -> int:
     if hasattr(data, "prefetch_queue_depth"):  # DALI
         return int(getattr(data, "prefetch_queue_depth", 2) or 2) + 2
     if hasattr(data, "train_dataloader") or hasattr(data, "num_workers"):
-        return usable_cpus() * 4 + 2
+        return max(1, usable_cpus() // max(1, procs_per_node)) * 4 + 2
     return 1
 
 

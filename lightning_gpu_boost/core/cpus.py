@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 
 def _cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
@@ -37,8 +38,12 @@ def usable_cpus() -> int:
     return max(1, count)
 
 
-def processes_per_node() -> int:
-    """Processes sharing this node's CPUs, from the launcher's environment (torchrun, SLURM, Lightning)."""
+def processes_per_node(trainer: Any = None) -> int:
+    """Processes sharing this node's CPUs: a Trainer's devices on the node where it runs several processes (one
+    where it runs one), else the launcher's environment (torchrun, SLURM). Lightning's own launcher of
+    ``Trainer(devices=N)`` sets no ``LOCAL_WORLD_SIZE``: pass the Trainer wherever there is one."""
+    if trainer is not None:
+        return max(1, trainer.num_devices) if trainer.world_size > 1 else 1
     for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = os.environ.get(var, "")
         if value.isdigit() and int(value) > 0:

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.core.cpus import default_num_workers
+from lightning_gpu_boost.core.cpus import default_num_workers, processes_per_node
 from lightning_gpu_boost.core.workers import LowPriorityWorkerInit
 
 Stage = Literal["train", "val", "test", "predict"]
@@ -189,23 +189,14 @@ class BoostDataModule(pl.LightningDataModule):
                 collate = SkipBadCollate(self.collate_fn) if _bad_sample_owner(dataset) else self.collate_fn
                 probe_loader = DataLoader(
                     dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=collate,
-                    num_workers=default_num_workers(self._processes_per_node()),
+                    num_workers=default_num_workers(processes_per_node(self.trainer)),
                 )  # fmt: skip
                 probe = agreed_probe(self.trainer, probe_loader, budget_s=self.auto_budget_s)
                 self.auto_probes[stage] = probe
                 rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} (measured).\n"
                                f"{probe.format_table()}")  # fmt: skip
             return self.auto_probes[stage].num_workers
-        return default_num_workers(self._processes_per_node())
-
-    def _processes_per_node(self) -> int | None:
-        """This node's training processes from the Trainer (its devices under DDP), else ``None`` (the launcher's
-        environment decides). Lightning's own launcher sets no ``LOCAL_WORLD_SIZE``: without the Trainer, every
-        rank of ``Trainer(devices=2)`` would take all of the node's CPUs for its workers."""
-        trainer = self.trainer
-        if trainer is not None and trainer.world_size > 1:
-            return max(1, trainer.num_devices)
-        return None
+        return default_num_workers(processes_per_node(self.trainer))
 
     def resolve_pin_memory(self) -> bool:
         """``pin_memory`` if set, else whether the Trainer's root device is CUDA."""

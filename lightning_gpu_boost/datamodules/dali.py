@@ -210,7 +210,7 @@ class DALIDataModule(pl.LightningDataModule):
             root = trainer.strategy.root_device
             gpu = root.type == "cuda" and self.device == "auto"
             device_id = (torch.cuda.current_device() if root.index is None else root.index) if gpu else None
-            return device_id, trainer.global_rank, trainer.world_size, max(1, trainer.num_devices)
+            return device_id, trainer.global_rank, trainer.world_size, processes_per_node(trainer)
         gpu = self.device == "auto" and torch.cuda.is_available()
         return (torch.cuda.current_device() if gpu else None), 0, 1, processes_per_node()
 

@@ -26,3 +26,13 @@ def test_default_num_workers_shares_cpus_among_processes(monkeypatch):
     assert cpus.default_num_workers() == 3
     monkeypatch.setattr(cpus, "usable_cpus", lambda: 1)
     assert cpus.default_num_workers() == 0
+
+
+def test_a_trainer_says_how_many_processes_share_the_node(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # a launcher's value, used where no Trainer is given
+    assert cpus.processes_per_node() == 4
+    # Lightning's launcher of Trainer(devices=2) sets no LOCAL_WORLD_SIZE: the Trainer's devices decide
+    assert cpus.processes_per_node(SimpleNamespace(world_size=4, num_devices=2)) == 2
+    assert cpus.processes_per_node(SimpleNamespace(world_size=1, num_devices=1)) == 1
