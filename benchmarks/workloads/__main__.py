@@ -36,6 +36,9 @@ from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
 from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
 from lightning_gpu_boost.core.steady import worst_halves_diff  # noqa: E402
 
+sys.path.insert(2, str(HERE.parent))  # benchmarks/, for what its scripts share
+from _common import carried_over  # noqa: E402
+
 #: timed steps per case on a GPU (after the loader's queue has drained)
 TIMED_STEPS = 48
 
@@ -131,10 +134,16 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="workloads to run (default: all)")
     parser.add_argument("--data", default=".workloads-data", help="where the workloads write their data")
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
+    parser.add_argument("--keep", help="an earlier result of this script: the workloads that --only leaves out are "
+                        "carried over from it (each with the commit it was measured at)")  # fmt: skip
     args = parser.parse_args()
     gpu = args.size == "gpu" and torch.cuda.is_available()
     results: dict[str, dict[str, Any]] = {}
+    kept = carried_over(args.keep, [n for n in names() if args.only and n not in args.only], "workloads") \
+        if args.keep else {}  # fmt: skip
     for name in names():
+        if name in kept:  # in NAMES order
+            results[name] = kept[name]
         if args.only and name not in args.only:
             continue
         expected = importlib.import_module(name).EXPECTED[args.size]
@@ -163,6 +172,8 @@ def main() -> None:
                  "of the ceiling" if gpu else ""), flush=True)  # fmt: skip
         path = write(results, args.size, gpu, args.out)  # after each workload: a run cut short keeps what it did
         print(f"wrote {path}", flush=True)
+    if kept:
+        path = write(results, args.size, gpu, args.out)
     for key, b in bars_of(results, gpu).items():
         print(f"{key}: {b['value']} (target {b['target']}, pass={b['pass']})")
 
@@ -180,8 +191,6 @@ def bars_of(results: dict[str, dict[str, Any]], gpu: bool) -> dict[str, Any]:
         bars["gpu_boost_vs_plain_min"] = bar(min(r["gpu_boost_vs_plain"] for r in results.values()), 0.98, "x")
         if data_bound:
             bars["gpu_boost_vs_plain_min_data_bound"] = bar(min(r["gpu_boost_vs_plain"] for r in data_bound), 3.0, "x")
-            bars["gpu_boost_of_ceiling_min_data_bound"] = bar(
-                min(r["gpu_boost_of_ceiling"] for r in data_bound), 0.90, "ratio")
             best = [r["best_of_ceiling"] for r in data_bound if "best_of_ceiling" in r]
             if best:  # the bar: each data-bound workload's documented best
                 bars["best_of_ceiling_min_data_bound"] = bar(min(best), 0.90, "ratio")
@@ -192,7 +201,11 @@ def bars_of(results: dict[str, dict[str, Any]], gpu: bool) -> dict[str, Any]:
 
 
 def write(results: dict[str, dict[str, Any]], size: str, gpu: bool, out: str) -> Path:
-    done = {"size": size, "workloads": results, "complete": len(results) == len(names())}
+    done: dict[str, Any] = {"size": size, "workloads": results, "complete": len(results) == len(names())}
+    data_bound = [r for r in results.values() if "gpu_boost_of_ceiling" in r
+                  and r["expected"] in ("data-bound", "copy-bound", "between-steps")]  # fmt: skip
+    if data_bound:  # a figure, not one of the bars: GPUBoost() alone is not asked to reach the ceiling
+        done["gpu_boost_of_ceiling_min_data_bound"] = min(r["gpu_boost_of_ceiling"] for r in data_bound)
     return write_result("workloads", done, bars_of(results, gpu), out)
 
 
