@@ -141,9 +141,8 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     kept = carried_over(args.keep, [n for n in names() if args.only and n not in args.only], "workloads") \
         if args.keep else {}  # fmt: skip
+    results.update(kept)  # written from the first result on, so that a run cut short still holds them
     for name in names():
-        if name in kept:  # in NAMES order
-            results[name] = kept[name]
         if args.only and name not in args.only:
             continue
         expected = importlib.import_module(name).EXPECTED[args.size]
@@ -201,6 +200,7 @@ def bars_of(results: dict[str, dict[str, Any]], gpu: bool) -> dict[str, Any]:
 
 
 def write(results: dict[str, dict[str, Any]], size: str, gpu: bool, out: str) -> Path:
+    results = {n: results[n] for n in names() if n in results}  # in NAMES order
     done: dict[str, Any] = {"size": size, "workloads": results, "complete": len(results) == len(names())}
     data_bound = [r for r in results.values() if "gpu_boost_of_ceiling" in r
                   and r["expected"] in ("data-bound", "copy-bound", "between-steps")]  # fmt: skip
