@@ -14,7 +14,13 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks.auto_num_workers import AutoNumWorkers
 from lightning_gpu_boost.callbacks.gpu_util_watchdog import GPUUtilWatchdog
 from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
-from lightning_gpu_boost.strategies.presets import configure_backends, recommended_precision
+from lightning_gpu_boost.core.shapes import VARIABLE_SHAPES, ShapeWatch
+from lightning_gpu_boost.strategies.presets import (
+    backend_settings,
+    configure_backends,
+    recommended_precision,
+    restore_backends,
+)
 
 _HOOKS = (
     "setup", "teardown", "on_fit_start", "on_train_start", "on_train_end", "on_train_epoch_start",
@@ -39,7 +45,10 @@ class GPUBoost(Callback):
         auto_workers: measure and set the train loader's ``num_workers``.
         watchdog: watch for data starvation.
         tf32: ``torch.set_float32_matmul_precision("high")`` (TF32 matmuls and convolutions on Ampere+).
-        cudnn_benchmark: cuDNN autotuning for fixed input sizes.
+        cudnn_benchmark: cuDNN autotuning for fixed input sizes. Where the training batches turn out to take more
+            than 4 shapes (padded audio or text, multi-scale images), autotuning is turned off again with an info
+            line: it would tune every new shape inside the step. The settings it changed (TF32, autotuning) are
+            put back at ``teardown``, so that a later Trainer in the same process starts from the user's.
         channels_last: convert models with ``Conv2d`` layers to ``channels_last`` on CUDA (measured on an H100,
             ResNet-50 bf16 batch 256: 117 -> 67 ms per step); models without convolutions are left alone.
         normalize: ``(mean, std)`` for uint8 images, applied on the GPU by the prefetcher.
@@ -103,6 +112,10 @@ class GPUBoost(Callback):
         self.tf32 = tf32
         self.cudnn_benchmark = cudnn_benchmark
         self.channels_last = channels_last
+        #: what ``setup`` changed (``configure_backends``'s answer), and the settings it found
+        self.applied: dict[str, Any] = {}
+        self._found: dict[str, Any] | None = None
+        self._shapes: ShapeWatch | None = None
 
     @property
     def state_key(self) -> str:
@@ -114,7 +127,10 @@ class GPUBoost(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         cuda = trainer.strategy.root_device.type == "cuda"
-        applied = configure_backends(self.tf32 and cuda, self.cudnn_benchmark and cuda)
+        if self._found is None:
+            self._found = backend_settings()
+        applied = self.applied = configure_backends(self.tf32 and cuda, self.cudnn_benchmark and cuda)
+        self._shapes = ShapeWatch(VARIABLE_SHAPES) if applied.get("cudnn_benchmark") else None
         if self.channels_last and cuda and any(isinstance(m, torch.nn.Conv2d) for m in pl_module.modules()):
             pl_module.to(memory_format=torch.channels_last)
             applied["channels_last"] = True
@@ -126,6 +142,23 @@ class GPUBoost(Callback):
                            "(lightning_gpu_boost.recommended_precision()) for faster steps.")  # fmt: skip
         rank_zero_info(f"GPUBoost: {', '.join(self.parts) or 'no parts'}; backends {applied or 'unchanged'}.")
         self._forward("setup", trainer, pl_module, stage)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:  # fmt: skip
+        if self._shapes is not None and self._shapes.see(batch):
+            torch.backends.cudnn.benchmark = False
+            self.applied["cudnn_benchmark"] = False
+            self._shapes = None
+            rank_zero_info(f"GPUBoost: the training batches took more than {VARIABLE_SHAPES} shapes in "
+                           f"{batch_idx + 1} batches; cuDNN autotuning is off again (it would tune each new shape "
+                           "inside the step).")  # fmt: skip
+        self._forward("on_train_batch_start", trainer, pl_module, batch, batch_idx)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._forward("teardown", trainer, pl_module, stage)
+        if self._found is not None:  # the next Trainer in this process starts from the user's settings
+            restore_backends(self._found)
+            self._found, self._shapes = None, None
 
     def state_dict(self) -> dict[str, Any]:
         return {name: part.state_dict() for name, part in self.parts.items()}

@@ -44,6 +44,9 @@ VERDICT_OF: dict[str, Verdict | None] = {"loader": "data-bound", "copy": "copy-b
                                          "epoch-start": "between-steps", "compute": "ok", "unknown": None}  # fmt: skip
 #: the step on a resident batch is host-bound where the GPU is busy less than this share of it (%)
 HOST_BOUND_UTIL = 80.0
+#: seconds of NVML samples the step's utilization is read over (after one driver sample period has passed), at least
+#: this many of the driver's sample periods, and the most seconds the step runs longer for them
+UTIL_WINDOW_S, UTIL_WINDOW_PERIODS, UTIL_MAX_S = 2.0, 6, 10.0
 #: without workers, loading is the bottleneck where it takes at least this share of each step's time (as the
 #: watchdog's default ``wait_threshold``)
 SERIAL_WAIT_SHARE = 0.2
@@ -127,6 +130,20 @@ class ResidentBatches:
         return (self.batch for _ in range(self.length))
 
 
+class _ResidentUntil:
+    """One batch, at least ``steps`` times, then again while ``more()`` says so (no length: the epoch ends when
+    this iterable does, so that the step runs as long as the utilization window needs)."""
+
+    def __init__(self, batch: Any, steps: int, more: Callable[[], bool]) -> None:
+        self.batch, self.steps, self.more = batch, steps, more
+
+    def __iter__(self):
+        n = 0
+        while n < self.steps or self.more():
+            n += 1
+            yield self.batch
+
+
 def _move(batch: Any, device: torch.device) -> Any:
     from lightning.fabric.utilities.apply_func import move_data_to_device
 
@@ -165,10 +182,21 @@ def measure_step(
               "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
               "limit_val_batches": 0, **trainer_kwargs}  # fmt: skip
     total = min_warmup(0, warmup) + max(steps, MIN_WINDOW_STEPS)
-    trainer = pl.Trainer(max_steps=total, **kwargs)
+    trainer = pl.Trainer(max_epochs=1, **kwargs)
     device = trainer.strategy.root_device
-    batches = TimedIterable(ResidentBatches(_move(batch, device), total + 2))
     sampler = NVMLSampler(device.index or 0, interval=0.02) if device.type == "cuda" else None
+    opens = min_warmup(0, warmup)  # the stamp the utilization window opens at (the timing's least warm-up)
+    started = time.perf_counter()
+
+    def more() -> bool:  # utilization needs seconds of samples: a window of a few short steps holds one or none
+        if sampler is None or not sampler.available or len(batches.stamps) <= opens:
+            return False
+        now = time.perf_counter()
+        period = sampler.sample_period() or 0.0
+        needed = max(UTIL_WINDOW_S, UTIL_WINDOW_PERIODS * period) + period
+        return now - batches.stamps[opens] < needed and now - started < UTIL_MAX_S
+
+    batches = TimedIterable(_ResidentUntil(_move(batch, device), total + 1, more))
     clock = time.monotonic() - time.perf_counter()  # the stamps' clock to the sampler's
     if sampler is not None:
         sampler.start()
@@ -180,7 +208,7 @@ def measure_step(
     window = steady_window(batches.stamps[: total + 1], warmup=warmup)
     util = None
     if sampler is not None and sampler.available and window.warmup < len(batches.stamps):
-        util = sampler.mean_util(since=batches.stamps[window.warmup] + clock)
+        util = sampler.mean_util(since=batches.stamps[window.warmup] + clock, settle=True)
     return (1000 / window.rate if window.rate > 0 else float("nan")), util
 
 

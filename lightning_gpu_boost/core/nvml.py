@@ -1,8 +1,10 @@
 """NVML sampling of this process's GPU in a background thread (no-op where NVML or a GPU is missing).
 
 Utilization comes from ``nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES, last_timestamp)`` (the driver's own
-buffered samples, cheap to poll), falling back to ``nvmlDeviceGetUtilizationRates``. Either is "share of time
-any kernel ran" over a short window: coarse, not SM occupancy.
+buffered samples, cheap to poll, each kept with the driver's time stamp), falling back to
+``nvmlDeviceGetUtilizationRates``. Either is "share of time any kernel ran" over the driver's sample period (1/6 s
+to 1 s): coarse, not SM occupancy, and a window needs several periods after it opens to be read
+(:meth:`NVMLSampler.sample_period`, ``mean_util(settle=True)``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class NVMLSampler:
         self._nvml = None
         self._handle = None
         self._last_ts = 0
+        self._periods: deque[float] = deque(maxlen=64)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -86,20 +89,43 @@ class NVMLSampler:
     def _poll(self) -> None:
         nvml, handle = self._nvml, self._handle
         now = time.monotonic()
+        entries: list[tuple[float, float]] = []
         try:
             _, samples = nvml.nvmlDeviceGetSamples(handle, nvml.NVML_GPU_UTILIZATION_SAMPLES, self._last_ts)
-            fresh = [s for s in samples if s.timeStamp > self._last_ts]
+            fresh = sorted((s for s in samples if s.timeStamp > self._last_ts), key=lambda s: s.timeStamp)
             if fresh:
-                self._last_ts = max(s.timeStamp for s in fresh)
-                value = sum(float(s.sampleValue.uiVal) for s in fresh) / len(fresh)
-            else:
-                value = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                # the driver stamps its samples in microseconds of wall time; each covers the period before it
+                offset = now - time.time()
+                for s in fresh:
+                    if self._last_ts and self._last_ts < s.timeStamp:
+                        self._periods.append((s.timeStamp - self._last_ts) / 1e6)
+                    self._last_ts = s.timeStamp
+                    entries.append((min(now, s.timeStamp / 1e6 + offset), float(s.sampleValue.uiVal)))
         except Exception:
-            value = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            pass
+        if not entries and not self._periods:  # no buffered samples on this GPU: the driver's current rate
+            entries.append((now, float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)))
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         with self._lock:
-            self.util.append((now, min(100.0, max(0.0, value))))
+            self.util.extend((t, min(100.0, max(0.0, u))) for t, u in entries)
             self.memory_used, self.memory_total = int(memory.used), int(memory.total)
+
+    def _skip_history(self) -> None:
+        """Start after the samples the driver buffered before this sampler started (they describe other work)."""
+        try:
+            _, samples = self._nvml.nvmlDeviceGetSamples(self._handle, self._nvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+            stamps = sorted(s.timeStamp for s in samples)
+            self._last_ts = stamps[-1] if stamps else 0
+            self._periods.extend((b - a) / 1e6 for a, b in zip(stamps[-9:-1], stamps[-8:], strict=True) if b > a)
+        except Exception:
+            self._last_ts = 0
+
+    def sample_period(self) -> float | None:
+        """Seconds each of the driver's utilization samples covers (the median spacing of their stamps; 1/6 s to 1 s
+        depending on the GPU), or ``None`` where the driver keeps no samples."""
+        with self._lock:
+            periods = sorted(self._periods)
+        return periods[len(periods) // 2] if periods else None
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -116,6 +142,7 @@ class NVMLSampler:
             if not self.available:
                 log.info("GPU utilization is not sampled (%s); timings only.", self.reason)
                 return self
+            self._skip_history()
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="gpu-boost-nvml", daemon=True)
             self._thread.start()
@@ -137,8 +164,11 @@ class NVMLSampler:
         with self._lock:
             self.util.clear()
 
-    def mean_util(self, since: float | None = None) -> float | None:
-        """Mean utilization (%) of the samples taken after ``since`` (``time.monotonic()``), or of all."""
+    def mean_util(self, since: float | None = None, settle: bool = False) -> float | None:
+        """Mean utilization (%) of the samples taken after ``since`` (``time.monotonic()``), or of all.
+        ``settle``: leave out the samples whose period began before ``since`` (one :meth:`sample_period` later)."""
+        if settle and since is not None:
+            since += self.sample_period() or 0.0
         with self._lock:
             values = [u for t, u in self.util if since is None or t >= since]
         return sum(values) / len(values) if values else None

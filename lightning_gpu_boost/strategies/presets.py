@@ -157,3 +157,17 @@ def configure_backends(tf32: bool = True, cudnn_benchmark: bool = True) -> dict[
         torch.backends.cudnn.benchmark = True
         applied["cudnn_benchmark"] = True
     return applied
+
+
+def backend_settings() -> dict[str, Any]:
+    """The process-wide settings :func:`configure_backends` changes, to hand back to :func:`restore_backends`."""
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark}  # fmt: skip
+
+
+def restore_backends(settings: dict[str, Any]) -> None:
+    """Put back what :func:`backend_settings` returned (a callback leaves no global state to the next Trainer)."""
+    torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
+    torch.backends.cudnn.allow_tf32 = settings["cudnn_allow_tf32"]
+    torch.backends.cudnn.benchmark = settings["cudnn_benchmark"]

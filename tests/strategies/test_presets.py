@@ -103,6 +103,18 @@ def test_gpu_boost_sets_backends_only_on_cuda(trainer_kwargs):
     assert torch.get_float32_matmul_precision() == before
 
 
+def test_backend_settings_round_trip():
+    from lightning_gpu_boost.strategies.presets import backend_settings, configure_backends, restore_backends
+
+    found = backend_settings()
+    try:
+        configure_backends(tf32=True, cudnn_benchmark=True)
+        assert torch.backends.cudnn.benchmark and torch.get_float32_matmul_precision() == "high"
+    finally:
+        restore_backends(found)
+    assert backend_settings() == found
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_every_yaml_config_builds_and_fits(config, tmp_path):
     cli = LightningCLI(
@@ -150,3 +162,39 @@ def test_compression_hook_registers_on_nccl(tmp_path):
                          default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(BoringModel())
     assert seen["backend"] == "nccl" and "bf16_compress_hook" in seen["hook"], seen
+
+
+class _Conv1dModel(pl.LightningModule):
+    """A Conv1d over (N, C, T) batches whose T varies, as padded audio features do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 8, 3)
+        self.autotuning: list[bool] = []
+
+    def training_step(self, batch, batch_idx):
+        self.autotuning.append(torch.backends.cudnn.benchmark)
+        return self.conv(batch).float().pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.gpu
+def test_gpu_boost_turns_autotuning_off_for_variable_shapes_and_restores_the_users_settings():
+    torch.backends.cudnn.benchmark = False
+    torch.set_float32_matmul_precision("highest")
+    boost = GPUBoost(auto_workers=False, watchdog=False)
+    batches = [torch.randn(2, 4, 16 + 8 * (i % 6)) for i in range(12)]  # six shapes
+    model = _Conv1dModel()
+    pl.Trainer(accelerator="gpu", devices=1, max_epochs=1, callbacks=[boost], logger=False,
+               enable_checkpointing=False, enable_progress_bar=False).fit(model, DataLoader(batches, batch_size=None))  # fmt: skip
+    assert model.autotuning[:4] == [True] * 4 and not any(model.autotuning[4:]), model.autotuning
+    assert boost.applied["cudnn_benchmark"] is False
+    assert torch.backends.cudnn.benchmark is False and torch.get_float32_matmul_precision() == "highest"
+
+    fixed = _Conv1dModel()
+    pl.Trainer(accelerator="gpu", devices=1, max_epochs=1, callbacks=[GPUBoost(auto_workers=False, watchdog=False)],
+               logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               ).fit(fixed, DataLoader(batches[:1] * 12, batch_size=None))  # fmt: skip
+    assert all(fixed.autotuning) and torch.backends.cudnn.benchmark is False  # fixed shapes keep it, until teardown

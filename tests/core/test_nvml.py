@@ -1,0 +1,73 @@
+"""NVMLSampler against a stand-in for pynvml: the driver's buffered samples keep their own time stamps, the samples
+buffered before the sampler started are left out, and a settled mean leaves out the period before ``since``."""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+
+import pytest
+
+from lightning_gpu_boost.core.nvml import NVMLSampler
+
+PERIOD = 0.05
+
+
+class FakeDriver:
+    """A GPU whose driver buffers one utilization sample every PERIOD seconds: 0 % before ``busy_from`` (wall
+    time), 100 % after."""
+
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+
+    def __init__(self, busy_from: float) -> None:
+        self.busy_from = busy_from
+        self.first = time.time() - 2.0  # two seconds of history before the sampler starts
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return types.SimpleNamespace(gpu=50)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return types.SimpleNamespace(used=1, total=4)
+
+    def nvmlDeviceGetSamples(self, handle, kind, last_seen_us):
+        now, samples, t = time.time(), [], self.first
+        while t <= now:
+            stamp = int(t * 1e6)
+            if stamp > last_seen_us:
+                value = 100 if t - PERIOD >= self.busy_from else 0
+                samples.append(types.SimpleNamespace(timeStamp=stamp, sampleValue=types.SimpleNamespace(uiVal=value)))
+            t += PERIOD
+        return 0, samples
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    fake = FakeDriver(busy_from=time.time() + 0.3)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def test_samples_keep_the_drivers_stamps_and_skip_history(driver):
+    start = time.monotonic()
+    with NVMLSampler(interval=0.01) as sampler:
+        time.sleep(0.8)
+    assert sampler.available
+    stamps = [t for t, _ in sampler.util]
+    assert stamps and min(stamps) >= start - 0.01  # the two seconds buffered before start are left out
+    assert sampler.sample_period() == pytest.approx(PERIOD, rel=0.05)
+
+
+def test_settled_mean_leaves_out_the_period_before_the_window(driver):
+    with NVMLSampler(interval=0.01) as sampler:
+        time.sleep(0.8)
+    busy_from = driver.busy_from - time.time() + time.monotonic()
+    # the sample stamped one period after busy_from still covers idle time; settle leaves it out
+    assert sampler.mean_util(since=busy_from, settle=True) == 100
+    assert sampler.mean_util(since=busy_from - 2 * PERIOD) < 100
