@@ -18,6 +18,7 @@ import gc
 import importlib
 import importlib.util
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,18 @@ from _common import carried_over  # noqa: E402
 TIMED_STEPS = 48
 #: the expected verdicts that GPUBoost() is meant to fix (the data-bound bars)
 DATA_BOUND = ("data-bound", "copy-bound", "between-steps")
+#: on a GPU a case runs at least this many seconds after its window opens: the watchdog's verdicts need NVML
+#: samples (each covers 1/6 s to 1 s), and short steps would end the fit before its first window closed
+MIN_SECONDS = 4.0
+
+
+class Meter(ThroughputMeter):
+    """The ThroughputMeter that ends the fit only after :data:`MIN_SECONDS` of timed steps."""
+
+    def _may_stop(self, trainer: pl.Trainer, batch_idx: int, timed: int) -> bool:
+        if time.monotonic() - self._stamps[self.opened_at] < MIN_SECONDS:
+            return False
+        return super()._may_stop(trainer, batch_idx, timed)
 
 
 def names() -> tuple[str, ...]:
@@ -73,7 +86,7 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
                           summary=False)  # fmt: skip
     # on a GPU the meter ends the fit once its window (after the loader's queue has drained) holds TIMED_STEPS
     # steps whose halves agree: the project's own max_steps would end most runs inside the queue's drain
-    meter = ThroughputMeter(warmup=3 if small else 10, steps=TIMED_STEPS if gpu else None, sample_gpu_util=False)
+    meter = Meter(warmup=3 if small else 10, steps=TIMED_STEPS if gpu else None, sample_gpu_util=False)
     if gpu:
         kwargs = {**kwargs, "max_steps": max(kwargs.get("max_steps", 0), 20 * TIMED_STEPS)}
     callbacks: list[pl.Callback] = [dog, meter, *extra]

@@ -12,8 +12,12 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
   even at the coarsest DCT scale (the entropy decoding of the whole file stays), more than 16 cores can pay per step.
 - ``segmentation``: the workers decode image and mask; rotation, elastic warp, crop, flip and colour run on the GPU
   (``JointAugment``).
-- ``audio``: the workers read the waveforms; resampling and log-mel run on the GPU (``LogMel``).
-- ``tabular``: a whole batch of rows in one call (``__getitems__``), no per-sample Python, in workers.
+- ``audio``: the workers read the waveforms; resampling and log-mel run on the GPU (``LogMel``). Reading is cheap:
+  the project's 4 workers (kept between epochs) keep up, and the cores stay free for the training process, whose
+  small transformer steps are launch-bound.
+- ``tabular``: the table fits on the GPU (2 M rows x 64 floats: 512 MB), so it goes there once; the loader yields
+  only each batch's shuffled indices (one ``__getitems__`` call) and ``GatherRows``, the GPU transform, gathers the
+  rows there: no per-sample Python, no rows through worker pipes or pinned memory.
 - ``short_epochs``: the jpeg best with persistent workers for training and validation.
 """
 
@@ -103,22 +107,35 @@ def pad_waves(batch):
             torch.tensor(labels))  # fmt: skip
 
 
-class BatchedRows(Dataset):
-    """The tabular rows with ``__getitems__``: the DataLoader hands it a batch's indices, it answers with one
-    indexing operation (and the identity collate keeps the result as it is)."""
+class BatchIndices(Dataset):
+    """A batch's indices as one tensor (``__getitems__``): what the loader yields where the rows live on the GPU."""
 
-    def __init__(self, rows: Any) -> None:
-        self.x, self.y = rows.x, rows.y
+    def __init__(self, n: int) -> None:
+        self.n = n
 
     def __len__(self) -> int:
-        return len(self.x)
+        return self.n
 
     def __getitem__(self, i: int):
-        return self.x[i], self.y[i]
+        return i
 
     def __getitems__(self, indices: list[int]):
-        index = torch.as_tensor(indices)
-        return self.x[index], self.y[index]
+        return torch.as_tensor(indices)
+
+
+class GatherRows:
+    """The GPU transform that turns a batch of indices into ``(x, y)`` rows of a table held on the GPU (moved there
+    on first use, once per device)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, index: torch.Tensor):
+        if index.device not in self._on:
+            self._on[index.device] = (self.x.to(index.device), self.y.to(index.device))
+        x, y = self._on[index.device]
+        return x[index], y[index]
 
 
 def as_is(batch: Any) -> Any:
@@ -173,9 +190,11 @@ def photos_hr(data: Path, size: str):
     cfg = w.SIZES[size]
     model, _, _, kwargs = w.build(data, size)
     crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
-    started = time.perf_counter()
-    shrunk = shrunk_tree(data, 256 if size == "gpu" else cfg["crop"])
-    ONE_TIME.setdefault("photos_hr", time.perf_counter() - started)  # the first call made it
+    side, started = 256 if size == "gpu" else cfg["crop"], time.perf_counter()
+    made = not (Path(f"{data}-shrunk{side}") / ".complete").exists()
+    shrunk = shrunk_tree(data, side)
+    if made:  # what shrinking the photos once took (16 processes on the H100 machine)
+        ONE_TIME["photos_hr"] = time.perf_counter() - started
     return model, _loader(Decoded(shrunk), cfg, size, pad_collate), None, kwargs, [_boost(size, crop)]
 
 
@@ -194,15 +213,18 @@ def audio(data: Path, size: str):
     cfg = w.SIZES[size]
     model, _, _, kwargs = w.build(data, size)
     mel = LogMel(source_rate=w.SOURCE_RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS)
-    return model, _loader(Waves(data), cfg, size, pad_waves), None, kwargs, [_boost(size, mel)]
+    loader = DataLoader(Waves(data), batch_size=cfg["batch"], shuffle=True, num_workers=cfg["workers"],
+                        pin_memory=size == "gpu", collate_fn=pad_waves, drop_last=True, persistent_workers=True)
+    return model, loader, None, kwargs, [GPUBoost(transform=mel, auto_workers=False)]
 
 
 def tabular(data: Path, size: str):
     import tabular as w
 
     model, loader, _, kwargs = w.build(data, size)
-    cfg = {"batch": loader.batch_size, "workers": 0}  # on a CPU (tests) no workers: the step needs the cores
-    return model, _loader(BatchedRows(loader.dataset), cfg, size, as_is), None, kwargs, [_boost(size)]
+    rows = loader.dataset
+    indices = DataLoader(BatchIndices(len(rows)), batch_size=loader.batch_size, shuffle=True, collate_fn=as_is)
+    return model, indices, None, kwargs, [GPUBoost(transform=GatherRows(rows.x, rows.y), auto_workers=False)]
 
 
 def short_epochs(data: Path, size: str):

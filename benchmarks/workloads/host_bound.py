@@ -1,6 +1,7 @@
 """A fed model whose step synchronizes and does Python work every step, as many research loops are written: the
-data is in memory and, on the GPU, eight persistent workers with pinned memory keep ahead of the step (what
-Lightning's own hint, "consider increasing num_workers", leads to); the step reads its loss and accuracy back with
+data is in memory and, on the GPU, eight persistent workers keep ahead of the step (what Lightning's own hint,
+"consider increasing num_workers", leads to; ``pin_memory`` at its default: a pinning thread would wait for the GIL
+that the step's Python loop holds); the step reads its loss and accuracy back with
 ``.item()`` for a running Python average, and builds a per-class confusion table in Python before returning.
 
 Expected on the GPU: host-bound (the GPU idles while the host waits on ``.item()`` and runs the Python loop; no data
@@ -60,5 +61,5 @@ def build(data: Path, size: str):
     x = torch.randn(cfg["samples"], cfg["features"], generator=g)
     y = torch.randint(0, 20, (cfg["samples"],), generator=g)
     loader = DataLoader(TensorDataset(x, y), batch_size=cfg["batch"], shuffle=True, num_workers=cfg["workers"],
-                        pin_memory=size == "gpu", persistent_workers=cfg["workers"] > 0)  # fmt: skip
+                        persistent_workers=cfg["workers"] > 0)  # fmt: skip
     return Classifier(cfg["features"], cfg["hidden"]), loader, None, {"max_steps": cfg["steps"]}

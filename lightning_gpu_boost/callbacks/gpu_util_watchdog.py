@@ -24,9 +24,13 @@ from lightning_gpu_boost.core.verdicts import (
     advise,
     batch_kind,
     classify,
+    fetches_batches,
     format_advice,
 )
 from lightning_gpu_boost.core.workers import iter_loaders
+
+#: a verdict's window lasts at least this many of NVML's sample periods, and this many seconds, where NVML samples
+MIN_WINDOW_PERIODS, MIN_WINDOW_S = 4, 0.5
 
 
 class GPUStarvationError(RuntimeError):
@@ -69,7 +73,9 @@ class GPUUtilWatchdog(Callback):
         - ``gpu_boost/starved``: 1.0 while the verdict is "starved", else 0.0
 
     Args:
-        window: steps per verdict, ``>= 2``.
+        window: steps per verdict, ``>= 2``. Where NVML samples the GPU, a window also lasts at least
+            :data:`MIN_WINDOW_PERIODS` of the driver's sample periods (and :data:`MIN_WINDOW_S`): a window of a
+            few short steps would hold no utilization sample.
         warmup_steps: first steps ignored, ``>= 0``.
         wait_threshold: data-wait share that counts as starving, in ``(0, 1)``.
         util_threshold: GPU utilization (%) below which a waiting GPU counts as starving, in ``(0, 100]``.
@@ -139,7 +145,7 @@ class GPUUtilWatchdog(Callback):
         self.warnings: list[dict[str, Any]] = []
         self.timeline: list[dict[str, float]] = []
         self.totals = {"steps": 0, "wait_ms": 0.0, "busy_ms": 0.0, "starved_steps": 0}
-        self._recent: deque[StepTiming] = deque(maxlen=self.window)
+        self._recent: deque[StepTiming] = deque()
         self._window_start = time.monotonic()
         self._last_warn_step = -(10**12)
         self._timer: StepTimer | None = None
@@ -236,7 +242,7 @@ class GPUUtilWatchdog(Callback):
         self._recent.append(timing)
         if self.verdict in ("data-bound", "copy-bound"):
             self.totals["starved_steps"] += 1
-        if len(self._recent) == self.window:
+        if len(self._recent) >= self.window and self._window_long_enough():
             metrics = self._window_metrics()
             self.timeline.append(
                 {"step": float(timing.step), **{k: v for k, v in metrics.items() if v is not None}}
@@ -245,10 +251,18 @@ class GPUUtilWatchdog(Callback):
             self._recent.clear()
             self._window_start = time.monotonic()
 
+    def _window_long_enough(self) -> bool:
+        """NVML's samples each cover a driver period (1/6 s to 1 s): a window closes after a few of them."""
+        sampler = self._sampler
+        if sampler is None or not sampler.available:
+            return True
+        least = max(MIN_WINDOW_S, MIN_WINDOW_PERIODS * (sampler.sample_period() or 0.0))
+        return time.monotonic() - self._window_start >= least
+
     def _window_metrics(self) -> dict[str, float | None]:
         wait = _nanmean([t.wait_ms for t in self._recent])
         busy = _nanmean([t.busy_ms for t in self._recent])
-        util = self._sampler.mean_util(since=self._window_start) if self._sampler is not None else None
+        util = self._sampler.mean_util(since=self._window_start, settle=True) if self._sampler is not None else None
         mem = self._sampler.memory_fraction() if self._sampler is not None else None
         return {
             "data_wait_frac": wait / (wait + busy) if wait + busy > 0 else float("nan"),
@@ -311,6 +325,7 @@ class GPUUtilWatchdog(Callback):
             prefetch=found["prefetch"], dali=bool(found["dali"]),
             uint8_images=loader is not None and type(loader.dataset).__name__ in ("ImageFolderDataset", "LMDBImageDataset"),
             tuner=tuner, probe=probe, val_loaders=val, batch_kind=self._batch_kind,
+            batched_fetch=loader is not None and fetches_batches(loader),
             batches_per_epoch=int(batches) if isinstance(batches, int) or (isinstance(batches, float) and math.isfinite(batches)) else None,
         )  # fmt: skip
 

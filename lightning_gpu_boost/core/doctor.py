@@ -29,6 +29,7 @@ from lightning_gpu_boost.core.verdicts import (
     RunFacts,
     Verdict,
     batch_kind,
+    fetches_batches,
     sample_cost_fixes,
 )
 from lightning_gpu_boost.core.workers import (
@@ -74,6 +75,8 @@ class Diagnosis:
     between_frac: float | None = None
     #: what a batch holds (:func:`~lightning_gpu_boost.core.verdicts.batch_kind`): it decides the advice
     batch_kind: str | None = None
+    #: the loader fetches whole batches at once (:func:`~lightning_gpu_boost.core.verdicts.fetches_batches`)
+    batched_fetch: bool = False
     bottleneck: Bottleneck = "unknown"
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -208,7 +211,9 @@ def measure_step(
     window = steady_window(batches.stamps[: total + 1], warmup=warmup)
     util = None
     if sampler is not None and sampler.available and window.warmup < len(batches.stamps):
-        util = sampler.mean_util(since=batches.stamps[window.warmup] + clock, settle=True)
+        # up to the last step's start: the fit's teardown after it leaves the GPU idle
+        util = sampler.mean_util(since=batches.stamps[window.warmup] + clock, settle=True,
+                                 until=batches.stamps[-1] + clock)  # fmt: skip
     return (1000 / window.rate if window.rate > 0 else float("nan")), util
 
 
@@ -299,6 +304,7 @@ def diagnose(
         )
     result.startup_s = startup_s
     result.batch_kind = batch_kind(first)
+    result.batched_fetch = fetches_batches(loader)
     if isinstance(loader, DataLoader):
         result.persistent_workers = bool(loader.persistent_workers)
         try:
@@ -317,7 +323,7 @@ def diagnose(
 def _join_fixes(d: Diagnosis) -> str:
     """The sample-cost fixes for what ``d``'s batches hold (the watchdog's wording), as one clause."""
     facts = RunFacts(cuda=d.device.startswith("cuda"), num_workers=d.num_workers, batch_size=d.batch_size,
-                     batch_kind=d.batch_kind)  # fmt: skip
+                     batch_kind=d.batch_kind, batched_fetch=d.batched_fetch)  # fmt: skip
     return "; ".join(sample_cost_fixes(facts))
 
 

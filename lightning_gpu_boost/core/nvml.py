@@ -164,13 +164,14 @@ class NVMLSampler:
         with self._lock:
             self.util.clear()
 
-    def mean_util(self, since: float | None = None, settle: bool = False) -> float | None:
-        """Mean utilization (%) of the samples taken after ``since`` (``time.monotonic()``), or of all.
-        ``settle``: leave out the samples whose period began before ``since`` (one :meth:`sample_period` later)."""
+    def mean_util(self, since: float | None = None, settle: bool = False, until: float | None = None) -> float | None:
+        """Mean utilization (%) of the samples taken after ``since`` (``time.monotonic()``), or of all; ``until``:
+        and not after that time (e.g. the last step's start: what follows a run is idle). ``settle``: leave out
+        the samples whose period began before ``since`` (one :meth:`sample_period` later)."""
         if settle and since is not None:
             since += self.sample_period() or 0.0
         with self._lock:
-            values = [u for t, u in self.util if since is None or t >= since]
+            values = [u for t, u in self.util if (since is None or t >= since) and (until is None or t <= until)]
         return sum(values) / len(values) if values else None
 
     def memory_fraction(self) -> float | None:

@@ -83,6 +83,8 @@ class RunFacts:
     batches_per_epoch: int | None = None
     #: what a batch holds (:func:`batch_kind`): the advice for a sample's cost depends on it
     batch_kind: str | None = None
+    #: the loader fetches whole batches at once (the dataset has ``__getitems__``, or ``batch_size=None``)
+    batched_fetch: bool = False
 
 
 def _tensors(batch: Any) -> list[Any]:
@@ -93,6 +95,13 @@ def _tensors(batch: Any) -> list[Any]:
     if isinstance(batch, (list, tuple)):
         return [t for v in batch for t in _tensors(v)]
     return []
+
+
+def fetches_batches(loader: Any) -> bool:
+    """Whether ``loader`` (a DataLoader) fetches a batch's samples in one call: its dataset has ``__getitems__``, or
+    it yields what its sampler names as a whole (``batch_size=None``)."""
+    dataset = getattr(loader, "dataset", None)
+    return hasattr(dataset, "__getitems__") or (hasattr(loader, "batch_size") and loader.batch_size is None)
 
 
 def batch_kind(batch: Any) -> str | None:
@@ -254,6 +263,12 @@ def sample_cost_fixes(f: RunFacts) -> list[str]:
     kind = f.batch_kind
     sample_ms = getattr(f.probe, "sample_ms", None) if f.probe is not None else None
     cheap = sample_ms is not None and sample_ms < 0.05 and (f.batch_size or 0) >= 256
+    if (kind == "rows" or cheap) and f.batched_fetch:
+        return [
+            "keep the table on the GPU if it fits: the loader yields only a batch's indices and the rows are gathered "
+            "there, per batch (StreamPrefetch(transform=lambda idx: (x_gpu[idx], y_gpu[idx])) or GPUBoost(transform="
+            "...)); whole batches are fetched at once already, and moving them costs more than the step"
+        ]
     if kind == "rows" or cheap:
         per = f"a sample costs {1000 * sample_ms:.0f} µs, so " if sample_ms is not None else ""
         return [

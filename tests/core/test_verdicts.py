@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, classify
+from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, classify, sample_cost_fixes
 from lightning_gpu_boost.core.workers import WorkerProbe
 
 
@@ -103,3 +103,26 @@ def test_host_bound_with_every_cpu_in_workers_names_the_crowding_first():
     assert "num_workers=15" in crowded[0] and "StreamPrefetch(transform" in crowded[0]
     spare = advise("host-bound", RunFacts(cuda=True, num_workers=8, usable_cpus=16), e)
     assert "num_workers" not in spare[0] and ".item()" in spare[0]
+
+
+def test_rows_fetched_whole_get_no_advice_to_fetch_them_whole():
+    from torch.utils.data import DataLoader, Dataset
+
+    from lightning_gpu_boost.core.verdicts import fetches_batches
+
+    class Batched(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return i
+
+        def __getitems__(self, indices):
+            return indices
+
+    assert fetches_batches(DataLoader(Batched(), batch_size=4)) and not fetches_batches(DataLoader(range(8)))
+    assert fetches_batches(DataLoader(range(8), batch_size=None))
+    plain = sample_cost_fixes(RunFacts(cuda=True, batch_size=8192, batch_kind="rows"))
+    whole = sample_cost_fixes(RunFacts(cuda=True, batch_size=8192, batch_kind="rows", batched_fetch=True))
+    assert "__getitems__(indices)" in plain[0] and "__getitems__" not in " ".join(whole)
+    assert "gathered" in whole[0]
