@@ -46,7 +46,7 @@ TIMED_STEPS = 48
 DATA_BOUND = ("data-bound", "copy-bound", "between-steps")
 #: on a GPU a case runs at least this many seconds after its window opens: the watchdog's verdicts need NVML
 #: samples (each covers 1/6 s to 1 s), and short steps would end the fit before its first window closed
-MIN_SECONDS = 4.0
+MIN_SECONDS = 3.0
 
 
 class Meter(ThroughputMeter):

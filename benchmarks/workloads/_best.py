@@ -16,7 +16,7 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
   the project's 4 workers (kept between epochs) keep up, and the cores stay free for the training process, whose
   small transformer steps are launch-bound.
 - ``tabular``: the table fits on the GPU (2 M rows x 64 floats: 512 MB), so it goes there once; the loader yields
-  only each batch's shuffled indices (one ``__getitems__`` call) and ``GatherRows``, the GPU transform, gathers the
+  only each batch's shuffled indices (one tensor, ``ShuffledBatches``) and ``GatherRows``, the GPU transform, gathers the
   rows there: no per-sample Python, no rows through worker pipes or pinned memory.
 - ``short_epochs``: the jpeg best with persistent workers for training and validation.
 """
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightning_gpu_boost.callbacks import GPUBoost
 from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip, pad_collate
@@ -107,8 +107,22 @@ def pad_waves(batch):
             torch.tensor(labels))  # fmt: skip
 
 
-class BatchIndices(Dataset):
-    """A batch's indices as one tensor (``__getitems__``): what the loader yields where the rows live on the GPU."""
+class ShuffledBatches(Sampler):
+    """Each batch's indices as one tensor, a random permutation cut into batches (no per-index Python): the
+    sampler of a loader with ``batch_size=None`` whose rows live on the GPU."""
+
+    def __init__(self, n: int, batch_size: int) -> None:
+        self.n, self.batch_size = n, batch_size
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n).split(self.batch_size))
+
+
+class Identity(Dataset):
+    """``dataset[index] == index``: the loader yields what its sampler names."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -116,11 +130,8 @@ class BatchIndices(Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int):
-        return i
-
-    def __getitems__(self, indices: list[int]):
-        return torch.as_tensor(indices)
+    def __getitem__(self, index):
+        return index
 
 
 class GatherRows:
@@ -136,10 +147,6 @@ class GatherRows:
             self._on[index.device] = (self.x.to(index.device), self.y.to(index.device))
         x, y = self._on[index.device]
         return x[index], y[index]
-
-
-def as_is(batch: Any) -> Any:
-    return batch
 
 
 def _boost(size: str, transform: Any = None, val_transform: Any = None) -> GPUBoost:
@@ -223,7 +230,7 @@ def tabular(data: Path, size: str):
 
     model, loader, _, kwargs = w.build(data, size)
     rows = loader.dataset
-    indices = DataLoader(BatchIndices(len(rows)), batch_size=loader.batch_size, shuffle=True, collate_fn=as_is)
+    indices = DataLoader(Identity(len(rows)), sampler=ShuffledBatches(len(rows), loader.batch_size), batch_size=None)
     return model, indices, None, kwargs, [GPUBoost(transform=GatherRows(rows.x, rows.y), auto_workers=False)]
 
 

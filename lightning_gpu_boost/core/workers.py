@@ -130,6 +130,8 @@ def clone_loader(
     }
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=batch_size or loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_sampler is None:  # batch_size=None: each of the sampler's items is a batch already
+        kwargs.update(sampler=EndlessBatches(loader.sampler), batch_size=None)
     elif batch_size and type(loader.batch_sampler) is BatchSampler:
         kwargs["batch_sampler"] = EndlessBatches(BatchSampler(loader.sampler, batch_size, drop_last=False))
     else:

@@ -233,3 +233,18 @@ def test_workers_that_die_keep_the_users_setting():
     loader = DataLoader(DiesInWorkers(), batch_size=8, num_workers=3)
     probe = workers.tune_num_workers(loader, budget_s=6, max_workers=2)
     assert probe.num_workers == 3 and not probe.conclusive and "died" in probe.reason
+
+
+def test_a_loader_of_whole_batches_is_probed():
+    """The fast-tensor-loader idiom (a BatchSampler as the sampler, batch_size=None) is cloned and probed."""
+    from torch.utils.data import BatchSampler, RandomSampler, TensorDataset
+
+    from lightning_gpu_boost.core.workers import clone_loader, tune_num_workers
+
+    dataset = TensorDataset(torch.randn(512, 4), torch.arange(512))
+    loader = DataLoader(dataset, sampler=BatchSampler(RandomSampler(dataset), 64, drop_last=False), batch_size=None)
+    it = iter(clone_loader(loader, 0))
+    x, y = next(it)
+    assert x.shape == (64, 4) and len(set(next(it)[1].tolist()) | set(y.tolist())) == 128
+    probe = tune_num_workers(loader, budget_s=3.0, candidates=[0, 1])
+    assert probe.num_workers in (0, 1) and set(probe.table) == {0, 1}
