@@ -35,7 +35,7 @@ from lightning_gpu_boost.callbacks import GPUBoost, GPUUtilWatchdog  # noqa: E40
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # noqa: E402
 from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
 from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
-from lightning_gpu_boost.core.steady import worst_halves_diff  # noqa: E402
+from lightning_gpu_boost.core.steady import STEADY_TOLERANCE, batch_size_of, worst_halves_diff  # noqa: E402
 
 sys.path.insert(2, str(HERE.parent))  # benchmarks/, for what its scripts share
 from _common import carried_over  # noqa: E402
@@ -56,6 +56,45 @@ class Meter(ThroughputMeter):
         if time.monotonic() - self._stamps[self.opened_at] < MIN_SECONDS:
             return False
         return super()._may_stop(trainer, batch_idx, timed)
+
+
+class EpochClock(pl.Callback):
+    """Samples per second over whole epochs, validation and epoch ends included: the figure for a project whose
+    epochs are a few batches long (``max_epochs``, no ``max_steps``), where a window of steps would leave out what
+    matters. The first epoch is warm-up (workers' first start, cuDNN autotuning); the halves are the first and the
+    last half of the timed epochs."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.samples: list[float] = []
+        self.end = 0.0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.starts.append(time.monotonic())
+        self.samples.append(0.0)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.samples[-1] += batch_size_of(batch)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        self.end = time.monotonic()
+
+    def summary(self) -> dict[str, Any]:
+        bounds = [*self.starts[1:], self.end]  # epoch e runs from starts[e] to bounds[e] (its validation included)
+        timed = len(self.starts) - 1
+        half = timed // 2
+
+        def rate(first: int, last: int) -> float:  # epochs first..last-1 (1-based among all epochs)
+            seconds = bounds[last - 1] - self.starts[first]
+            return sum(self.samples[first:last]) / seconds if seconds > 0 else float("nan")
+
+        whole, a, b = rate(1, timed + 1), rate(1, 1 + half), rate(timed + 1 - half, timed + 1)
+        diff = abs(a - b) / max(a, b) if half and max(a, b) > 0 else float("nan")
+        return {"measured": "whole epochs", "samples_per_s": whole, "epochs_timed": timed, "warmup_epochs": 1,
+                "first_half": a, "second_half": b, "halves_diff": diff, "steady": diff <= STEADY_TOLERANCE,
+                "window_s": bounds[-1] - self.starts[1] if timed else 0.0}  # fmt: skip
 
 
 def names() -> tuple[str, ...]:
@@ -86,10 +125,12 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
                           summary=False)  # fmt: skip
     # on a GPU the meter ends the fit once its window (after the loader's queue has drained) holds TIMED_STEPS
     # steps whose halves agree: the project's own max_steps would end most runs inside the queue's drain
-    meter = Meter(warmup=3 if small else 10, steps=TIMED_STEPS if gpu else None, sample_gpu_util=False)
-    if gpu:
+    epochs = "max_epochs" in kwargs and "max_steps" not in kwargs and case != "ceiling"  # short epochs: EpochClock
+    meter = Meter(warmup=3 if small else 10, steps=TIMED_STEPS if gpu and not epochs else None, sample_gpu_util=False)
+    clock = EpochClock() if epochs else None
+    if gpu and not epochs:
         kwargs = {**kwargs, "max_steps": max(kwargs.get("max_steps", 0), 20 * TIMED_STEPS)}
-    callbacks: list[pl.Callback] = [dog, meter, *extra]
+    callbacks: list[pl.Callback] = [dog, meter, *extra, *([clock] if clock else [])]
     if case == "gpu_boost":
         callbacks.append(GPUBoost())
     if case == "ceiling":
@@ -116,7 +157,8 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
         "advice": dog.run_advice,
         "messages": [w["message"] for w in dog.warnings],
         "watchdog": dog.summaries[0] if dog.summaries else {},
-        "throughput": meter.summary(),
+        "throughput": clock.summary() if clock else meter.summary(),
+        **({"step_window": meter.summary()} if clock else {}),
     }
 
 

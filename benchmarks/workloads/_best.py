@@ -18,7 +18,8 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
 - ``tabular``: the table fits on the GPU (2 M rows x 64 floats: 512 MB), so it goes there once; the loader yields
   only each batch's shuffled indices (one tensor, ``ShuffledBatches``) and ``GatherRows``, the GPU transform, gathers the
   rows there: no per-sample Python, no rows through worker pipes or pinned memory.
-- ``short_epochs``: the jpeg best with persistent workers for training and validation.
+- ``short_epochs``: the jpeg best with persistent workers for training and validation (2 workers for its 2
+  validation batches per epoch).
 """
 
 from __future__ import annotations
@@ -241,7 +242,10 @@ def short_epochs(data: Path, size: str):
     model, _, _, kwargs = w.build(data, size)
     crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
     train = _loader(Decoded(data), cfg, size, pad_collate, persistent_workers=True)
-    val = _loader(Decoded(data), cfg, size, pad_collate, persistent_workers=True, shuffle=False)
+    # validation reads 2 batches per epoch: 2 workers (each of 16 would decode its own prefetched batches, most of
+    # them never used, while the training workers need the cores)
+    val = DataLoader(Decoded(data), batch_size=cfg["batch"], num_workers=2, persistent_workers=True,
+                     pin_memory=size == "gpu", collate_fn=pad_collate)  # fmt: skip
     centre = RandomResizedCropFlip(cfg["crop"], scale=(1.0, 1.0), ratio=(1.0, 1.0), flip=False, normalize=(MEAN, STD))
     return model, train, val, kwargs, [_boost(size, crop, centre)]
 

@@ -1,7 +1,8 @@
 """A fed model whose step synchronizes and does Python work every step, as many research loops are written: the
 data is in memory as tensors and each batch is one indexing operation (a ``BatchSampler`` as the sampler,
-``batch_size=None``: the fast-tensor-loader idiom), so the loader costs a fraction of a millisecond; the step reads its loss and accuracy back with
-``.item()`` for a running Python average, and builds a per-class confusion table in Python before returning.
+``batch_size=None``: the fast-tensor-loader idiom), so the loader costs about a millisecond; the step reads its
+loss back with ``.item()`` for a running Python average, builds a per-class confusion table and the top-5 accuracy
+over 100 classes in Python (tens of milliseconds per step at batch 1,024, as the issue's "30 ms in Python").
 
 Expected on the GPU: host-bound (the GPU idles while the host waits on ``.item()`` and runs the Python loop; no data
 change helps). On a CPU the step is all host work, and the data wait is small: ok.
@@ -25,7 +26,7 @@ SIZES = {
 
 
 class Classifier(pl.LightningModule):
-    def __init__(self, features: int, hidden: int, classes: int = 20) -> None:
+    def __init__(self, features: int, hidden: int, classes: int = 100) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                                  nn.Linear(hidden, classes))  # fmt: skip
@@ -42,6 +43,10 @@ class Classifier(pl.LightningModule):
         for truth, guess in zip(y.tolist(), predictions, strict=True):
             table[truth][guess] += 1
         accuracy = sum(table[k][k] for k in range(self.classes)) / len(predictions)
+        scores = logits.softmax(-1).tolist()  # top-5 accuracy, sorted in Python row by row
+        top5 = sum(truth in sorted(range(self.classes), key=row.__getitem__)[-5:]
+                   for truth, row in zip(y.tolist(), scores, strict=True)) / len(scores)  # fmt: skip
+        self.log("train_top5", top5)
         self.log("train_acc", accuracy, prog_bar=True)
         self.log("train_loss_avg", sum(self.running[-50:]) / len(self.running[-50:]))
         return loss
@@ -58,7 +63,7 @@ def build(data: Path, size: str):
     cfg = SIZES[size]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(cfg["samples"], cfg["features"], generator=g)
-    y = torch.randint(0, 20, (cfg["samples"],), generator=g)
+    y = torch.randint(0, 100, (cfg["samples"],), generator=g)
     dataset = TensorDataset(x, y)  # dataset[list of indices] gathers a whole batch
     batches = BatchSampler(RandomSampler(dataset), batch_size=cfg["batch"], drop_last=False)
     loader = DataLoader(dataset, sampler=batches, batch_size=None)
