@@ -176,7 +176,7 @@ def doctor(name: str, size: str, data_root: Path) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            d = diagnose(train, model, budget_s=10.0 if gpu else 4.0, steps=10 if gpu else 5, tune=False,
+            d = diagnose(train, model, budget_s=30.0 if gpu else 4.0, steps=10 if gpu else 5, tune=False,
                          accelerator="gpu" if gpu else "cpu")  # fmt: skip
     finally:
         torch.set_num_threads(threads)
