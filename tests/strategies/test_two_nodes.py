@@ -1,5 +1,6 @@
 """Two nodes without a cluster: two torchrun agents on this host (``--nnodes 2 --node-rank 0|1``, one gloo process
-each) train one of our DataModules; ranks, node ranks, the CPU share per node and exact-once sampling are checked."""
+each) train one of our DataModules; ranks, node ranks, the CPU share per node, exact-once sampling and a resume from
+a mid-epoch checkpoint are checked."""
 
 from __future__ import annotations
 
@@ -51,11 +52,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_simulated_nodes_split_ranks_and_samples(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(root=str(ROOT), out=str(out))))
+def _two_agents(script: Path, timeout: int = 240) -> None:
+    """Run ``script`` under two torchrun agents, node ranks 0 and 1, against a rendezvous on this host."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items()
            if k not in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -69,12 +67,20 @@ def test_two_simulated_nodes_split_ranks_and_samples(tmp_path):
         for node in (0, 1)
     ]
     try:
-        logs = [agent.communicate(timeout=240)[0] for agent in agents]
+        logs = [agent.communicate(timeout=timeout)[0] for agent in agents]
     finally:
         for agent in agents:
             if agent.poll() is None:
                 os.killpg(agent.pid, 9)
     assert all(agent.returncode == 0 for agent in agents), "\n".join(log[-3000:] for log in logs)
+
+
+def test_two_simulated_nodes_split_ranks_and_samples(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(root=str(ROOT), out=str(out))))
+    _two_agents(script)
     ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["global_rank"])
     assert [(r["global_rank"], r["node_rank"], r["local_rank"], r["world_size"]) for r in ranks] == [
         (0, 0, 0, 2), (1, 1, 0, 2)]  # fmt: skip
@@ -85,3 +91,54 @@ def test_two_simulated_nodes_split_ranks_and_samples(tmp_path):
     assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1], "a new order each epoch"
     summary = ranks[0]["summary"]  # every rank's row, gathered over both nodes, and which one was slowest
     assert "slowest rank:" in summary and len([line for line in summary.splitlines() if line[:2] in ("0 ", "1 ")]) == 2
+
+
+RESUME = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning_gpu_boost.datamodules import BoostDataModule
+from tests.helpers import IndexDataset, RecordingModel
+
+class Indexed(BoostDataModule):
+    def train_dataset(self):
+        return IndexDataset(48)
+
+if __name__ == "__main__":
+    mode, ckpt, out = {mode!r}, Path({ckpt!r}), Path({out!r})
+    common = dict(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, default_root_dir=str(out))
+    model, data = RecordingModel(), Indexed(batch_size=4, num_workers=1)
+    if mode == "first":  # stopped after 2 of the epoch's 6 steps, with a checkpoint there
+        every = ModelCheckpoint(dirpath=str(ckpt), every_n_train_steps=2, save_top_k=-1, save_last=False)
+        pl.Trainer(max_steps=2, callbacks=[every], **common).fit(model, datamodule=data)
+    elif mode == "resume":
+        path = sorted(ckpt.glob("*step=2.ckpt"))[0]
+        pl.Trainer(max_epochs=1, enable_checkpointing=False, **common).fit(model, datamodule=data, ckpt_path=str(path))
+    else:
+        pl.Trainer(max_epochs=1, enable_checkpointing=False, **common).fit(model, datamodule=data)
+    (out / f"rank{{model.global_rank}}.json").write_text(json.dumps(model.seen["train"]))
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+"""
+
+
+def test_two_simulated_nodes_resume_mid_epoch_without_repeating_or_skipping(tmp_path):
+    """Lightning restarts the epoch for plain loaders; with our DataModules each node's rank goes on from the batch
+    after the checkpoint, and the two nodes together still see each sample once."""
+    ckpt, runs = tmp_path / "ckpt", {}
+    for mode in ("first", "resume", "whole"):
+        out = tmp_path / mode
+        out.mkdir()
+        script = tmp_path / f"{mode}.py"
+        script.write_text(textwrap.dedent(RESUME.format(root=str(ROOT), mode=mode, ckpt=str(ckpt), out=str(out))))
+        _two_agents(script)
+        runs[mode] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in (0, 1):
+        assert len(runs["first"][rank]) == 2 and len(runs["whole"][rank]) == 6, rank
+        assert runs["first"][rank] + runs["resume"][rank] == runs["whole"][rank], rank
+    seen = [i for rank in (0, 1) for batch in runs["whole"][rank] for i in batch]
+    assert sorted(seen) == list(range(48))
