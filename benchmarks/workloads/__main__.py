@@ -50,12 +50,19 @@ MIN_SECONDS = 3.0
 
 
 class Meter(ThroughputMeter):
-    """The ThroughputMeter that ends the fit only after :data:`MIN_SECONDS` of timed steps."""
+    """The ThroughputMeter that ends the fit only after :data:`MIN_SECONDS` of timed steps, then once the window's
+    halves agree (checked every 8 steps), at an epoch's end, or after three times :data:`MIN_SECONDS`."""
 
     def _may_stop(self, trainer: pl.Trainer, batch_idx: int, timed: int) -> bool:
-        if time.monotonic() - self._stamps[self.opened_at] < MIN_SECONDS:
+        elapsed = time.monotonic() - self._stamps[self.opened_at]
+        if elapsed < MIN_SECONDS:
             return False
-        return super()._may_stop(trainer, batch_idx, timed)
+        if elapsed >= 3 * MIN_SECONDS or batch_idx + 1 >= trainer.num_training_batches:
+            return True
+        if timed % 8:
+            return False
+        self._window = None
+        return self.window().steady
 
 
 class EpochClock(pl.Callback):
