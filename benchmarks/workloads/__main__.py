@@ -175,7 +175,9 @@ def doctor(name: str, size: str, data_root: Path) -> dict[str, Any]:
     from lightning_gpu_boost.core.doctor import diagnose
 
     module = importlib.import_module(name)
-    model, train, _, _ = module.build(module.prepare(Path(data_root), size), size)
+    model, train, val, kwargs = module.build(module.prepare(Path(data_root), size), size)
+    limit = kwargs.get("limit_val_batches")
+    val_batches = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
     gpu = size == "gpu" and torch.cuda.is_available()
     threads = torch.get_num_threads()
     if size == "cpu":
@@ -184,10 +186,10 @@ def doctor(name: str, size: str, data_root: Path) -> dict[str, Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             d = diagnose(train, model, budget_s=30.0 if gpu else 4.0, steps=10 if gpu else 5, tune=False,
-                         accelerator="gpu" if gpu else "cpu")  # fmt: skip
+                         val_loader=val, val_batches=val_batches, accelerator="gpu" if gpu else "cpu")  # fmt: skip
     finally:
         torch.set_num_threads(threads)
-    del model, train
+    del model, train, val
     gc.collect()
     return {"verdict": d.verdict, "bottleneck": d.bottleneck, "advice": d.advice, "diagnosis": d.as_dict()}
 

@@ -33,6 +33,7 @@ from lightning_gpu_boost.core.verdicts import (
     sample_cost_fixes,
 )
 from lightning_gpu_boost.core.workers import (
+    _shutdown,
     clone_loader,
     measure_batches_per_s,
     tune_num_workers,
@@ -71,7 +72,9 @@ class Diagnosis:
     startup_s: float | None = None
     batches_per_epoch: int | None = None
     persistent_workers: bool | None = None
-    #: the share of an epoch its start-up takes (``startup_s`` against the epoch's steps), where it is paid
+    #: seconds the validation loader takes per epoch (a fresh pass over the batches validation reads), where given
+    val_s: float | None = None
+    #: the share of an epoch its start-up and its validation take (against the epoch's steps), where they are paid
     between_frac: float | None = None
     #: what a batch holds (:func:`~lightning_gpu_boost.core.verdicts.batch_kind`): it decides the advice
     batch_kind: str | None = None
@@ -112,7 +115,8 @@ class Diagnosis:
         util = "" if self.step_gpu_util is None else f", GPU {self.step_gpu_util:.0f} % busy"
         lines.append(f"  training step on a resident batch: {step} ({rate(self.ceiling_samples_per_s)}{util})")
         if self.startup_s is not None:
-            restart = (f"; {100 * self.between_frac:.0f} % of each epoch without persistent workers"
+            restart = (f"; {100 * self.between_frac:.0f} % of each epoch outside the steps (start-up"
+                       + (f", validation {self.val_s:.1f} s" if self.val_s is not None else "") + ")"
                        if self.between_frac is not None else "")  # fmt: skip
             lines.append(f"  first batch of a fresh iterator: {self.startup_s:.2f} s{restart}")
         lines.append(f"Bottleneck: {self.bottleneck}" + (f" (verdict: {self.verdict})" if self.verdict else ""))
@@ -217,6 +221,29 @@ def measure_step(
     return (1000 / window.rate if window.rate > 0 else float("nan")), util
 
 
+def measure_validation_s(loader: Any, batches: int | None = None, cap_s: float = 10.0) -> float:
+    """Seconds one epoch's validation spends loading: ``batches`` batches (all by default) from a fresh iterator,
+    as each epoch starts one; with persistent workers the first pass starts them and the second is timed. A pass
+    cut by ``cap_s`` is extrapolated from the batches it read."""
+    try:
+        total = len(loader)
+    except TypeError:
+        total = None
+    n = min(batches or total or 1, total or batches or 1)
+    persistent = bool(getattr(loader, "persistent_workers", False))
+    seconds, read = 0.0, 0
+    for _ in range(2 if persistent else 1):
+        it, read, started = iter(loader), 0, time.perf_counter()
+        for _batch in it:
+            read += 1
+            if read >= n or time.perf_counter() - started > cap_s:
+                break
+        seconds = time.perf_counter() - started
+        if not persistent:
+            _shutdown(it)
+    return seconds * n / max(1, read)
+
+
 def diagnose(
     datamodule: Any,
     model: Any = None,
@@ -224,6 +251,8 @@ def diagnose(
     steps: int = 10,
     tune: bool = True,
     progress: Callable[[str], None] | None = None,
+    val_loader: Any = None,
+    val_batches: int | None = None,
     **trainer_kwargs: Any,
 ) -> Diagnosis:
     """Measure ``datamodule``'s training loader, the copy of a batch and ``model``'s step, and name the bottleneck.
@@ -236,6 +265,10 @@ def diagnose(
         steps: timed training steps for the ceiling.
         tune: also measure the loader at the worker count ``tune_num_workers`` picks.
         progress: called with a short line before each stage (the CLI prints them).
+        val_loader: the validation DataLoader run every epoch, or ``None``: its pass over ``val_batches`` batches
+            (all of them by default; Lightning's ``limit_val_batches`` as a count) is timed as each epoch pays it
+            (a fresh iterator; with persistent workers, the second pass), and counts as time between steps.
+        val_batches: batches validation reads per epoch, ``>= 1`` or ``None``.
         **trainer_kwargs: Trainer arguments for the step (``precision="bf16-mixed"``, ``accelerator``...).
 
     Raises:
@@ -245,6 +278,8 @@ def diagnose(
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}.")
+    if val_batches is not None and (isinstance(val_batches, bool) or not isinstance(val_batches, int) or val_batches < 1):
+        raise ValueError(f"val_batches must be an int >= 1 or None, got {val_batches!r}.")
     say = progress or (lambda line: None)
     if isinstance(datamodule, DataLoader) or not hasattr(datamodule, "train_dataloader"):
         loader = datamodule
@@ -311,6 +346,9 @@ def diagnose(
             result.batches_per_epoch = len(loader)
         except TypeError:
             result.batches_per_epoch = None
+    if val_loader is not None:
+        say("timing a validation pass ...")
+        result.val_s = measure_validation_s(val_loader, val_batches, cap_s=budget_s / 2)
     if model is not None:
         say(f"timing {steps} training steps on a batch already on {device} ...")
         result.step_ms, result.step_gpu_util = measure_step(model, first, steps=steps, **trainer_kwargs)
@@ -340,19 +378,24 @@ def _conclude(d: Diagnosis) -> None:
     restarts = bool(d.num_workers) and d.persistent_workers is False and d.startup_s is not None
     serial = d.num_workers == 0 and loader > 0  # no workers: loading and the step take turns
     load_s = d.batch_size / loader if loader > 0 else float("inf")
-    if restarts and d.batches_per_epoch and loader > 0:
+    if (restarts or d.val_s is not None) and d.batches_per_epoch and loader > 0:
         # every epoch starts its workers again: what a fresh iterator's first batch costs beyond one worker making
-        # one batch (which persistent workers pay too) is the start-up; the steps run at the slower pace
-        spawn_s = max(0.0, d.startup_s - load_s * (d.num_workers or 1))
+        # one batch (which persistent workers pay too) is the start-up; the steps run at the slower pace; each
+        # epoch's validation pass is time between steps too
+        spawn_s = max(0.0, d.startup_s - load_s * (d.num_workers or 1)) if restarts else 0.0
+        outside = spawn_s + (d.val_s or 0.0)
         epoch_s = d.batches_per_epoch * max(step_s + copy_s, load_s)
-        d.between_frac = spawn_s / (spawn_s + epoch_s)
+        d.between_frac = outside / (outside + epoch_s)
     if d.between_frac is not None and d.between_frac >= BETWEEN_STEPS_SHARE:
         d.bottleneck = "epoch-start"
+        val = (f" and validation loads for {d.val_s:.1f} s" if d.val_s else "")
+        start = (f"starts {d.num_workers} workers again and waits {d.startup_s:.1f} s for its first batch"
+                 if restarts else "keeps its workers")  # fmt: skip
         d.advice.append(
-            f"each epoch of {d.batches_per_epoch} batches starts {d.num_workers} workers again and waits "
-            f"{d.startup_s:.1f} s for its first batch: {100 * d.between_frac:.0f} % of the epoch. Set "
-            "persistent_workers=True on the training (and validation) DataLoader, or make epochs longer (more samples "
-            "per epoch); validate less often where validation's loader does the same."
+            f"each epoch of {d.batches_per_epoch} batches {start}{val}: {100 * d.between_frac:.0f} % of the epoch "
+            "passes outside the steps. Set persistent_workers=True on the training and validation DataLoaders, make "
+            "epochs longer (more samples per epoch), validate less often (check_val_every_n_epoch), and give "
+            "validation a loader over the batches it reads (workers prefetch batches limit_val_batches drops)."
         )
     elif serial and load_s >= SERIAL_WAIT_SHARE * (load_s + step_s + copy_s):
         d.bottleneck = "loader"

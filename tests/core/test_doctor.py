@@ -100,6 +100,25 @@ def test_short_epochs_that_restart_their_workers_are_between_steps():
     assert kept.between_frac is None and kept.bottleneck != "epoch-start", kept.format()
 
 
+def test_validation_every_epoch_counts_as_time_between_steps():
+    """Persistent training workers, but each short epoch also runs a validation loader whose workers start again:
+    its pass is time outside the steps, which doctor measures where it is given the validation loader."""
+    from torch.utils.data import DataLoader
+
+    from tests.helpers import VectorDataset
+
+    train = DataLoader(VectorDataset(48, delay_s=0.002), batch_size=16, num_workers=2, persistent_workers=True)
+    val = DataLoader(VectorDataset(64, delay_s=0.002), batch_size=16, num_workers=2,
+                     worker_init_fn=_slow_worker_init)  # fmt: skip
+    with_val = diagnose(train, VectorModel(), budget_s=4, steps=5, tune=False, accelerator="cpu", val_loader=val,
+                        val_batches=2)  # fmt: skip
+    assert with_val.val_s is not None and with_val.val_s >= 0.3, with_val.format()
+    assert with_val.verdict == "between-steps" and "validation" in with_val.advice[0], with_val.format()
+    assert "validation" in with_val.format()
+    with pytest.raises(ValueError, match="val_batches must be an int >= 1 or None, got 0"):
+        diagnose(train, val_loader=val, val_batches=0)
+
+
 def _slow_worker_init(worker_id: int) -> None:
     import time
 
