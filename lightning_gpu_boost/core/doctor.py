@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.steady import (
     MIN_WINDOW_STEPS,
     TimedIterable,
@@ -278,8 +279,7 @@ def diagnose(
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}.")
-    if val_batches is not None and (isinstance(val_batches, bool) or not isinstance(val_batches, int) or val_batches < 1):
-        raise ValueError(f"val_batches must be an int >= 1 or None, got {val_batches!r}.")
+    checks.check_int("val_batches", val_batches, low=1, allow_none=True)
     say = progress or (lambda line: None)
     if isinstance(datamodule, DataLoader) or not hasattr(datamodule, "train_dataloader"):
         loader = datamodule

@@ -9,21 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_gpu_boost import _checks as checks
+
 #: distinct batch shapes beyond which autotuning is judged a loss: one for full batches and one for an epoch's
 #: last, short batch are normal; a validation or test loader's shapes are not counted
 VARIABLE_SHAPES = 4
 
 
-def shape_signature(batch: Any) -> tuple:
-    """The shapes of every tensor in ``batch`` (tensors, lists, tuples and dicts nested), in order."""
-    shape = getattr(batch, "shape", None)
-    if shape is not None and hasattr(batch, "dtype"):
-        return (tuple(shape),)
+def tensors_in(batch: Any) -> list[Any]:
+    """Every tensor in ``batch`` (tensors, lists, tuples and dicts nested), in order."""
+    if hasattr(batch, "shape") and hasattr(batch, "dtype"):
+        return [batch]
     if isinstance(batch, dict):
-        return tuple(s for key in batch for s in shape_signature(batch[key]))
+        return [t for v in batch.values() for t in tensors_in(v)]
     if isinstance(batch, (list, tuple)):
-        return tuple(s for item in batch for s in shape_signature(item))
-    return ()
+        return [t for v in batch for t in tensors_in(v)]
+    return []
+
+
+def shape_signature(batch: Any) -> tuple:
+    """The shapes of every tensor in ``batch``, in order."""
+    return tuple(tuple(t.shape) for t in tensors_in(batch))
 
 
 class ShapeWatch:
@@ -41,15 +47,12 @@ class ShapeWatch:
     """
 
     def __init__(self, limit: int = VARIABLE_SHAPES) -> None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}.")
+        checks.check_int("limit", limit, low=1)
         self.limit = limit
         self.shapes: set[tuple] = set()
-        self.batches = 0
 
     def see(self, batch: Any) -> bool:
         """Record ``batch``'s shapes; ``True`` once (when the distinct shapes first exceed ``limit``)."""
-        self.batches += 1
         before = len(self.shapes)
         self.shapes.add(shape_signature(batch))
         return before == self.limit and len(self.shapes) > self.limit

@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from lightning_gpu_boost.core.shapes import tensors_in
+
 Verdict = Literal["data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok"]
 VERDICTS: tuple[str, ...] = ("data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok")
 
@@ -87,16 +89,6 @@ class RunFacts:
     batched_fetch: bool = False
 
 
-def _tensors(batch: Any) -> list[Any]:
-    if hasattr(batch, "shape") and hasattr(batch, "dtype"):
-        return [batch]
-    if isinstance(batch, dict):
-        return [t for v in batch.values() for t in _tensors(v)]
-    if isinstance(batch, (list, tuple)):
-        return [t for v in batch for t in _tensors(v)]
-    return []
-
-
 def fetches_batches(loader: Any) -> bool:
     """Whether ``loader`` (a DataLoader) fetches a batch's samples in one call: its dataset has ``__getitems__``, or
     it yields what its sampler names as a whole (``batch_size=None``)."""
@@ -108,7 +100,7 @@ def batch_kind(batch: Any) -> str | None:
     """What a batch holds, from its tensors' shapes and types: ``"images+masks"`` (N x C x H x W images with
     N x H x W integer masks), ``"images"``, ``"features"`` (N x T x F floats: spectrograms, padded sequences),
     ``"tokens"`` (N x T integers), ``"rows"`` (N x F floats); ``None`` where none fits."""
-    tensors = _tensors(batch)
+    tensors = tensors_in(batch)
     floating = [t for t in tensors if getattr(t.dtype, "is_floating_point", False)]
     integer = [t for t in tensors if not getattr(t.dtype, "is_floating_point", True) and str(t.dtype) != "torch.bool"]
     images = [t for t in tensors if t.ndim == 4 and (t.shape[1] in (1, 3, 4) or t.shape[-1] in (1, 3, 4))]

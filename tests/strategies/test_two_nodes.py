@@ -14,19 +14,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCRIPT = """
+#: what both scripts start with: this checkout on the path, and a DataModule over ``{samples}`` indices
+HEADER = """
 import json, os, sys
 from pathlib import Path
 sys.path.insert(0, {root!r})
 import lightning.pytorch as pl
-from lightning_gpu_boost.callbacks import GPUUtilWatchdog
-from lightning_gpu_boost.core.cpus import processes_per_node
 from lightning_gpu_boost.datamodules import BoostDataModule
 from tests.helpers import IndexDataset, RecordingModel
 
 class Indexed(BoostDataModule):
     def train_dataset(self):
-        return IndexDataset(40)
+        return IndexDataset({samples})
+"""
+
+SCRIPT = HEADER + """
+from lightning_gpu_boost.callbacks import GPUUtilWatchdog
+from lightning_gpu_boost.core.cpus import processes_per_node
 
 if __name__ == "__main__":
     model = RecordingModel()
@@ -79,7 +83,7 @@ def test_two_simulated_nodes_split_ranks_and_samples(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(root=str(ROOT), out=str(out))))
+    script.write_text(textwrap.dedent(SCRIPT.format(root=str(ROOT), samples=40, out=str(out))))
     _two_agents(script)
     ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["global_rank"])
     assert [(r["global_rank"], r["node_rank"], r["local_rank"], r["world_size"]) for r in ranks] == [
@@ -93,18 +97,8 @@ def test_two_simulated_nodes_split_ranks_and_samples(tmp_path):
     assert "slowest rank:" in summary and len([line for line in summary.splitlines() if line[:2] in ("0 ", "1 ")]) == 2
 
 
-RESUME = """
-import json, sys
-from pathlib import Path
-sys.path.insert(0, {root!r})
-import lightning.pytorch as pl
+RESUME = HEADER + """
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning_gpu_boost.datamodules import BoostDataModule
-from tests.helpers import IndexDataset, RecordingModel
-
-class Indexed(BoostDataModule):
-    def train_dataset(self):
-        return IndexDataset(48)
 
 if __name__ == "__main__":
     mode, ckpt, out = {mode!r}, Path({ckpt!r}), Path({out!r})
@@ -134,7 +128,8 @@ def test_two_simulated_nodes_resume_mid_epoch_without_repeating_or_skipping(tmp_
         out = tmp_path / mode
         out.mkdir()
         script = tmp_path / f"{mode}.py"
-        script.write_text(textwrap.dedent(RESUME.format(root=str(ROOT), mode=mode, ckpt=str(ckpt), out=str(out))))
+        script.write_text(textwrap.dedent(RESUME.format(root=str(ROOT), samples=48, mode=mode, ckpt=str(ckpt),
+                                                     out=str(out))))
         _two_agents(script)
         runs[mode] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in (0, 1):
