@@ -65,7 +65,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (StreamPrefetch, {}, {"normalize": "normalize", "image_key": "key?", "dtype": "dtype",
                               "channels_last": "bool", "depth": "int>=1", "cpu_lookahead": "bool",
                               "move_normalize": "bool", "transform": "callable?", "val_transform": "callable?",
-                              "transform_seed": "int>=0?", "step_priority": "bool?"}),
+                              "transform_seed": "int>=0?"}),
         (GPUUtilWatchdog, {}, {"window": "int>=1", "warmup_steps": "int>=0", "wait_threshold": "open01",
                                "util_threshold": "percent", "on_starvation": "dtype", "warn_every_n_steps": "int>=1",
                                "sample_interval_s": "float>0", "plot_path": "writable?", "summary": "bool"}),

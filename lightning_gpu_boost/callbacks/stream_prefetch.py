@@ -66,16 +66,10 @@ class StreamPrefetch(Callback):
         val_transform: the (deterministic) batch transform for validation, test and predict loaders.
         transform_seed: the seed of ``transform``'s draws; ``None`` takes Lightning's ``seed_everything`` seed
             (``PL_GLOBAL_SEED``) where set, else 0.
-        step_priority: run the training loop on a high-priority CUDA stream, so that the GPU schedules the
-            step's kernels first and the side stream's copies and ``transform`` only fill the SMs the step leaves
-            free (on the default stream both have the same, lowest priority and the stage takes SMs from the
-            step). ``None``: on where a training ``transform`` is set and the run has one process (under DDP
-            NCCL's kernels run beside the backward pass at the default priority, and a step at high priority
-            would delay them: not measured); the default stream is back after training.
 
     Raises:
-        ValueError: bad ``normalize``, ``dtype``, ``depth``, ``transform_seed`` or ``step_priority``, or a
-            ``transform`` that is not callable.
+        ValueError: bad ``normalize``, ``dtype``, ``depth`` or ``transform_seed``, or a ``transform`` that is not
+            callable.
 
     On CUDA, DataLoaders with ``pin_memory=False`` are switched to ``pin_memory=True`` (one info line): an
     asynchronous copy needs page-locked memory, and the DataLoader pins in its own thread.
@@ -105,13 +99,8 @@ class StreamPrefetch(Callback):
         transform: Callable[[Any], Any] | None = None,
         val_transform: Callable[[Any], Any] | None = None,
         transform_seed: int | None = None,
-        step_priority: bool | None = None,
     ) -> None:
         checks.check_int("depth", depth, low=1)
-        checks.check_bool("step_priority", step_priority, allow_none=True)
-        self.step_priority = step_priority
-        self._step_stream: Any = None  # the high-priority stream the training loop runs on (made once)
-        self._previous_stream: Any = None  # the stream it replaced, put back after training
         checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
         for name, value in (("transform", transform), ("val_transform", val_transform)):
             if value is not None and not callable(value):
@@ -211,46 +200,11 @@ class StreamPrefetch(Callback):
         self._strategy = strategy
         self.active = True
 
-    def _wants_priority(self, trainer: pl.Trainer) -> bool:
-        if not self.active or trainer.strategy.root_device.type != "cuda":
-            return False
-        if self.step_priority is not None:
-            return self.step_priority
-        return self.transform is not None and trainer.world_size == 1
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._previous_stream is not None or not self._wants_priority(trainer):
-            return
-        import torch
-
-        device = trainer.strategy.root_device
-        if self._step_stream is None:  # the most negative number is the highest priority the device has
-            self._step_stream = torch.cuda.Stream(device=device, priority=-100)
-        previous = torch.cuda.current_stream(device)
-        # the step stream starts after everything queued so far (weights moved, earlier runs' work), and tensors
-        # allocated on either stream are reused by the allocator only after the other stream's earlier work on them
-        self._step_stream.wait_stream(previous)
-        self._previous_stream = previous
-        torch.cuda.set_stream(self._step_stream)
-
-    def _restore_stream(self) -> None:
-        previous, self._previous_stream = self._previous_stream, None
-        if previous is None:
-            return
-        import torch
-
-        previous.wait_stream(self._step_stream)  # what runs next on it sees every result of training
-        torch.cuda.set_stream(previous)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore_stream()
-
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for prefetcher in list(self._train_prefetchers):  # the epoch seeds the transform's draws
             prefetcher.set_epoch(trainer.current_epoch)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._restore_stream()  # a run that stopped with an exception
         strategy, self._strategy = self._strategy, None
         self.active = False
         for loader in list(self._moved):

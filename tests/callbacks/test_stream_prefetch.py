@@ -332,37 +332,3 @@ def test_a_run_resumed_mid_epoch_draws_what_the_uninterrupted_run_drew(tmp_path,
     both = first.features["train"] + resumed.features["train"]
     assert len(both) == len(whole.features["train"]) == 12
     assert all(torch.equal(a, b) for a, b in zip(both, whole.features["train"], strict=True))
-
-
-class StreamsSeen(SeesFeatures):
-    """Records the stream each training step runs on, and the weights after training."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.streams: set[int] = set()
-
-    def training_step(self, batch, batch_idx):
-        self.streams.add(torch.cuda.current_stream().stream_id)
-        return super().training_step(batch, batch_idx)
-
-
-@pytest.mark.gpu
-def test_gpu_step_priority_runs_the_step_on_a_high_priority_stream_and_changes_no_number(tmp_path):
-    def fit(step_priority):
-        pl.seed_everything(5)
-        model = StreamsSeen()
-        callback = StreamPrefetch(transform=Jitter(), transform_seed=3, depth=2, step_priority=step_priority)
-        trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, callbacks=[callback], logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
-        default = torch.cuda.current_stream().stream_id
-        trainer.fit(model, DataLoader(IndexDataset(32), batch_size=4), DataLoader(IndexDataset(8), batch_size=4))
-        assert torch.cuda.current_stream().stream_id == default, "the default stream is not back after fit"
-        return model, default
-
-    auto, default = fit(None)  # a transform and one process: on
-    off, _ = fit(False)
-    assert off.streams == {default}
-    assert len(auto.streams) == 1 and auto.streams != {default}
-    assert all(torch.equal(a, b) for a, b in zip(auto.features["train"], off.features["train"], strict=True))
-    for a, b in zip(auto.parameters(), off.parameters(), strict=True):
-        torch.testing.assert_close(a, b, atol=0, rtol=0)
