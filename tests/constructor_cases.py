@@ -44,11 +44,14 @@ WRONG: dict[str, list[Any]] = {
 
 def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[str, Any], str, Any]]:
     """Every (class, valid kwargs, argument, wrong value); ``jpeg_tree``: an image folder; ``pack``: its LMDB pack."""
+    from torch.utils.data import DataLoader
+
     from lightning_gpu_boost.callbacks import AutoNumWorkers, GPUBoost, GPUUtilWatchdog, StreamPrefetch
     from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
     from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler
     from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip
     from lightning_gpu_boost.core.shapes import ShapeWatch
+    from lightning_gpu_boost.core.spanning import SpanningLoader
     from lightning_gpu_boost.datamodules import BoostDataModule, ImageFolderDataModule
     from lightning_gpu_boost.datamodules.dali import DALIDataModule
     from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataset
@@ -93,6 +96,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (LogMel, {}, {"source_rate": "int>=1", "rate": "int>=1", "n_fft": "int>=1", "hop": "int>=1",
                       "n_mels": "int>=1"}),
         (ShapeWatch, {}, {"limit": "int>=1"}),
+        (SpanningLoader, {"loader": DataLoader(list(range(8)))}, {"batches_per_epoch": "int>=1?"}),
         (BlockShuffleSampler, {"dataset": range(8), "block_size": 4},
          {"block_size": "int>=1", "window_blocks": "int>=1", "seed": "int>=0", "drop_last": "bool"}),
         (DALIDataModule, {"train_root": tree}, {"train_root": "path", "val_root": "path?", "batch_size": "int>=1",

@@ -18,8 +18,9 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
 - ``tabular``: the table fits on the GPU (2 M rows x 64 floats: 512 MB), so it goes there once; the loader yields
   only each batch's shuffled indices (one tensor, ``ShuffledBatches``) and ``GatherRows``, the GPU transform, gathers the
   rows there: no per-sample Python, no rows through worker pipes or pinned memory.
-- ``short_epochs``: the jpeg best with persistent workers for training and validation (2 workers for its 2
-  validation batches per epoch).
+- ``short_epochs``: the jpeg best through :class:`~lightning_gpu_boost.core.spanning.SpanningLoader` for training
+  and validation (one iterator across epochs: the workers load the next epoch's batches while this one ends and
+  validates; 2 validation workers loading only its 2 batches per pass).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lightning_gpu_boost.callbacks import GPUBoost
 from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip, pad_collate
 from lightning_gpu_boost.core.images import shrink_image
+from lightning_gpu_boost.core.spanning import SpanningLoader
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 #: seconds each best's one-time preparation took in this process (e.g. shrinking the photos), by workload
@@ -241,11 +243,13 @@ def short_epochs(data: Path, size: str):
     cfg = w.SIZES[size]
     model, _, _, kwargs = w.build(data, size)
     crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
-    train = _loader(Decoded(data), cfg, size, pad_collate, persistent_workers=True)
-    # validation reads 2 batches per epoch: 2 workers (each of 16 would decode its own prefetched batches, most of
-    # them never used, while the training workers need the cores)
-    val = DataLoader(Decoded(data), batch_size=cfg["batch"], num_workers=2, persistent_workers=True,
-                     pin_memory=size == "gpu", collate_fn=pad_collate)  # fmt: skip
+    # one iterator across epochs: the workers decode the next epoch's first batches while this one ends and
+    # validates (a DataLoader starts them only when the epoch's iterator is made)
+    train = SpanningLoader(_loader(Decoded(data), cfg, size, pad_collate, persistent_workers=False))
+    # validation reads 2 batches per epoch: 2 workers that load only those 2 (the next pass's, in the background),
+    # where each of 16 would decode its own prefetched batches, most of them never used
+    val = SpanningLoader(DataLoader(Decoded(data), batch_size=cfg["batch"], num_workers=2, pin_memory=size == "gpu",
+                                    collate_fn=pad_collate), batches_per_epoch=kwargs["limit_val_batches"])  # fmt: skip
     centre = RandomResizedCropFlip(cfg["crop"], scale=(1.0, 1.0), ratio=(1.0, 1.0), flip=False, normalize=(MEAN, STD))
     return model, train, val, kwargs, [_boost(size, crop, centre)]
 

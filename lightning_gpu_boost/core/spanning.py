@@ -1,0 +1,161 @@
+"""``SpanningLoader``: one DataLoader iterator kept across epochs, so that the workers load the next epoch's batches
+while this one trains.
+
+A DataLoader's workers start an epoch's batches only when the epoch's iterator is made: every epoch begins with the
+workers (started again, or woken with ``persistent_workers=True``) filling their queue while the GPU waits. On long
+epochs that is a rounding error; on epochs of a few batches, with a validation pass after each, it is most of the
+run. ``SpanningLoader`` gives the workers one endless stream of batch indices, epoch after epoch (each epoch's order
+drawn from the loader's own sampler, ``set_epoch`` called where it has one), and hands out one epoch's worth per
+iteration. Every sample is still seen exactly once per epoch, in the order the sampler gives.
+
+Framework-free: any training loop that iterates it once per epoch can use it; in Lightning return it from
+``train_dataloader()`` / ``val_dataloader()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_gpu_boost import _checks as checks
+
+
+class _EpochAfterEpoch:
+    """The batches (lists of indices) of ``batch_sampler``, one epoch after another without end; the first
+    ``limit`` of each epoch where given. The sampler under it gets ``set_epoch(epoch)`` before each epoch."""
+
+    def __init__(self, batch_sampler: Any, sampler: Any, limit: int | None) -> None:
+        self.batch_sampler, self.sampler, self.limit = batch_sampler, sampler, limit
+        self.epoch: int | None = None  # the epoch the next pass draws; read from the sampler at the first
+        self.first = 0  # the first epoch drawn
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.epoch is None:
+            self.epoch = self.first = int(getattr(self.sampler, "epoch", 0) or 0)
+        while True:
+            set_epoch = getattr(self.sampler, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self.epoch)
+            n = 0
+            for batch in self.batch_sampler:
+                if self.limit is not None and n >= self.limit:
+                    break
+                n += 1
+                yield batch
+            if n == 0:
+                return  # an empty sampler: no endless loop
+            self.epoch += 1
+
+
+class SpanningLoader:
+    """Iterate ``loader`` epoch by epoch through one iterator whose workers never stop between epochs.
+
+    Each ``iter()`` yields one epoch: ``len(loader)`` batches, or ``batches_per_epoch`` where given (the first ones of
+    each epoch's order: a validation pass limited to a few batches then loads only those). The workers keep
+    ``num_workers x prefetch_factor`` batches in flight across the epoch's end, so the next epoch's first batches
+    are ready when it starts. If an epoch is left before its last batch, the next ``iter()`` first discards the
+    batches the previous epoch left (already loaded or in flight), so each epoch still starts at its own first
+    batch.
+
+    Args:
+        loader: a ``DataLoader`` over a map-style dataset (its sampler, batch size, workers, collate function,
+            pinning and worker settings are kept; ``persistent_workers`` is moot: the one iterator keeps them).
+        batches_per_epoch: batches handed out per epoch (e.g. Lightning's ``limit_val_batches``), ``>= 1``;
+            ``None``: the whole epoch.
+
+    Raises:
+        ValueError: ``loader`` is not a DataLoader over a map-style dataset, or a bad ``batches_per_epoch``.
+
+    Caveats:
+        The next epoch's batches are loaded before it begins: a dataset that changes per epoch (a curriculum, an
+        augmentation strength set in ``on_train_epoch_start``) must not be used with it. Lightning injects its
+        ``DistributedSampler`` only into ``DataLoader`` objects: under DDP give the loader a ``DistributedSampler``
+        yourself before wrapping it. Worker tuners (``AutoNumWorkers``, ``GPUBoost``'s) leave it alone: set
+        ``num_workers`` on the loader you wrap (the wrapped loader is :attr:`source`). Not resumable mid-epoch (a restarted run begins the epoch again, as Lightning
+        does for plain loaders). The workers live until :meth:`close` or until the object is collected.
+
+    Example::
+
+        >>> import torch
+        >>> from torch.utils.data import DataLoader
+        >>> loader = SpanningLoader(DataLoader(list(range(6)), batch_size=2))
+        >>> [[b.tolist() for b in loader] for epoch in range(2)]
+        [[[0, 1], [2, 3], [4, 5]], [[0, 1], [2, 3], [4, 5]]]
+    """
+
+    def __init__(self, loader: DataLoader, batches_per_epoch: int | None = None) -> None:
+        if not isinstance(loader, DataLoader):
+            raise ValueError(f"loader must be a torch.utils.data.DataLoader, got {type(loader).__name__}.")
+        if isinstance(loader.dataset, IterableDataset):
+            raise ValueError(
+                "loader reads an IterableDataset, which has no epochs of indices to chain; SpanningLoader needs a "
+                "map-style dataset (one with __getitem__ and __len__)."
+            )
+        checks.check_int("batches_per_epoch", batches_per_epoch, low=1, allow_none=True)
+        self.source, self.batches_per_epoch = loader, batches_per_epoch
+        batched = loader.batch_sampler is not None  # batch_size=None: the sampler itself yields what to fetch
+        self._chain = _EpochAfterEpoch(loader.batch_sampler if batched else loader.sampler, loader.sampler,
+                                       batches_per_epoch)  # fmt: skip
+        workers = loader.num_workers
+        self._inner = DataLoader(
+            loader.dataset,
+            **({"batch_sampler": self._chain} if batched else {"sampler": self._chain, "batch_size": None}),
+            num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+            timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+            **({"prefetch_factor": loader.prefetch_factor} if workers else {}),
+            pin_memory_device=loader.pin_memory_device, in_order=getattr(loader, "in_order", True),
+        )  # fmt: skip
+        self._iterator: Iterator[Any] | None = None
+        self._left = 0  # batches of the current epoch not handed out yet
+        self._epochs = 0  # epochs begun by iter() since the chain's first
+
+    def __len__(self) -> int:
+        n = len(self.source)
+        return n if self.batches_per_epoch is None else min(n, self.batches_per_epoch)
+
+    @property
+    def sampler(self) -> Any:
+        """The loader's sampler (Lightning sets its epoch; the chain sets each epoch it draws itself)."""
+        return self.source.sampler
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The loader's batch sampler (``None`` for ``batch_size=None`` loaders), as Lightning's checks read it."""
+        return self.source.batch_sampler
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.source.batch_size
+
+    @property
+    def dataset(self) -> Any:
+        return self.source.dataset
+
+    @property
+    def num_workers(self) -> int:
+        return self.source.num_workers
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._iterator is None:
+            self._iterator = iter(self._inner)
+            self._left = 0
+        for _ in range(self._left):  # the previous epoch was left early: skip what it did not use
+            next(self._iterator)
+        self._left = len(self)
+        self._epochs += 1
+        while self._left > 0:
+            self._left -= 1
+            yield next(self._iterator)
+
+    def close(self) -> None:
+        """Stop the workers; the next ``iter()`` starts them again at the epoch after the last one handed out
+        (the chain may have drawn further ahead: that look-ahead is dropped)."""
+        if self._iterator is not None and self._chain.epoch is not None:
+            self._chain.epoch = self._chain.first + self._epochs
+        self._iterator, self._left = None, 0
+
+    def __repr__(self) -> str:
+        return f"SpanningLoader({self.source!r}, batches_per_epoch={self.batches_per_epoch})"

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import os
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+
+from lightning_gpu_boost.core.spanning import SpanningLoader
+from tests.helpers import IndexDataset, RecordingModel
+
+
+class Stamped(Dataset):
+    """Sample i -> (i, the worker's pid, when it was loaded)."""
+
+    def __init__(self, n: int, delay: float = 0.0) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return torch.tensor(i), torch.tensor(os.getpid()), torch.tensor(time.time(), dtype=torch.float64)
+
+
+def test_every_sample_once_per_epoch_and_the_workers_live_across_epochs():
+    loader = SpanningLoader(DataLoader(Stamped(20), batch_size=4, shuffle=True, num_workers=2))
+    pids = set()
+    for _ in range(3):
+        epoch = list(loader)
+        assert len(epoch) == len(loader) == 5
+        assert sorted(torch.cat([b[0] for b in epoch]).tolist()) == list(range(20))
+        pids |= set(torch.cat([b[1] for b in epoch]).tolist())
+    assert len(pids) == 2, "the workers were started again"
+    loader.close()
+
+
+def test_the_next_epochs_first_batch_is_loaded_before_this_epoch_ends():
+    loader = SpanningLoader(DataLoader(Stamped(16, delay=0.01), batch_size=4, num_workers=2))
+    first = list(loader)
+    time.sleep(0.5)  # the step of the last batch: the workers go on with the next epoch meanwhile
+    ended = time.time()
+    second = list(loader)
+    assert second[0][2].max().item() < ended
+    assert [b[0].tolist() for b in first] == [b[0].tolist() for b in second]
+    loader.close()
+
+
+def test_an_epoch_left_early_does_not_leak_into_the_next():
+    loader = SpanningLoader(DataLoader(IndexDataset(12), batch_size=2, num_workers=1))
+    it = iter(loader)
+    assert next(it)[1].tolist() == [0, 1]
+    del it
+    assert [b[1].tolist() for b in loader][0] == [0, 1]  # the next epoch starts at its own first batch
+    loader.close()
+    assert len(list(loader)) == 6
+
+
+def test_batches_per_epoch_loads_only_those_and_repeats_them():
+    loader = SpanningLoader(DataLoader(IndexDataset(12), batch_size=2), batches_per_epoch=2)
+    assert len(loader) == 2
+    assert [[b[1].tolist() for b in loader] for _ in range(3)] == [[[0, 1], [2, 3]]] * 3
+
+
+def test_batch_size_none_loaders_with_a_batch_sampler_as_sampler():
+    from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
+
+    data = TensorDataset(torch.arange(10))
+    loader = SpanningLoader(DataLoader(data, sampler=BatchSampler(SequentialSampler(data), 4, False),
+                                       batch_size=None))  # fmt: skip
+    assert [[b[0].tolist() for b in loader] for _ in range(2)] == [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]] * 2
+
+
+def test_a_distributed_sampler_draws_each_epochs_order():
+    data = IndexDataset(16)
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=3)
+    loader = SpanningLoader(DataLoader(data, batch_size=4, sampler=sampler, num_workers=1))
+    got = [[i for b in loader for i in b[1].tolist()] for _ in range(3)]
+    expected = []
+    for epoch in range(3):
+        ref = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=3)
+        ref.set_epoch(epoch)
+        expected.append(list(ref))
+    assert got == expected
+    loader.close()
+    assert [i for b in loader for i in b[1].tolist()] == (lambda r: (r.set_epoch(3), list(r))[1])(
+        DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=3))
+
+
+def test_lightning_trains_and_validates_through_it(trainer_kwargs):
+    model = RecordingModel()
+    train = SpanningLoader(DataLoader(IndexDataset(24), batch_size=4, shuffle=True, num_workers=2))
+    val = SpanningLoader(DataLoader(IndexDataset(24), batch_size=4, num_workers=2), batches_per_epoch=2)
+    trainer = pl.Trainer(max_epochs=3, limit_val_batches=2, num_sanity_val_steps=0, **trainer_kwargs)
+    trainer.fit(model, train, val)
+    train_ids = model.seen["train"]
+    assert len(train_ids) == 18
+    for epoch in range(3):
+        assert sorted(i for b in train_ids[6 * epoch: 6 * epoch + 6] for i in b) == list(range(24))
+    assert model.seen["val"] == [[0, 1, 2, 3], [4, 5, 6, 7]] * 3
+    train.close()
+    val.close()
+
+
+@pytest.mark.parametrize(
+    ("loader", "batches", "match"),
+    [
+        ([1, 2, 3], None, "must be a torch.utils.data.DataLoader, got list"),
+        (None, 0, "batches_per_epoch"),
+        ("iterable", None, "IterableDataset"),
+    ],
+)
+def test_bad_input_is_named(loader, batches, match):
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    if loader is None:
+        loader = DataLoader(IndexDataset(4))
+    elif loader == "iterable":
+        loader = DataLoader(Stream())
+    with pytest.raises(ValueError, match=match):
+        SpanningLoader(loader, batches)
+
+
+def test_worker_tuners_and_the_watchdog_leave_it_alone():
+    from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+    from lightning_gpu_boost.core.workers import iter_loaders
+
+    loader = SpanningLoader(DataLoader(IndexDataset(8), batch_size=2, num_workers=1))
+    assert list(iter_loaders(loader)) == [] and list(iter_loaders(StreamPrefetcher(loader, device="cpu"))) == []
+    assert len(list(StreamPrefetcher(loader, device="cpu"))) == 4
+    loader.close()
