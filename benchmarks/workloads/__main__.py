@@ -70,8 +70,10 @@ class Meter(ThroughputMeter):
 class EpochClock(pl.Callback):
     """Samples per second over whole epochs, validation and epoch ends included: the figure for a project whose
     epochs are a few batches long (``max_epochs``, no ``max_steps``), where a window of steps would leave out what
-    matters. The first epoch is warm-up (workers' first start, cuDNN autotuning); the halves are the first and the
-    last half of the timed epochs."""
+    matters. The first ``WARMUP`` epochs are warm-up (workers' first start, cuDNN autotuning, a loader's queue that
+    spans epochs filling up); the halves are the first and the last half of the timed epochs."""
+
+    WARMUP = 2
 
     def __init__(self) -> None:
         self.starts: list[float] = []
@@ -92,18 +94,20 @@ class EpochClock(pl.Callback):
 
     def summary(self) -> dict[str, Any]:
         bounds = [*self.starts[1:], self.end]  # epoch e runs from starts[e] to bounds[e] (its validation included)
-        timed = len(self.starts) - 1
+        w = min(self.WARMUP, max(len(self.starts) - 2, 0))  # at least two timed epochs where there are three
+        timed = len(self.starts) - w
         half = timed // 2
 
-        def rate(first: int, last: int) -> float:  # epochs first..last-1 (1-based among all epochs)
+        def rate(first: int, last: int) -> float:  # epochs first..last-1 (0-based among all epochs)
             seconds = bounds[last - 1] - self.starts[first]
             return sum(self.samples[first:last]) / seconds if seconds > 0 else float("nan")
 
-        whole, a, b = rate(1, timed + 1), rate(1, 1 + half), rate(timed + 1 - half, timed + 1)
+        n = len(self.starts)
+        whole, a, b = rate(w, n), rate(w, w + half), rate(n - half, n)
         diff = abs(a - b) / max(a, b) if half and max(a, b) > 0 else float("nan")
-        return {"measured": "whole epochs", "samples_per_s": whole, "epochs_timed": timed, "warmup_epochs": 1,
+        return {"measured": "whole epochs", "samples_per_s": whole, "epochs_timed": timed, "warmup_epochs": w,
                 "first_half": a, "second_half": b, "halves_diff": diff, "steady": diff <= STEADY_TOLERANCE,
-                "window_s": bounds[-1] - self.starts[1] if timed else 0.0}  # fmt: skip
+                "window_s": bounds[-1] - self.starts[w] if timed else 0.0}  # fmt: skip
 
 
 def names() -> tuple[str, ...]:
