@@ -323,6 +323,12 @@ def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
         advice.append(
             f"epochs of {f.batches_per_epoch} batches pay an epoch's start-up often: longer epochs (more samples per "
             "epoch, e.g. repeat the dataset) amortize it"
+            + (
+                ", or keep the workers loading across epoch ends: return SpanningLoader(DataLoader(...)) from "
+                "train_dataloader() and val_dataloader() (lightning_gpu_boost.core.spanning)"
+                if f.num_workers
+                else ""
+            )
         )
     if not advice:
         advice.append(f"{lead}: check checkpoint frequency (ModelCheckpoint every_n_train_steps) and epoch-end hooks")

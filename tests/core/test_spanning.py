@@ -134,3 +134,12 @@ def test_worker_tuners_and_the_watchdog_leave_it_alone():
     assert list(iter_loaders(loader)) == [] and list(iter_loaders(StreamPrefetcher(loader, device="cpu"))) == []
     assert len(list(StreamPrefetcher(loader, device="cpu"))) == 4
     loader.close()
+
+
+def test_short_epoch_advice_names_it_only_where_plain_workers_restart():
+    from lightning_gpu_boost.core.verdicts import RunFacts, advise
+
+    plain = " ".join(advise("between-steps", RunFacts(num_workers=4, persistent_workers=False, batches_per_epoch=8)))
+    assert "SpanningLoader(DataLoader(...))" in plain
+    spanning = " ".join(advise("between-steps", RunFacts(batches_per_epoch=8)))  # its loaders are not seen
+    assert "SpanningLoader" not in spanning
