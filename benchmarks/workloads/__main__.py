@@ -42,6 +42,8 @@ from lightning_gpu_boost.core.steady import STEADY_TOLERANCE, batch_size_of, wor
 sys.path.insert(2, str(HERE.parent))  # benchmarks/, for what its scripts share
 from _common import carried_over  # noqa: E402
 
+#: what one workload's run measures (``--cases`` picks some of them)
+CASES = ("plain", "doctor", "gpu_boost", "ceiling", "best")
 #: timed steps per case on a GPU (after the loader's queue has drained)
 TIMED_STEPS = 48
 #: the expected verdicts that GPUBoost() is meant to fix (the data-bound bars)
@@ -208,7 +210,12 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
     parser.add_argument("--keep", help="an earlier result of this script: the workloads that --only leaves out are "
                         "carried over from it (each with the commit it was measured at)")  # fmt: skip
+    parser.add_argument("--cases", nargs="+", choices=CASES,
+                        help="re-run only these cases of the --only workloads; the others are carried over from "
+                        "--keep, each case with the commit it was measured at")  # fmt: skip
     args = parser.parse_args()
+    if args.cases and not args.keep:
+        parser.error("--cases needs --keep (the result the other cases come from).")
     gpu = args.size == "gpu" and torch.cuda.is_available()
     results: dict[str, dict[str, Any]] = {}
     kept = carried_over(args.keep, [n for n in names() if args.only and n not in args.only], "workloads") \
@@ -218,18 +225,32 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         expected = importlib.import_module(name).EXPECTED[args.size]
-        print(f"{name}: plain ...", flush=True)
-        entry: dict[str, Any] = {"expected": expected, "plain": fit(name, args.size, args.data)}
+        entry: dict[str, Any] = {"expected": expected}
+        if args.cases:  # the cases not re-run come from --keep, each with the commit it was measured at
+            earlier = carried_over(args.keep, [name], "workloads").get(name)
+            if earlier is None:
+                parser.error(f"--cases needs {name} in the --keep result ({args.keep}).")
+            for case in CASES:
+                if case not in args.cases and case in earlier:
+                    entry[case] = {**earlier[case], "git_commit": earlier[case].get("git_commit", earlier["git_commit"])}
+            if "rounds" in earlier and not {"plain", "gpu_boost"} <= set(args.cases):
+                entry["rounds"] = earlier["rounds"]
+        run = set(args.cases or CASES)
+        if "plain" in run:
+            print(f"{name}: plain ...", flush=True)
+            entry["plain"] = fit(name, args.size, args.data)
         entry["right"] = entry["plain"]["verdict"] == expected
-        print(f"{name}: doctor ...", flush=True)
-        entry["doctor"] = doctor(name, args.size, args.data)
+        if "doctor" in run:
+            print(f"{name}: doctor ...", flush=True)
+            entry["doctor"] = doctor(name, args.size, args.data)
         entry["doctor_right"] = entry["doctor"]["verdict"] == expected
         if gpu:
             from _best import BEST
 
             for case in ("gpu_boost", "ceiling", *(("best",) if name in BEST else ())):
-                print(f"{name}: {case} ...", flush=True)
-                entry[case] = fit(name, args.size, args.data, case)
+                if case in run:
+                    print(f"{name}: {case} ...", flush=True)
+                    entry[case] = fit(name, args.size, args.data, case)
             if "best" in entry:
                 from _best import ONE_TIME
 
@@ -239,13 +260,16 @@ def main() -> None:
                                             / entry["ceiling"]["throughput"]["samples_per_s"])  # fmt: skip
             # a workload whose own step varies from run to run (ROUNDS in its module) is compared over more
             # rounds of plain and GPUBoost, interleaved, their medians; one round otherwise
-            rates = {c: [entry[c]["throughput"]["samples_per_s"]] for c in ("plain", "gpu_boost")}
-            for k in range(1, getattr(importlib.import_module(name), "ROUNDS", 1)):
-                for case in ("plain", "gpu_boost"):
-                    print(f"{name}: {case}, round {k + 1} ...", flush=True)
-                    rates[case].append(fit(name, args.size, args.data, case)["throughput"]["samples_per_s"])
-            if len(rates["plain"]) > 1:
-                entry["rounds"] = rates
+            if "rounds" in entry:
+                rates = entry["rounds"]
+            else:
+                rates = {c: [entry[c]["throughput"]["samples_per_s"]] for c in ("plain", "gpu_boost")}
+                for k in range(1, getattr(importlib.import_module(name), "ROUNDS", 1)):
+                    for case in ("plain", "gpu_boost"):
+                        print(f"{name}: {case}, round {k + 1} ...", flush=True)
+                        rates[case].append(fit(name, args.size, args.data, case)["throughput"]["samples_per_s"])
+                if len(rates["plain"]) > 1:
+                    entry["rounds"] = rates
             plain = float(np.median(rates["plain"]))
             entry["gpu_boost_vs_plain"] = float(np.median(rates["gpu_boost"])) / plain
             entry["gpu_boost_of_ceiling"] = (entry["gpu_boost"]["throughput"]["samples_per_s"]

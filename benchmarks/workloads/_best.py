@@ -10,6 +10,8 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
   256, JPEG quality 90, :func:`~lightning_gpu_boost.core.images.shrink_image` in one process per core; its seconds
   are recorded as ``one_time_s``), then the jpeg best: 12-megapixel decoding costs about 40 ms per photo on one core
   even at the coarsest DCT scale (the entropy decoding of the whole file stays), more than 16 cores can pay per step.
+  Its 24-batch epochs go through :class:`~lightning_gpu_boost.core.spanning.SpanningLoader` (no wait at epoch
+  starts).
 - ``segmentation``: the workers decode image and mask; rotation, elastic warp, crop, flip and colour run on the GPU
   (``JointAugment``).
 - ``audio``: the workers read the waveforms; resampling and log-mel run on the GPU (``LogMel``). Reading is cheap:
@@ -205,7 +207,9 @@ def photos_hr(data: Path, size: str):
     shrunk = shrunk_tree(data, side)
     if made:  # what shrinking the photos once took (16 processes on the H100 machine)
         ONE_TIME["photos_hr"] = time.perf_counter() - started
-    return model, _loader(Decoded(shrunk), cfg, size, pad_collate), None, kwargs, [_boost(size, crop)]
+    # 24 batches per epoch: one iterator across epochs, so that no epoch starts by waiting for its first batches
+    train = SpanningLoader(_loader(Decoded(shrunk), cfg, size, pad_collate, persistent_workers=False))
+    return model, train, None, kwargs, [_boost(size, crop)]
 
 
 def segmentation(data: Path, size: str):
