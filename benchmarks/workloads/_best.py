@@ -208,13 +208,8 @@ def photos_hr(data: Path, size: str):
     if made:  # what shrinking the photos once took (16 processes on the H100 machine)
         ONE_TIME["photos_hr"] = time.perf_counter() - started
     # 24 batches per epoch: one iterator across epochs, so that no epoch starts by waiting for its first batches;
-    # two cores left to the training process and its pinning thread (the worker tuner does not see inside a
-    # SpanningLoader: 16 workers starved the step, 875 photos/s at 360c290)
+    # GPUBoost's worker tuner sets the count (16 workers, never idle between epochs, starved the step at 360c290)
     loader = _loader(Decoded(shrunk), cfg, size, pad_collate, persistent_workers=False)
-    if size == "gpu":
-        loader = DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=True,
-                            num_workers=max(1, (os.cpu_count() or 1) - 2), pin_memory=True, collate_fn=pad_collate,
-                            drop_last=True)  # fmt: skip
     train = SpanningLoader(loader)
     return model, train, None, kwargs, [_boost(size, crop)]
 

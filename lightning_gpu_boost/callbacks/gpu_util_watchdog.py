@@ -27,7 +27,7 @@ from lightning_gpu_boost.core.verdicts import (
     fetches_batches,
     format_advice,
 )
-from lightning_gpu_boost.core.workers import iter_loaders
+from lightning_gpu_boost.core.workers import iter_loaders, spanned_loaders
 
 #: a verdict's window lasts at least this many of NVML's sample periods, and this many seconds, where NVML samples
 MIN_WINDOW_PERIODS, MIN_WINDOW_S = 4, 0.5
@@ -313,7 +313,9 @@ class GPUUtilWatchdog(Callback):
         names = {type(c).__name__ for c in trainer.callbacks}
         dm = getattr(trainer, "datamodule", None)
         tuner = probe is not None or bool(names & {"AutoNumWorkers", "GPUBoost"}) or getattr(dm, "num_workers", None) == "auto"
-        val = [(v.num_workers, bool(v.persistent_workers)) for v in iter_loaders(getattr(trainer, "val_dataloaders", None))]
+        val_loaders = getattr(trainer, "val_dataloaders", None)
+        val_spanned = spanned_loaders(val_loaders)
+        val = [(v.num_workers, bool(v.persistent_workers) or id(v) in val_spanned) for v in iter_loaders(val_loaders)]
         batches = trainer.num_training_batches
         return RunFacts(
             cuda=trainer.strategy.root_device.type == "cuda",
@@ -321,11 +323,12 @@ class GPUUtilWatchdog(Callback):
             usable_cpus=max(1, usable_cpus() // procs),
             batch_size=None if loader is None else loader.batch_size,
             pin_memory=None if loader is None else loader.pin_memory,
-            persistent_workers=None if loader is None else loader.persistent_workers,
+            persistent_workers=None if loader is None else loader.persistent_workers or id(loader) in found.get("spanned", ()),
             prefetch=found["prefetch"], dali=bool(found["dali"]),
             uint8_images=loader is not None and type(loader.dataset).__name__ in ("ImageFolderDataset", "LMDBImageDataset"),
             tuner=tuner, probe=probe, val_loaders=val, batch_kind=self._batch_kind,
             batched_fetch=loader is not None and fetches_batches(loader),
+            spans_epochs=loader is not None and id(loader) in found.get("spanned", ()),
             batches_per_epoch=int(batches) if isinstance(batches, int) or (isinstance(batches, float) and math.isfinite(batches)) else None,
         )  # fmt: skip
 
@@ -342,6 +345,7 @@ class GPUUtilWatchdog(Callback):
             "prefetch": any(isinstance(x, StreamPrefetcher) for x in items),
             "dali": [x for x in items if type(x).__name__ == "DALILoader"],
             "loaders": list(iter_loaders(train)),
+            "spanned": spanned_loaders(train),
         }
 
     @staticmethod

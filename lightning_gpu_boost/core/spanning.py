@@ -72,8 +72,8 @@ class SpanningLoader:
         The next epoch's batches are loaded before it begins: a dataset that changes per epoch (a curriculum, an
         augmentation strength set in ``on_train_epoch_start``) must not be used with it. Lightning injects its
         ``DistributedSampler`` only into ``DataLoader`` objects: under DDP give the loader a ``DistributedSampler``
-        yourself before wrapping it. Worker tuners (``AutoNumWorkers``, ``GPUBoost``'s) leave it alone: set
-        ``num_workers`` on the loader you wrap (the wrapped loader is :attr:`source`). Not resumable mid-epoch (a restarted run begins the epoch again, as Lightning
+        yourself before wrapping it. Worker tuners (``AutoNumWorkers``, ``GPUBoost``'s) tune the loader you wrap
+        (:attr:`source`): the workers are started from its settings at the first ``iter()``. Not resumable mid-epoch (a restarted run begins the epoch again, as Lightning
         does for plain loaders). The workers live until :meth:`close` or until the object is collected.
 
     Example::
@@ -98,19 +98,26 @@ class SpanningLoader:
         batched = loader.batch_sampler is not None  # batch_size=None: the sampler itself yields what to fetch
         self._chain = _EpochAfterEpoch(loader.batch_sampler if batched else loader.sampler, loader.sampler,
                                        batches_per_epoch)  # fmt: skip
-        workers = loader.num_workers
-        self._inner = DataLoader(
+        self._iterator: Iterator[Any] | None = None
+        self._left = 0  # batches of the current epoch not handed out yet
+        self._epochs = 0  # epochs begun by iter() since the chain's first
+
+    #: marks the wrapper for :func:`~lightning_gpu_boost.core.workers.iter_loaders` (worker tuners reach the source)
+    spans_epochs = True
+
+    def _build(self) -> DataLoader:
+        """The loader that runs, from the source's settings now (a worker tuner may have changed them since)."""
+        loader, workers = self.source, self.source.num_workers
+        batched = loader.batch_sampler is not None
+        return DataLoader(
             loader.dataset,
             **({"batch_sampler": self._chain} if batched else {"sampler": self._chain, "batch_size": None}),
             num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
             timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-            **({"prefetch_factor": loader.prefetch_factor} if workers else {}),
+            **({"prefetch_factor": loader.prefetch_factor or 2} if workers else {}),
             pin_memory_device=loader.pin_memory_device, in_order=getattr(loader, "in_order", True),
         )  # fmt: skip
-        self._iterator: Iterator[Any] | None = None
-        self._left = 0  # batches of the current epoch not handed out yet
-        self._epochs = 0  # epochs begun by iter() since the chain's first
 
     def __len__(self) -> int:
         n = len(self.source)
@@ -140,7 +147,7 @@ class SpanningLoader:
 
     def __iter__(self) -> Iterator[Any]:
         if self._iterator is None:
-            self._iterator = iter(self._inner)
+            self._iterator = iter(self._build())
             self._left = 0
         for _ in range(self._left):  # the previous epoch was left early: skip what it did not use
             next(self._iterator)

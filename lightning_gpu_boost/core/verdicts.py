@@ -87,6 +87,8 @@ class RunFacts:
     batch_kind: str | None = None
     #: the loader fetches whole batches at once (the dataset has ``__getitems__``, or ``batch_size=None``)
     batched_fetch: bool = False
+    #: the train loader runs through a SpanningLoader (its workers load across epoch ends)
+    spans_epochs: bool = False
 
 
 def fetches_batches(loader: Any) -> bool:
@@ -326,7 +328,7 @@ def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
             + (
                 ", or keep the workers loading across epoch ends: return SpanningLoader(DataLoader(...)) from "
                 "train_dataloader() and val_dataloader() (lightning_gpu_boost.core.spanning)"
-                if f.num_workers
+                if f.num_workers and not f.spans_epochs
                 else ""
             )
         )

@@ -640,8 +640,24 @@ def iter_loaders(obj: Any) -> Iterable[DataLoader]:
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             yield from iter_loaders(value)
+    elif getattr(obj, "spans_epochs", False):  # a SpanningLoader: its source, whose settings its workers take
+        yield from iter_loaders(obj.source)
     elif hasattr(obj, "loader"):  # a StreamPrefetcher
         yield from iter_loaders(obj.loader)
+
+
+def spanned_loaders(obj: Any) -> set[int]:
+    """``id()`` of the DataLoaders inside ``obj`` that a ``SpanningLoader`` wraps (their workers never restart
+    between epochs, whatever their ``persistent_workers`` says)."""
+    if getattr(obj, "spans_epochs", False):
+        return {id(loader) for loader in iter_loaders(obj.source)}
+    if isinstance(obj, dict):
+        return set().union(*(spanned_loaders(v) for v in obj.values())) if obj else set()
+    if isinstance(obj, (list, tuple)):
+        return set().union(*(spanned_loaders(v) for v in obj)) if obj else set()
+    if hasattr(obj, "loader") and not isinstance(obj, DataLoader):
+        return spanned_loaders(obj.loader)
+    return set()
 
 
 def set_num_workers(

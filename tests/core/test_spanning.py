@@ -126,14 +126,34 @@ def test_bad_input_is_named(loader, batches, match):
         SpanningLoader(loader, batches)
 
 
-def test_worker_tuners_and_the_watchdog_leave_it_alone():
+def test_worker_tuners_reach_the_source_and_its_workers_take_their_choice():
     from lightning_gpu_boost.core.prefetch import StreamPrefetcher
-    from lightning_gpu_boost.core.workers import iter_loaders
+    from lightning_gpu_boost.core.workers import iter_loaders, set_num_workers, spanned_loaders
 
-    loader = SpanningLoader(DataLoader(IndexDataset(8), batch_size=2, num_workers=1))
-    assert list(iter_loaders(loader)) == [] and list(iter_loaders(StreamPrefetcher(loader, device="cpu"))) == []
-    assert len(list(StreamPrefetcher(loader, device="cpu"))) == 4
+    source = DataLoader(Stamped(8), batch_size=2)
+    loader = SpanningLoader(source)
+    wrapped = StreamPrefetcher(loader, device="cpu")
+    assert list(iter_loaders(wrapped)) == [source] and spanned_loaders({"a": [wrapped]}) == {id(source)}
+    assert spanned_loaders(DataLoader(Stamped(2))) == set()
+    set_num_workers(source, 2)  # what AutoNumWorkers does, before the first epoch
+    pids = {p for b in wrapped for p in b[1].tolist()}
+    assert len(pids) == 2 and os.getpid() not in pids
     loader.close()
+
+
+def test_the_watchdog_does_not_ask_a_spanning_loader_for_persistent_workers(trainer_kwargs):
+    from lightning_gpu_boost.callbacks import GPUUtilWatchdog
+
+    dog = GPUUtilWatchdog()
+    train = SpanningLoader(DataLoader(IndexDataset(16), batch_size=4, num_workers=1))
+    val = SpanningLoader(DataLoader(IndexDataset(8), batch_size=4, num_workers=1))
+    trainer = pl.Trainer(max_epochs=1, callbacks=[dog], **trainer_kwargs)
+    trainer.fit(RecordingModel(), train, val)
+    facts = dog.facts(trainer)
+    assert facts.num_workers == 1 and facts.persistent_workers is True and facts.val_loaders == [(1, True)]
+    assert facts.spans_epochs
+    train.close()
+    val.close()
 
 
 def test_short_epoch_advice_names_it_only_where_plain_workers_restart():
@@ -141,5 +161,6 @@ def test_short_epoch_advice_names_it_only_where_plain_workers_restart():
 
     plain = " ".join(advise("between-steps", RunFacts(num_workers=4, persistent_workers=False, batches_per_epoch=8)))
     assert "SpanningLoader(DataLoader(...))" in plain
-    spanning = " ".join(advise("between-steps", RunFacts(batches_per_epoch=8)))  # its loaders are not seen
-    assert "SpanningLoader" not in spanning
+    spanning = " ".join(advise("between-steps", RunFacts(num_workers=4, persistent_workers=True, batches_per_epoch=8,
+                                                          spans_epochs=True)))  # fmt: skip
+    assert "SpanningLoader" not in spanning and "persistent_workers" not in spanning
