@@ -224,7 +224,8 @@ def main() -> None:
     for name in names():
         if args.only and name not in args.only:
             continue
-        expected = importlib.import_module(name).EXPECTED[args.size]
+        module = importlib.import_module(name)
+        expected = module.EXPECTED[args.size]
         entry: dict[str, Any] = {"expected": expected}
         if args.cases:  # the cases not re-run come from --keep, each with the commit it was measured at
             earlier = carried_over(args.keep, [name], "workloads").get(name)
@@ -264,7 +265,7 @@ def main() -> None:
                 rates = entry["rounds"]
             else:
                 rates = {c: [entry[c]["throughput"]["samples_per_s"]] for c in ("plain", "gpu_boost")}
-                for k in range(1, getattr(importlib.import_module(name), "ROUNDS", 1)):
+                for k in range(1, getattr(module, "ROUNDS", 1)):
                     for case in ("plain", "gpu_boost"):
                         print(f"{name}: {case}, round {k + 1} ...", flush=True)
                         rates[case].append(fit(name, args.size, args.data, case)["throughput"]["samples_per_s"])

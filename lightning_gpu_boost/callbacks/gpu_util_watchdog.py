@@ -27,7 +27,7 @@ from lightning_gpu_boost.core.verdicts import (
     fetches_batches,
     format_advice,
 )
-from lightning_gpu_boost.core.workers import iter_loaders, spanned_loaders
+from lightning_gpu_boost.core.workers import loader_entries
 
 #: a verdict's window lasts at least this many of NVML's sample periods, and this many seconds, where NVML samples
 MIN_WINDOW_PERIODS, MIN_WINDOW_S = 4, 0.5
@@ -313,9 +313,8 @@ class GPUUtilWatchdog(Callback):
         names = {type(c).__name__ for c in trainer.callbacks}
         dm = getattr(trainer, "datamodule", None)
         tuner = probe is not None or bool(names & {"AutoNumWorkers", "GPUBoost"}) or getattr(dm, "num_workers", None) == "auto"
-        val_loaders = getattr(trainer, "val_dataloaders", None)
-        val_spanned = spanned_loaders(val_loaders)
-        val = [(v.num_workers, bool(v.persistent_workers) or id(v) in val_spanned) for v in iter_loaders(val_loaders)]
+        val = [(v.num_workers, bool(v.persistent_workers) or spanned)
+               for v, spanned in loader_entries(getattr(trainer, "val_dataloaders", None))]  # fmt: skip
         batches = trainer.num_training_batches
         return RunFacts(
             cuda=trainer.strategy.root_device.type == "cuda",
@@ -341,11 +340,12 @@ class GPUUtilWatchdog(Callback):
             if isinstance(train, (list, tuple))
             else [train]
         )
+        entries = list(loader_entries(train))
         return {
             "prefetch": any(isinstance(x, StreamPrefetcher) for x in items),
             "dali": [x for x in items if type(x).__name__ == "DALILoader"],
-            "loaders": list(iter_loaders(train)),
-            "spanned": spanned_loaders(train),
+            "loaders": [loader for loader, _ in entries],
+            "spanned": {id(loader) for loader, spanned in entries if spanned},
         }
 
     @staticmethod

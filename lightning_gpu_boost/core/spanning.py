@@ -95,8 +95,9 @@ class SpanningLoader:
             )
         checks.check_int("batches_per_epoch", batches_per_epoch, low=1, allow_none=True)
         self.source, self.batches_per_epoch = loader, batches_per_epoch
-        batched = loader.batch_sampler is not None  # batch_size=None: the sampler itself yields what to fetch
-        self._chain = _EpochAfterEpoch(loader.batch_sampler if batched else loader.sampler, loader.sampler,
+        # batch_size=None: the sampler itself yields what to fetch
+        self._batched = loader.batch_sampler is not None
+        self._chain = _EpochAfterEpoch(loader.batch_sampler if self._batched else loader.sampler, loader.sampler,
                                        batches_per_epoch)  # fmt: skip
         self._iterator: Iterator[Any] | None = None
         self._left = 0  # batches of the current epoch not handed out yet
@@ -108,10 +109,10 @@ class SpanningLoader:
     def _build(self) -> DataLoader:
         """The loader that runs, from the source's settings now (a worker tuner may have changed them since)."""
         loader, workers = self.source, self.source.num_workers
-        batched = loader.batch_sampler is not None
+        chain = {"batch_sampler": self._chain} if self._batched else {"sampler": self._chain, "batch_size": None}
         return DataLoader(
             loader.dataset,
-            **({"batch_sampler": self._chain} if batched else {"sampler": self._chain, "batch_size": None}),
+            **chain,
             num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
             timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,

@@ -630,34 +630,32 @@ def write_cache(path: str | os.PathLike, key: str, probe: WorkerProbe) -> None:
         log.warning("Could not write the num_workers cache %s: %s", path, err)
 
 
-def iter_loaders(obj: Any) -> Iterable[DataLoader]:
-    """DataLoaders inside ``obj`` (a loader, a list/tuple/dict of loaders, a CombinedLoader's iterables)."""
+def loader_entries(obj: Any, spanned: bool = False) -> Iterable[tuple[DataLoader, bool]]:
+    """``(DataLoader, spanned)`` for each DataLoader inside ``obj`` (a loader, a list/tuple/dict of loaders, a
+    CombinedLoader's iterables, a StreamPrefetcher); ``spanned``: a ``SpanningLoader`` wraps it (its workers never
+    restart between epochs, whatever its ``persistent_workers`` says; its settings are what those workers take)."""
     if isinstance(obj, DataLoader):
-        yield obj
+        yield obj, spanned
     elif isinstance(obj, dict):
         for value in obj.values():
-            yield from iter_loaders(value)
+            yield from loader_entries(value, spanned)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            yield from iter_loaders(value)
-    elif getattr(obj, "spans_epochs", False):  # a SpanningLoader: its source, whose settings its workers take
-        yield from iter_loaders(obj.source)
+            yield from loader_entries(value, spanned)
+    elif getattr(obj, "spans_epochs", False):  # a SpanningLoader
+        yield from loader_entries(obj.source, True)
     elif hasattr(obj, "loader"):  # a StreamPrefetcher
-        yield from iter_loaders(obj.loader)
+        yield from loader_entries(obj.loader, spanned)
+
+
+def iter_loaders(obj: Any) -> Iterable[DataLoader]:
+    """DataLoaders inside ``obj`` (see :func:`loader_entries`)."""
+    return (loader for loader, _ in loader_entries(obj))
 
 
 def spanned_loaders(obj: Any) -> set[int]:
-    """``id()`` of the DataLoaders inside ``obj`` that a ``SpanningLoader`` wraps (their workers never restart
-    between epochs, whatever their ``persistent_workers`` says)."""
-    if getattr(obj, "spans_epochs", False):
-        return {id(loader) for loader in iter_loaders(obj.source)}
-    if isinstance(obj, dict):
-        return set().union(*(spanned_loaders(v) for v in obj.values())) if obj else set()
-    if isinstance(obj, (list, tuple)):
-        return set().union(*(spanned_loaders(v) for v in obj)) if obj else set()
-    if hasattr(obj, "loader") and not isinstance(obj, DataLoader):
-        return spanned_loaders(obj.loader)
-    return set()
+    """``id()`` of the DataLoaders inside ``obj`` that a ``SpanningLoader`` wraps (see :func:`loader_entries`)."""
+    return {id(loader) for loader, spanned in loader_entries(obj) if spanned}
 
 
 def set_num_workers(
