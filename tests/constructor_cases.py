@@ -109,7 +109,8 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
                                                 "shuffle": "bool", "seed": "int>=0", "drop_last": "bool",
                                                 "check_crc": "bool", "pipelines": "int>=1?",
                                                 "decoder_options": "dict?", "pipeline_options": "dict?",
-                                                "decoder_device": "dtype"}),
+                                                "decoder_device": "dtype", "order": "dtype",
+                                                "block_bytes": "int>=1", "window_blocks": "int>=1"}),
     ]  # fmt: skip
     for cls, valid, args in specs:
         for arg, kind in args.items():

@@ -21,6 +21,7 @@ Framework-free: a ``torch.utils.data`` sampler, usable without a Trainer.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -148,6 +149,53 @@ class BlockShuffleSampler(DistributedSampler):
                 )
         self.epoch = int(state["epoch"])
         self._start = int(state["consumed"])
+
+
+class BlockReadAhead:
+    """Reads a block ahead of use: the first time a record of a block is asked for (in this process), the whole
+    block is asked for in one large background read (``reader.will_need(lo, hi)``:
+    :meth:`~lightning_gpu_boost.core.lmdb_reader.PackReader.will_need`), so the block's other records, which the
+    window hands out soon after, come from memory instead of one disk read each. Call it with each index before
+    reading the record; it remembers the last ``remember`` blocks. Cheap where the pack is in the page cache.
+
+    Example::
+
+        >>> class Reader:  # anything with will_need(lo, hi)
+        ...     asked = []
+        ...     def will_need(self, lo, hi):
+        ...         self.asked.append((lo, hi))
+        >>> ahead = BlockReadAhead(Reader(), block_size=4, records=10)
+        >>> for i in (9, 8, 1, 2):
+        ...     ahead(i)
+        >>> Reader.asked
+        [(8, 10), (0, 4)]
+    """
+
+    def __init__(self, reader: Any, block_size: int, records: int, remember: int = 256) -> None:
+        checks.check_int("block_size", block_size, low=1)
+        checks.check_int("remember", remember, low=1)
+        self.reader, self.block_size, self.records, self.remember = reader, block_size, records, remember
+        self._seen: dict[int, None] = {}  # insertion-ordered: the oldest block is forgotten first
+        self._lock = threading.Lock()  # reading threads (DALI's feeder) share one
+
+    def __call__(self, index: int) -> None:
+        block = index // self.block_size
+        if block in self._seen:
+            return
+        with self._lock:
+            if block in self._seen:
+                return
+            self._seen[block] = None
+            if len(self._seen) > self.remember:
+                del self._seen[next(iter(self._seen))]
+        lo = block * self.block_size
+        self.reader.will_need(lo, min(self.records, lo + self.block_size))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_seen": {}, "_lock": None}  # each worker process asks for its own blocks
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
 
 def block_size_for(records: int, total_bytes: int, block_bytes: int = 4 << 20) -> int:

@@ -99,11 +99,15 @@ class PackSource:
             )
         self.classes = self.reader.meta("classes")
         self.ignored_files = self.reader.meta("ignored_files") or 0
+        #: called with each index before its record is read (set by ``DALILoader(order="block")``)
+        self.read_ahead: Callable[[int], None] | None = None
 
     def __len__(self) -> int:
         return len(self.reader)
 
     def read(self, index: int) -> tuple[np.ndarray, int]:
+        if self.read_ahead is not None:
+            self.read_ahead(index)
         return self.reader.read(index, lambda r: (np.frombuffer(bytes(r.payload), dtype=np.uint8), r.label))
 
     def sample_path(self, index: int) -> str:
@@ -365,6 +369,13 @@ class DALILoader:
         num_threads: DALI CPU threads.
         read_threads: threads reading encoded samples ahead.
         shuffle, seed, drop_last, rank, world_size: see above.
+        order: with ``shuffle``, ``"random"`` (above) or ``"block"``: the block-shuffled order of
+            :func:`~lightning_gpu_boost.core.block_shuffle.block_order` (blocks of ``block_size`` consecutive
+            records shuffled each epoch, each rank a contiguous run of them, records shuffled within
+            ``window_blocks`` blocks; the same samples per rank as ``"random"``), and a pack source reads each
+            block in one background read when its first record is reached
+            (:class:`~lightning_gpu_boost.core.block_shuffle.BlockReadAhead`).
+        block_size, window_blocks: see ``order``.
         prefetch_queue_depth: batches DALI computes ahead.
         dtype: the output dtype, converted in torch where DALI lacks it (``bfloat16``).
         channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
@@ -398,11 +409,17 @@ class DALILoader:
         pipelines: int = 1,
         pipeline_options: dict[str, Any] | None = None,
         bad_samples: Literal["raise", "skip"] = "raise",
+        order: Literal["random", "block"] = "random",
+        block_size: int = 1,
+        window_blocks: int = 16,
     ) -> None:
         from lightning_gpu_boost import _checks as checks
         from lightning_gpu_boost.core.bad_samples import POLICIES
 
         checks.check_choice("bad_samples", bad_samples, POLICIES)
+        checks.check_choice("order", order, ("random", "block"))
+        checks.check_int("block_size", block_size, low=1)
+        checks.check_int("window_blocks", window_blocks, low=1)
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads),
                             ("read_threads", read_threads), ("prefetch_queue_depth", prefetch_queue_depth),
                             ("world_size", world_size), ("pipelines", pipelines)):  # fmt: skip
@@ -416,6 +433,12 @@ class DALILoader:
         self.device_id, self.num_threads, self.read_threads = device_id, num_threads, read_threads
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = rank, world_size
+        self.order, self.block_size, self.window_blocks = order, block_size, window_blocks
+        if order == "block" and callable(getattr(getattr(source, "reader", None), "will_need", None)):
+            from lightning_gpu_boost.core.block_shuffle import BlockReadAhead
+
+            # a pack source: each block is asked for in one read when the feeder reaches its first record
+            source.read_ahead = BlockReadAhead(source.reader, block_size, len(source))
         self.prefetch_queue_depth, self.dtype, self.channels_last = prefetch_queue_depth, dtype, channels_last
         self.device = torch.device("cpu") if device_id is None else torch.device("cuda", device_id)
         self.sampler = _EpochSetter(self)
@@ -488,7 +511,13 @@ class DALILoader:
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """The index batches of ``epoch`` on this rank."""
-        indices = rank_indices(len(self.source), epoch, self.rank, self.world_size, self.shuffle, self.seed)
+        if self.order == "block" and self.shuffle:
+            from lightning_gpu_boost.core.block_shuffle import block_order
+
+            indices = block_order(len(self.source), self.block_size, self.window_blocks, self.seed, epoch, self.rank,
+                                  self.world_size)  # fmt: skip
+        else:
+            indices = rank_indices(len(self.source), epoch, self.rank, self.world_size, self.shuffle, self.seed)
         batches = [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()

@@ -50,12 +50,46 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_inherited)
 
 
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """``madvise(addr, length, advice)`` from the C library (Linux), else ``None``."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_MADVISE = _libc_madvise()
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _address(buffer: Any) -> int:
+    """The memory address of a (read-only) buffer: a record's place in the memory map."""
+    import numpy as np
+
+    return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)
+
+
+#: packs up to this fraction of the available memory are read into the page cache whole, in the background, when
+#: first opened (:func:`_prefetch_if_small`); larger ones are read where they are used (readahead around each read,
+#: and :meth:`PackReader.will_need` for a block-shuffled order). ``benchmarks/bigger_than_ram.py`` sets it to 0 to
+#: read a pack that fits in memory as one that does not would be read.
+WHOLE_PACK_PREFETCH_FRACTION = 0.25
+
+
 def _prefetch_if_small(path: str) -> None:
     """Ask the kernel to read the whole file into the page cache in the background (``POSIX_FADV_WILLNEED``)
-    when it takes at most a quarter of the available memory: training reads every record each epoch, and one
-    sequential pass is cheaper than the random reads of the first epoch on a cold cache. Larger packs are left
-    to readahead around each read."""
-    if not hasattr(os, "posix_fadvise"):
+    when it takes at most :data:`WHOLE_PACK_PREFETCH_FRACTION` of the available memory: training reads every record
+    each epoch, and one sequential pass is cheaper than the random reads of the first epoch on a cold cache. Larger
+    packs are left to readahead around each read."""
+    if not hasattr(os, "posix_fadvise") or WHOLE_PACK_PREFETCH_FRACTION <= 0:
         return
     try:
         size = os.path.getsize(path)
@@ -63,7 +97,7 @@ def _prefetch_if_small(path: str) -> None:
             available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
         return
-    if size <= available // 4:
+    if size <= available * WHOLE_PACK_PREFETCH_FRACTION:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
@@ -197,6 +231,25 @@ class PackReader:
             raise CorruptRecordError(f"Record {index} is missing from {self.path!r}.")
         return decode(decode_record(index, value, self.check_crc))
 
+    def will_need(self, lo: int, hi: int) -> bool:
+        """Start reading records ``lo .. hi - 1`` into the page cache in the background, as one large read (Linux
+        ``madvise(MADV_WILLNEED)`` over their span of the memory map; records are stored in key order, so a run of
+        consecutive records is one stretch of the file). For block-shuffled orders on a cold cache or network
+        storage: the block is on its way while its first records are decoded. Returns whether a read was asked for
+        (not on other systems, nor for an empty or out-of-order span, nor a span over 1 GiB)."""
+        lo, hi = max(0, lo), min(self.length, hi)
+        if hi <= lo or _MADVISE is None:
+            return False
+        txn = self._txn()
+        first, last = txn.get(KEY.pack(lo)), txn.get(KEY.pack(hi - 1))  # pointers only: no page is touched
+        if first is None or last is None:
+            return False
+        start, end = _address(first), _address(last) + len(last)
+        start -= start % _PAGE
+        if not 0 < end - start <= 1 << 30:
+            return False
+        return _MADVISE(start, end - start, 3) == 0  # 3: MADV_WILLNEED
+
     def iter_records(self, check_crc: bool = True) -> Iterator[Record]:
         with self._begin(RECORDS) as txn:
             for raw_key, value in txn.cursor():
@@ -244,6 +297,16 @@ class ShardedPackReader:
     def read(self, index: int, decode: Callable[[Record], Any] = lambda r: bytes(r.payload)) -> Any:
         reader, local = self._shard(index)
         return reader.read(local, decode)
+
+    def will_need(self, lo: int, hi: int) -> bool:
+        """:meth:`PackReader.will_need` over the shards that hold records ``lo .. hi - 1``."""
+        asked = False
+        for shard in self.shards:
+            a, b = max(lo, shard["offset"]), min(hi, shard["offset"] + shard["length"])
+            if a < b:
+                reader, local = self._shard(a)
+                asked = reader.will_need(local, local + b - a) or asked
+        return asked
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_readers": {}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -75,6 +76,12 @@ class DALIDataModule(pl.LightningDataModule):
         read_threads: threads reading encoded files or records ahead.
         prefetch_queue_depth: batches DALI prepares ahead.
         shuffle: shuffle the training set every epoch (seeded by ``seed + epoch``).
+        order: the training order of a pack: ``"random"`` (a full shuffle) or ``"block"`` (runs of consecutive
+            records read together in one background read each, blocks shuffled each epoch, records shuffled within
+            a window of blocks, DDP shards by block; as ``LMDBDataModule(order="block")``): for packs bigger than
+            the page cache or on network storage. Packs only.
+        block_bytes: bytes per block with ``order="block"`` (records per block from the pack's mean record size).
+        window_blocks: blocks shuffled together with ``order="block"``.
         seed: seed of the shuffle and of DALI's random augmentation (plus the rank).
         drop_last: drop the short last training batch.
         check_crc: verify LMDB records as they are read.
@@ -128,10 +135,21 @@ class DALIDataModule(pl.LightningDataModule):
         pipeline_options: dict[str, Any] | None = None,
         decoder_device: Literal["auto", "mixed", "cpu"] = "auto",
         bad_samples: Literal["raise", "skip"] = "raise",
+        order: Literal["random", "block"] = "random",
+        block_bytes: int = 4 << 20,
+        window_blocks: int = 16,
     ) -> None:
         super().__init__()
         checks.check_choice("bad_samples", bad_samples, ("raise", "skip"))
         checks.check_existing_path("train_root", train_root)
+        checks.check_choice("order", order, ("random", "block"))
+        checks.check_int("block_bytes", block_bytes, low=1)
+        checks.check_int("window_blocks", window_blocks, low=1)
+        if order == "block" and os.path.isdir(train_root):
+            raise ValueError(
+                f"order='block' reads runs of consecutive records of an LMDB pack; {str(train_root)!r} is a folder. "
+                "Pack it (`lightning-gpu-boost pack --shuffle-seed 0 SRC DST`) or keep order='random'."
+            )
         checks.check_existing_path("val_root", val_root, allow_none=True)
         checks.check_int("val_resize", val_resize, low=1, allow_none=True)
         checks.check_pair("scale", scale, low=0.0, high=1.0)
@@ -175,6 +193,7 @@ class DALIDataModule(pl.LightningDataModule):
         self.pipelines, self.decoder_options = pipelines, dict(decoder_options or {})
         self.pipeline_options, self.decoder_device = dict(pipeline_options or {}), decoder_device
         self.bad_samples = bad_samples
+        self.order, self.block_bytes, self.window_blocks = order, block_bytes, window_blocks
         #: where GPU pipelines decode (``"mixed"`` or ``"cpu"``), resolved from ``decoder_device`` when one is built
         self.decoder_in_use: Literal["mixed", "cpu"] = "mixed" if decoder_device == "mixed" else "cpu"
         self._loaders: dict[str, DALILoader] = {}
@@ -246,6 +265,9 @@ class DALIDataModule(pl.LightningDataModule):
             pipelines=self.pipelines or (1 if device_id is None else 2),
             pipeline_options=self.pipeline_options,
             bad_samples=self.bad_samples,
+            order=self.order if train else "random",
+            block_size=self._block_size(source) if train and self.order == "block" else 1,
+            window_blocks=self.window_blocks,
         )
         if self.bad_samples == "skip":
             from lightning_gpu_boost.callbacks.bad_samples import attach
@@ -266,6 +288,13 @@ class DALIDataModule(pl.LightningDataModule):
         )
         self._loaders[stage] = loader
         return loader
+
+    def _block_size(self, source: Any) -> int:
+        """Records per block for ``order="block"``: about ``block_bytes`` at the pack's mean record size."""
+        from lightning_gpu_boost.core.block_shuffle import block_size_for
+        from lightning_gpu_boost.datamodules.lmdb import _pack_bytes
+
+        return block_size_for(len(source), _pack_bytes(self.train_root, len(source)), self.block_bytes)
 
     def train_dataloader(self) -> DALILoader:
         return self._loader("train")

@@ -55,6 +55,9 @@ class LMDBImageDataset(ImageFolderDataset):
         self.image_size, self.train, self.val_resize = image_size, train, val_resize
         self.scale, self.bad_samples = tuple(scale), bad_samples
         self.bad_sample_tracker = BadSampleTracker(len(self.reader)) if bad_samples == "skip" else None
+        #: called with each index before its record is read (:class:`~lightning_gpu_boost.core.block_shuffle.BlockReadAhead`,
+        #: set by ``LMDBDataModule(order="block")``): a block's first record asks for the whole block at once
+        self.read_ahead: Callable[[int], None] | None = None
 
     def sample_path(self, index: int) -> str:
         """Record ``index``'s original file (relative to the packed folder), from the pack's metadata."""
@@ -67,6 +70,8 @@ class LMDBImageDataset(ImageFolderDataset):
         def decode(record: Record):
             return self._load(io.BytesIO(record.payload)), record.label
 
+        if self.read_ahead is not None:
+            self.read_ahead(index)
         try:
             return self.reader.read(index, decode)
         except (CorruptRecordError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as err:
@@ -150,10 +155,12 @@ class LMDBDataModule(ImageFolderDataModule):
         """With ``order="block"``, the training loader reads in block-shuffled order (resumable mid-epoch)."""
         kwargs = super().dataloader_kwargs(dataset, stage)
         if stage == "train" and self.order == "block":
-            from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
+            from lightning_gpu_boost.core.block_shuffle import BlockReadAhead, BlockShuffleSampler, block_size_for
 
             kwargs.pop("shuffle", None)
             block = block_size_for(len(dataset), _pack_bytes(self.train_root, len(dataset)), self.block_bytes)
+            if isinstance(dataset, LMDBImageDataset):  # each block is read in one piece, ahead of its records
+                dataset.read_ahead = BlockReadAhead(dataset.reader, block, len(dataset))
             kwargs["sampler"] = BlockShuffleSampler(dataset, block, self.window_blocks, seed=self.split_seed,
                                                     drop_last=bool(kwargs.get("drop_last")))  # fmt: skip
         return kwargs

@@ -149,3 +149,53 @@ def test_a_pack_written_in_shuffled_order_mixes_classes_in_block_order(tmp_path)
     order = block_order(40, 5, 1, seed=0, epoch=0)
     assert order_stats(order, shuffled, 8)["labels_per_batch"] > order_stats(order, labels, 8)["labels_per_batch"]
     assert sorted(mixed.meta("paths")) == sorted(plain.meta("paths"))
+
+
+def test_a_block_is_asked_for_in_one_read_the_first_time_one_of_its_records_is_read(tmp_path):
+    from lightning_gpu_boost.core.block_shuffle import BlockReadAhead
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.lmdb_reader import open_pack
+    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+
+    root = make_jpeg_folder(tmp_path / "src", n=30, num_classes=3, size_range=(64, 80, 48, 64), progress=False)
+    reader = open_pack(pack_image_folder(root, tmp_path / "train.lmdb", progress=False))
+    linux = __import__("sys").platform.startswith("linux")
+    assert reader.will_need(0, 10) is linux and reader.will_need(25, 40) is linux  # clipped to the pack
+    assert reader.will_need(5, 5) is False and reader.will_need(40, 50) is False
+    sharded = open_pack(pack_image_folder(root, tmp_path / "sharded.lmdb", progress=False, shard_size=8))
+    assert sharded.will_need(6, 20) is linux  # spans three shards
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner, self.asked = inner, []
+
+        def will_need(self, lo, hi):
+            self.asked.append((lo, hi))
+            return self.inner.will_need(lo, hi)
+
+    recording = Recording(reader)
+    ahead = BlockReadAhead(recording, block_size=8, records=30, remember=2)
+    for i in (3, 5, 0, 29, 24, 9, 3):  # block 0 is forgotten after blocks 3 and 1: asked for again
+        ahead(i)
+    assert recording.asked == [(0, 8), (24, 30), (8, 16), (0, 8)]
+    with pytest.raises(ValueError, match="block_size"):
+        BlockReadAhead(reader, block_size=0, records=30)
+
+
+def test_the_lmdb_datamodule_reads_blocks_ahead_in_its_workers(tmp_path):
+    from lightning_gpu_boost.core.block_shuffle import BlockReadAhead
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.datamodules import LMDBDataModule
+
+    root = make_jpeg_folder(tmp_path / "src", n=24, num_classes=2, size_range=(64, 80, 48, 64), progress=False)
+    pack = pack_image_folder(root, tmp_path / "train.lmdb", progress=False, shuffle_seed=0)
+    dm = LMDBDataModule(str(pack), image_size=32, batch_size=4, num_workers=2, order="block", block_bytes=16384,
+                        window_blocks=2)  # fmt: skip
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert isinstance(loader.dataset.read_ahead, BlockReadAhead)
+    assert loader.dataset.read_ahead.block_size == loader.sampler.block_size
+    labels = [label for _, batch in loader for label in batch.tolist()]
+    reader = loader.dataset.reader
+    assert sorted(labels) == sorted(reader.read(i, lambda r: r.label) for i in range(24))

@@ -185,3 +185,24 @@ def test_several_pipelines_keep_the_order_exact_epochs_and_early_stops(jpeg_tree
     assert sum((next(it)[1].tolist() for _ in range(3)), []) == rank_indices(24, 2)[:15]  # stopped early
     assert sum((labels.tolist() for _, labels in dl), []) == rank_indices(24, 3)
     dl.close()
+
+
+def test_block_order_reads_a_pack_in_runs_of_records_exactly_once_per_epoch(jpeg_tree, tmp_path):
+    pytest.importorskip("lmdb")
+    from lightning_gpu_boost.core.block_shuffle import BlockReadAhead, block_order
+    from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+
+    pack = pack_image_folder(jpeg_tree, tmp_path / "train.lmdb", progress=False)
+    graph = functools.partial(classification_graph, train=True, gpu=False, image_size=16)
+    source = open_source(pack)
+    dl = DALILoader(source, graph, 4, num_threads=1, read_threads=2, order="block", block_size=3, window_blocks=2)
+    assert isinstance(source.read_ahead, BlockReadAhead) and source.read_ahead.block_size == 3
+    assert sum(dl.epoch_batches(0), []) == block_order(len(source), 3, 2, seed=0, epoch=0)
+    assert sum(len(labels) for _, labels in dl) == len(source)
+    ids = loader(jpeg_tree, order="block", block_size=3, window_blocks=1, rank=1, world_size=2)
+    seen = [int(i) for _, labels in ids for i in labels]
+    assert seen == block_order(len(source), 3, 1, seed=0, epoch=0, rank=1, num_replicas=2)
+    assert len(ids) == num_batches(len(source), 4, world_size=2)
+    dl.close(), ids.close()
+    with pytest.raises(ValueError, match="order"):
+        loader(jpeg_tree, order="blocks")

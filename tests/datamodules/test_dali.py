@@ -202,3 +202,24 @@ def test_gpu_dtypes_and_channels_last_in_a_trainer(jpeg_tree, trainer_kwargs, dt
     assert set(model.images) == {(f"torch.{dtype}", (8, 3, 32, 32), "cuda")}
     images, _ = next(iter(dm.train_dataloader()))
     assert images.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_block_order_of_a_pack_in_a_trainer(jpeg_tree, tmp_path, trainer_kwargs):
+    pytest.importorskip("lmdb")
+    from lightning_gpu_boost.core.block_shuffle import block_order
+    from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+
+    pack = pack_image_folder(jpeg_tree, tmp_path / "train.lmdb", progress=False)
+    n = len(DALIDataModule(str(pack)).source(str(pack)))
+    model = ImageIdModel()
+    dm = id_dali_datamodule(str(pack), batch_size=5, image_size=16, order="block", window_blocks=2,
+                            block_bytes=3 * pack.stat().st_size // n)  # fmt: skip
+    trainer = pl.Trainer(max_epochs=2, **trainer_kwargs)
+    trainer.fit(model, dm)
+    block = dm._block_size(dm.source(str(pack)))
+    assert 2 <= block <= 4
+    per_epoch = -(-n // 5)
+    for epoch, seen in enumerate(epochs_of(model.seen["train"], per_epoch)):
+        assert seen == block_order(n, block, 2, seed=0, epoch=epoch)
+    with pytest.raises(ValueError, match="order='block' reads runs of consecutive records"):
+        DALIDataModule(str(jpeg_tree), order="block")
