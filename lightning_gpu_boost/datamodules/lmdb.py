@@ -155,7 +155,11 @@ class LMDBDataModule(ImageFolderDataModule):
         """With ``order="block"``, the training loader reads in block-shuffled order (resumable mid-epoch)."""
         kwargs = super().dataloader_kwargs(dataset, stage)
         if stage == "train" and self.order == "block":
-            from lightning_gpu_boost.core.block_shuffle import BlockReadAhead, BlockShuffleSampler, block_size_for
+            from lightning_gpu_boost.core.block_shuffle import (
+                BlockReadAhead,
+                BlockShuffleSampler,
+                block_size_for,
+            )
 
             kwargs.pop("shuffle", None)
             block = block_size_for(len(dataset), _pack_bytes(self.train_root, len(dataset)), self.block_bytes)
