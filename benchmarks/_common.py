@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,20 @@ def carried_over(path: str | Path, names: list[str], section: str | None = None)
     found = earlier["figures"] if section is None else earlier["figures"][section]
     commit = earlier["environment"].get("git_commit")
     return {n: {**found[n], "git_commit": found[n].get("git_commit", commit)} for n in names if n in found}
+
+
+def drop_cache(paths: list[str]) -> str:
+    """Drop the page cache: all of it where permitted (root: ``drop_caches``), else each file's pages
+    (``posix_fadvise(DONTNEED)``, which evicts clean unmapped pages); says which."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return "drop_caches"
+    except OSError:
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "posix_fadvise"

@@ -213,8 +213,11 @@ def walk_files(top: str | os.PathLike, visited: set[tuple[int, int]], skipped: l
             yield entry.path
 
 
-def scan_image_folder(root: str | os.PathLike) -> tuple[list[tuple[str, int]], list[str], int]:
-    """List ``root/<class>/<image>`` files in a deterministic order.
+def scan_image_folder(
+    root: str | os.PathLike, stats: dict[str, os.stat_result] | None = None
+) -> tuple[list[tuple[str, int]], list[str], int]:
+    """List ``root/<class>/<image>`` files in a deterministic order (``stats``: filled with each listed file's
+    ``os.stat`` result, which the scan takes anyway, for a caller that needs sizes or times).
 
     Links are followed, but every real directory is visited once (by device and inode): a link back into an
     ancestor, into itself, or into another class folder is skipped with one warning naming the links, so no file
@@ -263,6 +266,8 @@ def scan_image_folder(root: str | os.PathLike) -> tuple[list[tuple[str, int]], l
                     continue
                 if key is not None:
                     seen_files.add(key)
+                    if stats is not None:
+                        stats[path] = stat
                 samples.append((path, index))
                 found += 1
             elif not filename.startswith("."):

@@ -250,16 +250,20 @@ def pack_workers(sizes: list[int]) -> int:
     return 0 if sizes and sum(sizes) < (32 << 10) * len(sizes) else 2
 
 
-def _scan_sources(root: str | os.PathLike, files: list[str]) -> tuple[str, list[int]]:
+def _scan_sources(
+    root: str | os.PathLike, files: list[str], stats: dict[str, os.stat_result] | None = None
+) -> tuple[str, list[int]]:
     """The fingerprint of a source tree (its files' relative paths, sizes and modification times) and the files'
-    sizes, from one ``stat`` each (-1 for a file that cannot be stat'ed: a dangling link, checked when read)."""
+    sizes, from one ``stat`` each (taken from ``stats`` where the tree scan kept it; -1 for a file that cannot be
+    stat'ed: a dangling link, checked when read)."""
     import hashlib
 
     prefix = os.path.join(str(root), "")
     lines, sizes = [], []
+    known = stats or {}
     for path in files:
         try:
-            stat = os.stat(path)
+            stat = known.get(path) or os.stat(path)
             size, mtime = stat.st_size, stat.st_mtime_ns
         except OSError:
             size, mtime = -1, 0
@@ -400,18 +404,22 @@ def pack_image_folder(
     if shard_size is not None:
         return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size, on_bad, check, resize,
                             shuffle_seed)  # fmt: skip
-    samples, classes, ignored = _scan(src, shuffle_seed)
+    stats: dict[str, os.stat_result] = {}
+    samples, classes, ignored = _scan(src, shuffle_seed, stats)
     return _pack_files(
         src, dst, samples, _image_meta(classes, ignored, resize, shuffle_seed), resume, workers, commit_every,
-        progress, on_bad, check, resize,
+        progress, on_bad, check, resize, stats,
     )  # fmt: skip
 
 
-def _scan(src: str | os.PathLike, shuffle_seed: int | None) -> tuple[list, list[str], int]:
-    """The tree's ``(path, label)`` samples (in a random order by ``shuffle_seed``, else class by class)."""
+def _scan(
+    src: str | os.PathLike, shuffle_seed: int | None, stats: dict[str, os.stat_result] | None = None
+) -> tuple[list, list[str], int]:
+    """The tree's ``(path, label)`` samples (in a random order by ``shuffle_seed``, else class by class); ``stats``
+    is filled with the files' ``os.stat`` results."""
     from lightning_gpu_boost.core.images import scan_image_folder
 
-    samples, classes, ignored = scan_image_folder(src)
+    samples, classes, ignored = scan_image_folder(src, stats)
     if shuffle_seed is not None:
         import numpy as np
 
@@ -435,8 +443,13 @@ def _image_meta(
     return meta
 
 
-def _relative(path: str, root: str | os.PathLike) -> str:
-    rel = os.path.relpath(path, root)
+def _relative(path: str, root: str | os.PathLike, prefix: str | None = None) -> str:
+    """``path`` relative to ``root`` (a slice where it lies under ``prefix``, ``root`` with a trailing separator:
+    ``os.path.relpath`` per file costs more than reading a small file), as UTF-8 text for messages and metadata."""
+    if prefix is not None and path.startswith(prefix) and ".." not in path:
+        rel = path[len(prefix) :]
+    else:
+        rel = os.path.relpath(path, root)
     return rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # non-UTF-8 names, for messages
 
 
@@ -457,6 +470,7 @@ def _pack_files(
     on_bad: str = "skip",
     check: str = "structure",
     resize: tuple[int, int] | None = None,
+    stats: dict[str, os.stat_result] | None = None,
 ) -> Path:
     """Pack the files of ``samples`` (path, label) into ``dst``: read by threads in windows of ``commit_every``,
     one commit per window, so memory stays bounded and a resume restarts at a window's edge."""
@@ -467,7 +481,7 @@ def _pack_files(
 
     from lightning_gpu_boost.core.bad_samples import BadSampleError
 
-    fingerprint, sizes = _scan_sources(src, [p for p, _ in samples])
+    fingerprint, sizes = _scan_sources(src, [p for p, _ in samples], stats)
     if resize is not None:  # a resume must resize the same way
         fingerprint = f"{fingerprint}:max_side={resize[0]}:quality={resize[1]}"
     items = [(path, label, size) for (path, label), size in zip(samples, sizes, strict=True)]
@@ -522,7 +536,8 @@ def _pack_files(
         writer.close()
         raise
     skipped = {entry["path"] for entry in bad}
-    paths = [rel for rel in (_relative(p, src) for p, _ in samples) if rel not in skipped]
+    prefix = os.path.join(str(src), "")
+    paths = [rel for rel in (_relative(p, src, prefix) for p, _ in samples) if rel not in skipped]
     report = bad_samples_report_path(dst)
     if bad:
         report.write_text(json.dumps({"pack": str(dst), "source": str(src), "bad_samples": bad}, indent=1))
@@ -541,14 +556,15 @@ def _pack_shards(
     dst = Path(dst)
     if dst.exists():
         raise FileExistsError(f"{str(dst)!r} already exists; remove it or choose another destination.")
-    samples, classes, ignored = _scan(src, shuffle_seed)
+    stats: dict[str, os.stat_result] = {}
+    samples, classes, ignored = _scan(src, shuffle_seed, stats)
     shards, bad, offset = [], [], 0
     for k, lo in enumerate(range(0, len(samples), shard_size)):
         part, chunk = shard_path(dst, k), samples[lo : lo + shard_size]
         if not part.exists():  # finished shards are kept on resume
             _pack_files(
                 src, part, chunk, _image_meta(classes, ignored, resize, shuffle_seed), resume, workers, commit_every, progress,
-                on_bad, check, resize,
+                on_bad, check, resize, stats,
             )  # fmt: skip
         reader = PackReader(part)
         bad += reader.meta("bad_samples") or []
