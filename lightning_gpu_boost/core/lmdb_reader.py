@@ -84,12 +84,54 @@ def _address(buffer: Any) -> int:
 WHOLE_PACK_PREFETCH_FRACTION = 0.25
 
 
+_PREFETCHED: set[str] = set()  # packs this process (or the parent it was forked from) has asked for whole
+
+
+def readahead_chunk(path: str) -> int:
+    """The most bytes one ``WILLNEED`` request reads on ``path``'s disk: Linux caps each ``posix_fadvise`` or
+    ``madvise(MADV_WILLNEED)`` call at the larger of the device's ``read_ahead_kb`` and ``max_sectors_kb`` (the rest
+    of a longer range is silently not read), so a long range is asked for in chunks of this size. 128 KiB (the
+    kernel's default readahead) where the device does not say (network and virtual filesystems)."""
+    try:
+        dev = os.stat(path).st_dev
+        base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    except (OSError, AttributeError, ValueError):
+        return 128 << 10
+    for queue in (f"{base}/queue", f"{base}/../queue"):  # a disk, or the disk of a partition
+        try:
+            with open(f"{queue}/read_ahead_kb") as a, open(f"{queue}/max_sectors_kb") as b:
+                return max(128, int(a.read()), int(b.read())) << 10
+        except (OSError, ValueError):
+            continue
+    return 128 << 10
+
+
+def _read_whole(path: str, size: int) -> None:
+    """Ask for every chunk of the file (``POSIX_FADV_WILLNEED``), front to back; run in a daemon thread."""
+    chunk = readahead_chunk(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        for offset in range(0, size, chunk):
+            os.posix_fadvise(fd, offset, min(chunk, size - offset), os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _prefetch_if_small(path: str) -> None:
-    """Ask the kernel to read the whole file into the page cache in the background (``POSIX_FADV_WILLNEED``)
-    when it takes at most :data:`WHOLE_PACK_PREFETCH_FRACTION` of the available memory: training reads every record
-    each epoch, and one sequential pass is cheaper than the random reads of the first epoch on a cold cache. Larger
-    packs are left to readahead around each read."""
+    """Have the kernel read the whole file into the page cache in the background (``POSIX_FADV_WILLNEED`` over
+    every :func:`readahead_chunk`, from a daemon thread, once per file and process tree: forked DataLoader workers
+    inherit the parent's request) when it takes at most :data:`WHOLE_PACK_PREFETCH_FRACTION` of the available
+    memory: training reads every record each epoch, and one sequential pass is cheaper than the random reads of the
+    first epoch on a cold cache. Larger packs are left to readahead around each read."""
     if not hasattr(os, "posix_fadvise") or WHOLE_PACK_PREFETCH_FRACTION <= 0:
+        return
+    real = os.path.realpath(path)
+    if real in _PREFETCHED:
         return
     try:
         size = os.path.getsize(path)
@@ -98,11 +140,8 @@ def _prefetch_if_small(path: str) -> None:
     except (OSError, StopIteration, ValueError):
         return
     if size <= available * WHOLE_PACK_PREFETCH_FRACTION:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        finally:
-            os.close(fd)
+        _PREFETCHED.add(real)
+        threading.Thread(target=_read_whole, args=(path, size), name="lgb-pack-prefetch", daemon=True).start()
 
 
 def _shared_env(path: str, readahead: bool) -> tuple[Any, dict[bytes, Any]]:
@@ -130,6 +169,7 @@ def _open_env(lmdb: Any, path: str, readahead: bool, cache_key: tuple[int, str])
 
 def close_readers(path: str | os.PathLike) -> None:
     """Close this process's read-only environment of ``path`` (e.g. before deleting or replacing the file)."""
+    _PREFETCHED.discard(os.path.realpath(path))  # opened again, it is asked for again (e.g. after a cache drop)
     entry = _ENVS.pop((os.getpid(), os.path.realpath(path)), None)
     if entry is not None:
         entry[0].close()
@@ -248,7 +288,9 @@ class PackReader:
         start -= start % _PAGE
         if not 0 < end - start <= 1 << 30:
             return False
-        return _MADVISE(start, end - start, 3) == 0  # 3: MADV_WILLNEED
+        chunk = self.__dict__.get("_chunk") or self.__dict__.setdefault("_chunk", readahead_chunk(self.path))
+        # one request per chunk: the kernel reads at most a chunk per request (readahead_chunk)
+        return all(_MADVISE(a, min(chunk, end - a), 3) == 0 for a in range(start, end, chunk))  # 3: MADV_WILLNEED
 
     def iter_records(self, check_crc: bool = True) -> Iterator[Record]:
         with self._begin(RECORDS) as txn:

@@ -199,3 +199,31 @@ def test_the_lmdb_datamodule_reads_blocks_ahead_in_its_workers(tmp_path):
     labels = [label for _, batch in loader for label in batch.tolist()]
     reader = loader.dataset.reader
     assert sorted(labels) == sorted(reader.read(i, lambda r: r.label) for i in range(24))
+
+
+def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
+    """Linux reads at most one readahead chunk per WILLNEED request: a block, and a whole small pack at open, are
+    asked for in chunks (the rest would silently not be read)."""
+    import sys
+
+    from lightning_gpu_boost.core import lmdb_reader
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+
+    chunk = lmdb_reader.readahead_chunk(str(tmp_path))
+    assert chunk >= 128 << 10 and chunk % 1024 == 0
+    if not sys.platform.startswith("linux"):
+        pytest.skip("madvise and posix_fadvise are Linux's")
+    root = make_jpeg_folder(tmp_path / "src", n=40, num_classes=2, size_range=(200, 240, 200, 240), progress=False)
+    pack = pack_image_folder(root, tmp_path / "train.lmdb", progress=False)
+    asked, advised = [], []
+    monkeypatch.setattr(lmdb_reader, "_MADVISE", lambda addr, length, advice: asked.append((addr, length)) or 0)
+    monkeypatch.setattr(lmdb_reader, "readahead_chunk", lambda path: 16384)
+    reader = lmdb_reader.open_pack(pack)
+    assert reader.will_need(0, 40)
+    assert len(asked) > 1 and all(length <= 16384 for _, length in asked)
+    assert all(a + n == b for (a, n), (b, _) in zip(asked, asked[1:], strict=False))  # contiguous, front to back
+    monkeypatch.setattr(lmdb_reader.os, "posix_fadvise", lambda fd, off, n, advice: advised.append((off, n)))
+    lmdb_reader.close_readers(pack)
+    lmdb_reader._read_whole(str(pack), pack.stat().st_size)
+    assert sum(n for _, n in advised) == pack.stat().st_size and max(n for _, n in advised) <= 16384
