@@ -219,6 +219,7 @@ def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
     asked, advised = [], []
     monkeypatch.setattr(lmdb_reader, "_MADVISE", lambda addr, length, advice: asked.append((addr, length)) or 0)
     monkeypatch.setattr(lmdb_reader, "readahead_chunk", lambda path: 16384)
+    monkeypatch.setattr(lmdb_reader, "WHOLE_PACK_PREFETCH_FRACTION", 0)  # no prefetch thread beside the test's calls
     reader = lmdb_reader.open_pack(pack)
     assert reader.will_need(0, 40)
     assert len(asked) > 1 and all(length <= 16384 for _, length in asked)
