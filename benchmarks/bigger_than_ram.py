@@ -27,8 +27,8 @@ Parts (``--parts``):
   workers the files' reads overlap each other too, and both ratios are in the JSON).
 - ``train``: ResNet-50 (bf16-mixed, channels_last, batch 256) fed by ``LMDBDataModule(order="block")`` (decode on
   the CPU, 15 workers) and by ``DALIDataModule(order="block")`` (where DALI is installed), each cold (caches
-  dropped just before) and warm (the pack read once before), within one epoch; ThroughputMeter's window.
-  Bars: cold >= 90 % of warm, for each.
+  dropped just before) and warm (the pack read once before), alternating, twice each, within one epoch;
+  ThroughputMeter's window, medians. Bars: cold >= 90 % of warm, for each.
 - ``loss``: a learnable synthetic task (``--loss-classes`` classes told apart by a colour pattern, 64 px JPEGs),
   packed class by class and shuffled; a small CNN trained for ``--loss-epochs`` epochs with a full shuffle
   (``order="random"``) and with the block order on the shuffled pack, ``--loss-seeds`` seeds each (the seed sets the
@@ -211,9 +211,14 @@ def train_part(pack: str, args) -> tuple[dict, dict]:
     except ImportError:
         out["dali"] = "not installed"
     bars = {}
-    for kind in kinds:
-        cold, warm = run(kind, "cold"), run(kind, "warm")
-        out[kind] = {"cold": cold, "warm": warm, "cold_of_warm": cold["samples_per_s"] / warm["samples_per_s"]}
+    for kind in kinds:  # cold and warm alternate, twice each: medians (two runs of one case differ by several %)
+        runs = {"cold": [], "warm": []}
+        for _ in range(2):
+            for cache in ("cold", "warm"):
+                runs[cache].append(run(kind, cache))
+        cold, warm = (statistics.median(r["samples_per_s"] for r in runs[c]) for c in ("cold", "warm"))
+        out[kind] = {"cold_runs": runs["cold"], "warm_runs": runs["warm"], "cold_img_s": cold, "warm_img_s": warm,
+                     "cold_of_warm": cold / warm}  # fmt: skip
         bars[f"train_cold_of_warm_{kind}"] = bar(out[kind]["cold_of_warm"], 0.90, "ratio")
     return out, bars
 
@@ -300,8 +305,8 @@ def main() -> None:
     parser.add_argument("--train-warmup", type=int, default=40)
     parser.add_argument("--loss-classes", type=int, default=20)
     parser.add_argument("--loss-per-class", type=int, default=300)
-    parser.add_argument("--loss-epochs", type=int, default=6)
-    parser.add_argument("--loss-seeds", type=int, default=3)
+    parser.add_argument("--loss-epochs", type=int, default=2)
+    parser.add_argument("--loss-seeds", type=int, default=4)
     parser.add_argument("--loss-block-records", type=int, default=8)
     parser.add_argument("--loss-workers", type=int, default=4)
     args = parser.parse_args()
