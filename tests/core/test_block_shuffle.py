@@ -217,13 +217,17 @@ def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
     root = make_jpeg_folder(tmp_path / "src", n=40, num_classes=2, size_range=(200, 240, 200, 240), progress=False)
     pack = pack_image_folder(root, tmp_path / "train.lmdb", progress=False)
     asked, advised = [], []
-    monkeypatch.setattr(lmdb_reader, "_MADVISE", lambda addr, length, advice: asked.append((addr, length)) or 0)
+    monkeypatch.setattr(lmdb_reader, "_MADVISE", lambda addr, length, advice: asked.append((addr, length, advice)) or 0)
     monkeypatch.setattr(lmdb_reader, "readahead_chunk", lambda path: 16384)
     monkeypatch.setattr(lmdb_reader, "WHOLE_PACK_PREFETCH_FRACTION", 0)  # no prefetch thread beside the test's calls
     reader = lmdb_reader.open_pack(pack)
     assert reader.will_need(0, 40)
-    assert len(asked) > 1 and all(length <= 16384 for _, length in asked)
-    assert all(a + n == b for (a, n), (b, _) in zip(asked, asked[1:], strict=False))  # contiguous, front to back
+    random, willneed = asked[0], asked[1:]  # first: the map's read-around is turned off (MADV_RANDOM), once
+    assert random[2] == 1 and random[1] >= pack.stat().st_size
+    assert len(willneed) > 1 and all(n <= 16384 and advice == 3 for _, n, advice in willneed)  # MADV_WILLNEED
+    assert all(a + n == b for (a, n, _), (b, _, _) in zip(willneed, willneed[1:], strict=False))  # contiguous
+    asked.clear()
+    assert reader.will_need(0, 10) and asked and all(advice == 3 for _, _, advice in asked)
     monkeypatch.setattr(lmdb_reader.os, "posix_fadvise", lambda fd, off, n, advice: advised.append((off, n)))
     lmdb_reader.close_readers(pack)
     lmdb_reader._read_whole(str(pack), pack.stat().st_size)
