@@ -70,21 +70,6 @@ _MADVISE = _libc_madvise()
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _mappings(path: str) -> list[tuple[int, int]]:
-    """The address ranges where this process maps ``path`` (``/proc/self/maps``)."""
-    real, found = os.path.realpath(path), []
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                fields = line.split(maxsplit=5)
-                if len(fields) == 6 and fields[5].rstrip("\n") == real:
-                    start, end = fields[0].split("-")
-                    found.append((int(start, 16), int(end, 16)))
-    except OSError:
-        pass
-    return found
-
-
 def _address(buffer: Any) -> int:
     """The memory address of a (read-only) buffer: a record's place in the memory map."""
     import numpy as np
@@ -290,19 +275,14 @@ class PackReader:
         """Start reading records ``lo .. hi - 1`` into the page cache in the background, as one large read (Linux
         ``madvise(MADV_WILLNEED)`` over their span of the memory map, in :func:`readahead_chunk` pieces; records are
         stored in key order, so a run of consecutive records is one stretch of the file). For block-shuffled orders
-        on a cold cache or network storage: the block is on its way while its first records are decoded. The first
-        call in a process also turns off the kernel's read-around of this file's memory map (``MADV_RANDOM``, as
-        ``readahead=False`` does): a fault would otherwise read up to ``read_ahead_kb`` around each record (8 MiB on
-        the H100 machine), reading other blocks' records long before their turn. Returns whether a read was asked for
-        (not on other systems, nor for an empty or out-of-order span, nor a span over 1 GiB)."""
+        on a cold cache or network storage: the block is on its way while its first records are decoded. The kernel's
+        read-around of each fault stays on (turning it off, ``MADV_RANDOM``, read block-shuffled epochs at 0.57-0.69x
+        the speed on the H100 machine: ``benchmarks/results/bigger_than_ram-2026-11-24-h100.md``). Returns whether a
+        read was asked for (not on other systems, nor for an empty or out-of-order span, nor a span over 1 GiB)."""
         lo, hi = max(0, lo), min(self.length, hi)
         if hi <= lo or _MADVISE is None:
             return False
         txn = self._txn()
-        if self.__dict__.get("_random_pid") != _PID[0]:  # once per process: blocks replace the kernel's read-around
-            self._random_pid = _PID[0]
-            for start, end in _mappings(self.path):
-                _MADVISE(start, end - start, 1)  # 1: MADV_RANDOM (as LMDB's MDB_NORDAHEAD)
         first, last = txn.get(KEY.pack(lo)), txn.get(KEY.pack(hi - 1))  # pointers only: no page is touched
         if first is None or last is None:
             return False
