@@ -17,7 +17,7 @@ Parts (``--parts``):
 
 - ``reads``: no decoding. ``dd`` reads the pack (8 MiB blocks) after a drop: the disk's sequential bandwidth. Then,
   each after a drop, an epoch of the pack in block-shuffled order (``BlockShuffleSampler`` over 4 MiB blocks,
-  16-block windows, each block asked for in one read by ``BlockReadAhead``) and the same number of distinct files of
+  16-block windows, asking for the next window's blocks, one read each, as each window starts) and the same number of distinct files of
   the source tree in a full random order, both through a DataLoader with the training loader's workers (usable
   CPUs - 1; every record's CRC checked, every file read whole), and both again one record at a time in this process.
   Bytes/s of the whole pass from the first batch to the last (the workers' start left out): dd's figure is a whole
@@ -57,7 +57,7 @@ from _common import demo_tree, drop_cache, parser_for
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost.core import lmdb_reader
-from lightning_gpu_boost.core.block_shuffle import BlockReadAhead, BlockShuffleSampler, block_size_for
+from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
 from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.lmdb_reader import close_readers, open_pack
 from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
@@ -85,18 +85,15 @@ def replicate_tree(base: Path, dst: Path, copies: int) -> Path:
 
 
 class RawPack(Dataset):
-    """A pack's records as their sizes (the CRC check touches every byte); blocks read ahead with ``block``."""
+    """A pack's records as their sizes (the CRC check touches every byte)."""
 
-    def __init__(self, path: str, block: int | None = None) -> None:
+    def __init__(self, path: str) -> None:
         self.reader = open_pack(path)
-        self.ahead = None if block is None else BlockReadAhead(self.reader, block, len(self.reader))
 
     def __len__(self) -> int:
         return len(self.reader)
 
     def __getitem__(self, i: int) -> int:
-        if self.ahead is not None:
-            self.ahead(i)
         return self.reader.read(i, lambda r: len(r.payload))
 
 
@@ -151,7 +148,14 @@ def reads_part(pack: str, base: Path, workers: int, files_limit: int) -> tuple[d
     """The ``reads`` part: figures and bars."""
     n = len(open_pack(pack))
     block = block_size_for(n, os.path.getsize(pack), BLOCK_BYTES)
-    order = list(BlockShuffleSampler(range(n), block, WINDOW_BLOCKS, seed=0, num_replicas=1, rank=0))
+
+    def block_sampler() -> BlockShuffleSampler:
+        """The epoch's order, asking a window ahead as LMDBDataModule(order="block") does (a reader opened after the
+        cell's cache drop)."""
+        sampler = BlockShuffleSampler(range(n), block, WINDOW_BLOCKS, seed=0, num_replicas=1, rank=0)
+        sampler.will_need = open_pack(pack).will_need
+        return sampler
+
     files = sorted(str(p) for p in base.rglob("*.jpg"))  # distinct files (the pack's records are copies of them)
     file_order = random.Random(0).sample(range(len(files)), min(len(files), files_limit))
     out: dict = {"records": n, "pack_bytes": os.path.getsize(pack), "block_records": block, "files": len(file_order)}
@@ -161,7 +165,7 @@ def reads_part(pack: str, base: Path, workers: int, files_limit: int) -> tuple[d
     for name, w in (("workers", workers), ("one_at_a_time", 0)):
         close_readers(pack)
         drop_cache([pack])
-        out[f"block_{name}"] = timed_read(RawPack(pack, block), order, w)
+        out[f"block_{name}"] = timed_read(RawPack(pack), block_sampler(), w)
         close_readers(pack)
         drop_cache([pack])
         out[f"random_pack_{name}"] = timed_read(RawPack(pack), random.Random(1).sample(range(n), len(file_order)), w)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,26 @@ def block_order(
     local = np.random.default_rng([seed, epoch, rank, 1])
     out = [local.permutation(mine[s : s + window]) for s in range(0, len(mine), window)]
     return np.concatenate(out).tolist() if out else []
+
+
+def read_ahead_windows(
+    order: Sequence[int], block_size: int, window_blocks: int, will_need: Callable[[int, int], Any], records: int
+) -> Iterator[int]:
+    """Yield ``order`` (a :func:`block_order`), asking for every block of window ``k + 1`` (``will_need(lo, hi)``,
+    one large read each) when window ``k`` starts, and for window 0's at once: the next window's blocks are on their
+    way while this one's records are read, so a cold pass does not stop at each window's edge."""
+    window = block_size * window_blocks
+
+    def ask(lo: int) -> None:
+        for block in sorted({i // block_size for i in order[lo : lo + window]}):
+            will_need(block * block_size, min(records, (block + 1) * block_size))
+
+    if len(order):
+        ask(0)
+    for start in range(0, len(order), window):
+        if start + window < len(order):
+            ask(start + window)
+        yield from order[start : start + window]
 
 
 class BlockShuffleSampler(DistributedSampler):
@@ -107,6 +127,11 @@ class BlockShuffleSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
         self.block_size, self.window_blocks = block_size, window_blocks
         self._start = 0  # samples of the current epoch already consumed (a mid-epoch resume)
+        #: ``will_need(lo, hi)`` of the pack (:meth:`~lightning_gpu_boost.core.lmdb_reader.PackReader.will_need`), or
+        #: ``None``: where set, iterating asks for the next window's blocks as each window starts
+        #: (:func:`read_ahead_windows`); the sampler runs in the loader's main process, ahead of the workers by their
+        #: queue, and the page cache it fills serves them
+        self.will_need: Callable[[int, int], Any] | None = None
 
     def _resolve(self) -> None:
         """Take the rank and world size from the process group where it started after construction (a loader
@@ -125,6 +150,9 @@ class BlockShuffleSampler(DistributedSampler):
         order = block_order(len(self.dataset), self.block_size, self.window_blocks, self.seed, self.epoch,
                             self.rank, self.num_replicas, self.drop_last)  # fmt: skip
         start, self._start = self._start, 0
+        if self.will_need is not None:
+            return read_ahead_windows(order[start:], self.block_size, self.window_blocks, self.will_need,
+                                      len(self.dataset))  # fmt: skip
         return iter(order[start:])
 
     def __len__(self) -> int:

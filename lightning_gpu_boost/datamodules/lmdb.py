@@ -55,8 +55,9 @@ class LMDBImageDataset(ImageFolderDataset):
         self.image_size, self.train, self.val_resize = image_size, train, val_resize
         self.scale, self.bad_samples = tuple(scale), bad_samples
         self.bad_sample_tracker = BadSampleTracker(len(self.reader)) if bad_samples == "skip" else None
-        #: called with each index before its record is read (:class:`~lightning_gpu_boost.core.block_shuffle.BlockReadAhead`,
-        #: set by ``LMDBDataModule(order="block")``): a block's first record asks for the whole block at once
+        #: called with each index before its record is read (e.g. a
+        #: :class:`~lightning_gpu_boost.core.block_shuffle.BlockReadAhead`: a block's first record asks for the whole
+        #: block at once); ``LMDBDataModule(order="block")`` asks from its sampler instead, a window ahead
         self.read_ahead: Callable[[int], None] | None = None
 
     def sample_path(self, index: int) -> str:
@@ -155,18 +156,15 @@ class LMDBDataModule(ImageFolderDataModule):
         """With ``order="block"``, the training loader reads in block-shuffled order (resumable mid-epoch)."""
         kwargs = super().dataloader_kwargs(dataset, stage)
         if stage == "train" and self.order == "block":
-            from lightning_gpu_boost.core.block_shuffle import (
-                BlockReadAhead,
-                BlockShuffleSampler,
-                block_size_for,
-            )
+            from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
 
             kwargs.pop("shuffle", None)
             block = block_size_for(len(dataset), _pack_bytes(self.train_root, len(dataset)), self.block_bytes)
-            if isinstance(dataset, LMDBImageDataset):  # each block is read in one piece, ahead of its records
-                dataset.read_ahead = BlockReadAhead(dataset.reader, block, len(dataset))
-            kwargs["sampler"] = BlockShuffleSampler(dataset, block, self.window_blocks, seed=self.split_seed,
-                                                    drop_last=bool(kwargs.get("drop_last")))  # fmt: skip
+            sampler = BlockShuffleSampler(dataset, block, self.window_blocks, seed=self.split_seed,
+                                          drop_last=bool(kwargs.get("drop_last")))  # fmt: skip
+            if isinstance(dataset, LMDBImageDataset):  # blocks are read in one piece, a window ahead of their records
+                sampler.will_need = dataset.reader.will_need
+            kwargs["sampler"] = sampler
         return kwargs
 
     def _dataset(self, root: str, train: bool) -> ImageFolderDataset:

@@ -182,8 +182,7 @@ def test_a_block_is_asked_for_in_one_read_the_first_time_one_of_its_records_is_r
         BlockReadAhead(reader, block_size=0, records=30)
 
 
-def test_the_lmdb_datamodule_reads_blocks_ahead_in_its_workers(tmp_path):
-    from lightning_gpu_boost.core.block_shuffle import BlockReadAhead
+def test_the_lmdb_datamodule_reads_blocks_a_window_ahead(tmp_path):
     from lightning_gpu_boost.core.images import make_jpeg_folder
     from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
     from lightning_gpu_boost.datamodules import LMDBDataModule
@@ -194,8 +193,7 @@ def test_the_lmdb_datamodule_reads_blocks_ahead_in_its_workers(tmp_path):
                         window_blocks=2)  # fmt: skip
     dm.setup("fit")
     loader = dm.train_dataloader()
-    assert isinstance(loader.dataset.read_ahead, BlockReadAhead)
-    assert loader.dataset.read_ahead.block_size == loader.sampler.block_size
+    assert loader.sampler.will_need == loader.dataset.reader.will_need  # the sampler asks a window ahead
     labels = [label for _, batch in loader for label in batch.tolist()]
     reader = loader.dataset.reader
     assert sorted(labels) == sorted(reader.read(i, lambda r: r.label) for i in range(24))
@@ -231,3 +229,22 @@ def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
     lmdb_reader.close_readers(pack)
     lmdb_reader._read_whole(str(pack), pack.stat().st_size)
     assert sum(n for _, n in advised) == pack.stat().st_size and max(n for _, n in advised) <= 16384
+
+
+def test_the_next_window_is_asked_for_when_a_window_starts():
+    from lightning_gpu_boost.core.block_shuffle import read_ahead_windows
+
+    asked, seen = [], []
+    order = block_order(20, 3, 2, seed=0, epoch=0)
+    for i in read_ahead_windows(order, 3, 2, lambda lo, hi: asked.append((lo, hi, len(seen))), 20):
+        seen.append(i)
+    assert seen == order
+    windows = [order[s : s + 6] for s in range(0, 20, 6)]
+    for k, window in enumerate(windows):  # window 0 before the first record, window k + 1 as window k starts
+        blocks = {(b * 3, min(20, b * 3 + 3)) for b in {i // 3 for i in window}}
+        when = 0 if k == 0 else 6 * (k - 1)
+        assert blocks == {(lo, hi) for lo, hi, at in asked if at == when and (lo, hi) in blocks}
+    sampler = BlockShuffleSampler(range(20), 3, 2, seed=0)
+    sampler.will_need = lambda lo, hi: asked.append((lo, hi))
+    asked.clear()
+    assert list(sampler) == order and {i // 3 for i in order} == {lo // 3 for lo, _ in asked}
