@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -66,10 +67,17 @@ def read_ahead_windows(
     one large read each) when window ``k`` starts, and for window 0's at once: the next window's blocks are on their
     way while this one's records are read, so a cold pass does not stop at each window's edge."""
     window = block_size * window_blocks
+    failed: list[BaseException] = []
 
     def ask(lo: int) -> None:
-        for block in sorted({i // block_size for i in order[lo : lo + window]}):
-            will_need(block * block_size, min(records, (block + 1) * block_size))
+        if failed:
+            return
+        try:
+            for block in sorted({i // block_size for i in order[lo : lo + window]}):
+                will_need(block * block_size, min(records, (block + 1) * block_size))
+        except Exception as err:  # reading ahead only saves time: it never stops the epoch
+            failed.append(err)
+            warnings.warn(f"Reading blocks ahead failed ({err!r}); the epoch goes on without it.", stacklevel=2)
 
     if len(order):
         ask(0)

@@ -248,3 +248,14 @@ def test_the_next_window_is_asked_for_when_a_window_starts():
     sampler.will_need = lambda lo, hi: asked.append((lo, hi))
     asked.clear()
     assert list(sampler) == order and {i // 3 for i in order} == {lo // 3 for lo, _ in asked}
+
+
+def test_a_failing_read_ahead_never_stops_the_epoch():
+    from lightning_gpu_boost.core.block_shuffle import read_ahead_windows
+
+    def broken(lo, hi):
+        raise RuntimeError("closed")
+
+    order = block_order(20, 3, 2, seed=0, epoch=0)
+    with pytest.warns(UserWarning, match="Reading blocks ahead failed"):
+        assert list(read_ahead_windows(order, 3, 2, broken, 20)) == order
