@@ -26,7 +26,9 @@ Parts (``--parts``):
   JSON for reference, and ``steady_state_halves_max_diff`` covers the training windows.
   Bars: the block-shuffled epoch read with the workers >= 70 % of ``dd``; one record at a time, >= 3x the files in
   random order (as lmdb_read.py compares reads: one at a time, where each random read waits for the disk; with 15
-  workers the files' reads overlap each other too, and both ratios are in the JSON).
+  workers the files' reads overlap each other too, and both ratios are in the JSON). The same cells, with bars
+  suffixed ``_4KB``, for a second pack of ``--small-records`` records of ~4 KB (random bytes, a token window or a
+  feature vector per file; a tenth of the files read in random order per cell).
 - ``train``: ResNet-50 (bf16-mixed, channels_last, batch 256) fed by ``LMDBDataModule(order="block")`` (decode on
   the CPU, 15 workers) and by ``DALIDataModule(order="block")`` (where DALI is installed), each cold (caches
   dropped just before) and warm (the pack read once before), alternating, twice each, within one epoch;
@@ -144,8 +146,9 @@ def warm_up(path: str) -> None:
             pass
 
 
-def reads_part(pack: str, base: Path, workers: int, files_limit: int) -> tuple[dict, dict]:
-    """The ``reads`` part: figures and bars."""
+def reads_part(pack: str, files: list[str], workers: int, files_limit: int, suffix: str = "") -> tuple[dict, dict]:
+    """The ``reads`` part for one pack and the distinct source files of its records: figures and bars (their names
+    end in ``suffix``)."""
     n = len(open_pack(pack))
     block = block_size_for(n, os.path.getsize(pack), BLOCK_BYTES)
 
@@ -156,7 +159,6 @@ def reads_part(pack: str, base: Path, workers: int, files_limit: int) -> tuple[d
         sampler.will_need = open_pack(pack).will_need
         return sampler
 
-    files = sorted(str(p) for p in base.rglob("*.jpg"))  # distinct files (the pack's records are copies of them)
     file_order = random.Random(0).sample(range(len(files)), min(len(files), files_limit))
     out: dict = {"records": n, "pack_bytes": os.path.getsize(pack), "block_records": block, "files": len(file_order)}
     how = drop_cache([pack])
@@ -177,9 +179,27 @@ def reads_part(pack: str, base: Path, workers: int, files_limit: int) -> tuple[d
               f"{out[f'random_files_{name}']['bytes_s'] / 1e6:,.0f} MB/s")  # fmt: skip
     for name in ("workers", "one_at_a_time"):
         out[f"block_vs_random_files_{name}"] = out[f"block_{name}"]["bytes_s"] / out[f"random_files_{name}"]["bytes_s"]
-    bars = {"block_epoch_read_of_dd": bar(out["block_workers"]["bytes_s"] / out["dd_bytes_s"], 0.70, "ratio"),
-            "block_read_vs_random_files": bar(out["block_vs_random_files_one_at_a_time"], 3.0, "x")}  # fmt: skip
+    bars = {f"block_epoch_read_of_dd{suffix}": bar(out["block_workers"]["bytes_s"] / out["dd_bytes_s"], 0.70, "ratio"),
+            f"block_read_vs_random_files{suffix}": bar(out["block_vs_random_files_one_at_a_time"], 3.0, "x")}  # fmt: skip
     return out, bars
+
+
+def small_records(data: Path, n: int) -> tuple[Path, Path]:
+    """``n`` files of 4,000 random bytes in 100 folders (a token window, a feature vector, a small crop per file),
+    and their pack in a shuffled order."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from lmdb_read import make_tree
+
+    tree, pack = data / f"small-{n}", data / f"small-{n}.lmdb"
+    if not (tree / ".complete").exists():
+        shutil.rmtree(tree, ignore_errors=True)
+        make_tree(tree, n, 4_000, classes=100)
+        (tree / ".complete").touch()
+    if not pack.exists():
+        pack_image_folder(tree, pack, progress=False, shuffle_seed=0, check="none")  # random bytes: no image check
+    return tree, pack
 
 
 def train_part(pack: str, args) -> tuple[dict, dict]:
@@ -310,6 +330,8 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=8, help="times the demo JPEGs are packed over")
     parser.add_argument("--parts", nargs="+", default=["reads", "train", "loss"], choices=["reads", "train", "loss"])
     parser.add_argument("--files", type=int, default=8000, help="random-order files read per cell (at most)")
+    parser.add_argument("--small-records", type=int, default=200_000,
+                        help="a second pack of this many ~4 KB records for the reads (0: none)")
     parser.add_argument("--train-steps", type=int, default=200, help="steps per training run (one epoch at most)")
     parser.add_argument("--train-warmup", type=int, default=40)
     parser.add_argument("--loss-classes", type=int, default=20)
@@ -332,8 +354,15 @@ def main() -> None:
             pack_image_folder(tree, pack, progress=False, shuffle_seed=0)
             figures["pack_s"] = time.perf_counter() - start
         if "reads" in args.parts:
-            figures["reads"], found = reads_part(str(pack), base, max(1, usable_cpus() - 1), args.files)
+            files = sorted(str(p) for p in base.rglob("*.jpg"))  # distinct (the pack's records are copies of them)
+            figures["reads"], found = reads_part(str(pack), files, max(1, usable_cpus() - 1), args.files)
             bars |= found
+            if args.small_records:
+                tree, small = small_records(data, args.small_records)
+                files = sorted(str(p) for p in tree.rglob("*.jpg"))
+                figures["reads_4KB"], found = reads_part(str(small), files, max(1, usable_cpus() - 1),
+                                                         args.small_records // 10, suffix="_4KB")  # fmt: skip
+                bars |= found
         if "train" in args.parts:
             if not torch.cuda.is_available():
                 raise SystemExit("--parts train needs a CUDA GPU.")
