@@ -276,64 +276,27 @@ def _scan_sources(
 
 
 def _read_records(
-    items: list[tuple[str, int, int]],
-    check: str | None,
-    resize: tuple[int, int] | None = None,
-    outs: list[memoryview | None] | None = None,
-) -> list[bytearray | memoryview | tuple[str, str]]:
-    outs = outs or [None] * len(items)
-    return [_read_record(path, label, size, check, resize, out) for (path, label, size), out in zip(items, outs, strict=True)]
-
-
-class _Arenas:
-    """Two reusable buffers, one per window in flight (one read ahead while the other is stored): each window's
-    records are read straight into its buffer's slices instead of a fresh ``bytearray`` each. A fresh 100 KB buffer
-    per record is memory the allocator hands back at each window's end and takes again at the next, page by page:
-    0.18 of a 0.40 s pack of 2,000 x 100 KB files on the H100 machine went there (cProfile, 2026-11-24)."""
-
-    def __init__(self) -> None:
-        self._buffers = [bytearray(), bytearray()]
-        self._turn = 0
-
-    def slices(self, sizes: list[int]) -> list[memoryview | None]:
-        """A slice of ``HEADER.size + size`` bytes per record (``None`` for a size of -1: a file to check when read),
-        in the next buffer (grown when too small); valid until the buffer's turn comes again, two windows later."""
-        need = sum(HEADER.size + s for s in sizes if s >= 0)
-        k, self._turn = self._turn, 1 - self._turn
-        if len(self._buffers[k]) < need:
-            self._buffers[k] = bytearray(need)
-        view, out, at = memoryview(self._buffers[k]), [], 0
-        for s in sizes:
-            if s < 0:
-                out.append(None)
-                continue
-            out.append(view[at : at + HEADER.size + s])
-            at += HEADER.size + s
-        return out
+    items: list[tuple[str, int, int]], check: str | None, resize: tuple[int, int] | None = None
+) -> list[bytearray | tuple[str, str]]:
+    return [_read_record(path, label, size, check, resize) for path, label, size in items]
 
 
 def _read_record(
-    path: str,
-    label: int,
-    size: int,
-    check: str | None = "structure",
-    resize: tuple[int, int] | None = None,
-    out: memoryview | None = None,
-) -> bytearray | memoryview | tuple[str, str]:
+    path: str, label: int, size: int, check: str | None = "structure", resize: tuple[int, int] | None = None
+) -> bytearray | tuple[str, str]:
     """The record value of a file of ``size`` bytes (from the fingerprint's ``stat``), built where it is read (a
     reading thread): header space, then the bytes read straight into place, then the header with the CRC32 (zlib
     releases the GIL on large buffers). Plain ``os`` calls: ``open()``'s file object costs more than reading a
     small file. A file that cannot be read, or fails ``check`` (:func:`~lightning_gpu_boost.core.bad_samples.check_image`),
     comes back as ``(path, reason)``. With ``resize = (max_side, quality)``, a larger image is stored resized and
-    re-encoded (:func:`~lightning_gpu_boost.core.images.shrink_image`), a smaller one unchanged. ``out``: a buffer of
-    ``HEADER.size + size`` bytes to build the value in (:class:`_Arenas`), else a new one."""
+    re-encoded (:func:`~lightning_gpu_boost.core.images.shrink_image`), a smaller one unchanged."""
     if size < 0:
         try:
             os.stat(path)
         except OSError as err:
             return path, f"cannot read: {err.strerror or err}"
         raise OSError(f"{path!r} appeared while it was packed; pack a quiet source.")
-    value: bytearray | memoryview = out if out is not None and len(out) == HEADER.size + size else bytearray(HEADER.size + size)
+    value = bytearray(HEADER.size + size)
     view = memoryview(value)[HEADER.size :]
     extra = bytearray(1)  # filled only if the file grew since its stat
     try:
@@ -537,17 +500,14 @@ def _pack_files(
             # one task per chunk of files: a future per small file costs more than reading it
             chunk = max(1, min(64, commit_every // (4 * max(1, threads))))
 
-            arenas = _Arenas()
-
             def submit(lo: int) -> list[Future]:
                 window = items[lo : lo + commit_every]
-                outs = arenas.slices([size for _, _, size in window])
                 if threads == 0:  # read here, between commits: no thread competes with LMDB for the GIL
                     done: Future = Future()
-                    done.set_result(_read_records(window, level, resize, outs))
+                    done.set_result(_read_records(window, level, resize))
                     return [done]
                 return [
-                    pool.submit(_read_records, window[i : i + chunk], level, resize, outs[i : i + chunk])
+                    pool.submit(_read_records, window[i : i + chunk], level, resize)
                     for i in range(0, len(window), chunk)
                 ]
 
