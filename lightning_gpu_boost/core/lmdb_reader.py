@@ -277,7 +277,7 @@ class PackReader:
         stored in key order, so a run of consecutive records is one stretch of the file). For block-shuffled orders
         on a cold cache or network storage: the block is on its way while its first records are decoded. The kernel's
         read-around of each fault stays on (turning it off, ``MADV_RANDOM``, read block-shuffled epochs at 0.57-0.69x
-        the speed on the H100 machine: ``benchmarks/results/bigger_than_ram-2026-11-24-h100.md``). Returns whether a
+        the speed on the H100 machine: ``benchmarks/results/history/bigger_than_ram-e4412f4.md``). Returns whether a
         read was asked for (not on other systems, nor for an empty or out-of-order span, nor a span over 1 GiB)."""
         lo, hi = max(0, lo), min(self.length, hi)
         if hi <= lo or _MADVISE is None:
