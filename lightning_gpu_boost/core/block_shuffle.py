@@ -15,7 +15,9 @@ chunk-shuffled shards of litdata and WebDataset, do the same):
 Every record comes exactly once per epoch over all ranks (but the padding), a rank reads ``window_blocks`` blocks
 at a time, and a run can resume mid-epoch from :meth:`BlockShuffleSampler.state_dict`. :func:`order_stats`
 measures how random an order is (label spread per batch, position correlation) against a full shuffle.
-Framework-free: a ``torch.utils.data`` sampler, usable without a Trainer.
+Blocks are read ahead of use, one large read each: the sampler asks for the next window's blocks as each window
+starts (:attr:`BlockShuffleSampler.will_need`, :func:`read_ahead_windows`), or a reader asks for a block at its
+first record (:class:`BlockReadAhead`). Framework-free: a ``torch.utils.data`` sampler, usable without a Trainer.
 """
 
 from __future__ import annotations
