@@ -187,10 +187,7 @@ def reads_part(pack: str, files: list[str], workers: int, files_limit: int, suff
 def small_records(data: Path, n: int) -> tuple[Path, Path]:
     """``n`` files of 4,000 random bytes in 100 folders (a token window, a feature vector, a small crop per file),
     and their pack in a shuffled order."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from lmdb_read import make_tree
+    from lmdb_read import make_tree  # the benchmarks' folder is on the path (the script's own)
 
     tree, pack = data / f"small-{n}", data / f"small-{n}.lmdb"
     if not (tree / ".complete").exists():

@@ -290,7 +290,9 @@ class PackReader:
         start -= start % _PAGE
         if not 0 < end - start <= 1 << 30:
             return False
-        chunk = self.__dict__.get("_chunk") or self.__dict__.setdefault("_chunk", readahead_chunk(self.path))
+        chunk = self.__dict__.get("_chunk")
+        if chunk is None:
+            chunk = self._chunk = readahead_chunk(self.path)
         # one request per chunk: the kernel reads at most a chunk per request (readahead_chunk)
         return all(_MADVISE(a, min(chunk, end - a), 3) == 0 for a in range(start, end, chunk))  # 3: MADV_WILLNEED
 

@@ -267,8 +267,7 @@ def _scan_sources(
             size, mtime = stat.st_size, stat.st_mtime_ns
         except OSError:
             size, mtime = -1, 0
-        # the relative path (a slice where it is under root: relpath per file costs more than the stat)
-        rel = path[len(prefix) :] if path.startswith(prefix) and ".." not in path else os.path.relpath(path, root)
+        rel = _rel_path(path, root, prefix)
         lines.append(f"{rel}\0{size}\0{mtime}\n")
         sizes.append(size)
     # surrogateescape: file names that are not UTF-8 are packed and fingerprinted as their bytes
@@ -443,14 +442,17 @@ def _image_meta(
     return meta
 
 
-def _relative(path: str, root: str | os.PathLike, prefix: str | None = None) -> str:
-    """``path`` relative to ``root`` (a slice where it lies under ``prefix``, ``root`` with a trailing separator:
-    ``os.path.relpath`` per file costs more than reading a small file), as UTF-8 text for messages and metadata."""
+def _rel_path(path: str, root: str | os.PathLike, prefix: str | None = None) -> str:
+    """``path`` relative to ``root``: a slice where it lies under ``prefix`` (``root`` with a trailing separator;
+    ``os.path.relpath`` per file costs more than reading a small file), else ``os.path.relpath``."""
     if prefix is not None and path.startswith(prefix) and ".." not in path:
-        rel = path[len(prefix) :]
-    else:
-        rel = os.path.relpath(path, root)
-    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # non-UTF-8 names, for messages
+        return path[len(prefix) :]
+    return os.path.relpath(path, root)
+
+
+def _relative(path: str, root: str | os.PathLike, prefix: str | None = None) -> str:
+    """:func:`_rel_path` as UTF-8 text, for messages and metadata (non-UTF-8 names replaced)."""
+    return _rel_path(path, root, prefix).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def bad_samples_report_path(dst: str | os.PathLike) -> Path:

@@ -55,10 +55,6 @@ class LMDBImageDataset(ImageFolderDataset):
         self.image_size, self.train, self.val_resize = image_size, train, val_resize
         self.scale, self.bad_samples = tuple(scale), bad_samples
         self.bad_sample_tracker = BadSampleTracker(len(self.reader)) if bad_samples == "skip" else None
-        #: called with each index before its record is read (e.g. a
-        #: :class:`~lightning_gpu_boost.core.block_shuffle.BlockReadAhead`: a block's first record asks for the whole
-        #: block at once); ``LMDBDataModule(order="block")`` asks from its sampler instead, a window ahead
-        self.read_ahead: Callable[[int], None] | None = None
 
     def sample_path(self, index: int) -> str:
         """Record ``index``'s original file (relative to the packed folder), from the pack's metadata."""
@@ -71,8 +67,6 @@ class LMDBImageDataset(ImageFolderDataset):
         def decode(record: Record):
             return self._load(io.BytesIO(record.payload)), record.label
 
-        if self.read_ahead is not None:
-            self.read_ahead(index)
         try:
             return self.reader.read(index, decode)
         except (CorruptRecordError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as err:
