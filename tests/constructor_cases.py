@@ -46,7 +46,13 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
     """Every (class, valid kwargs, argument, wrong value); ``jpeg_tree``: an image folder; ``pack``: its LMDB pack."""
     from torch.utils.data import DataLoader
 
-    from lightning_gpu_boost.callbacks import AutoNumWorkers, GPUBoost, GPUUtilWatchdog, StreamPrefetch
+    from lightning_gpu_boost.callbacks import (
+        AutoNumWorkers,
+        GPUBoost,
+        GPUUtilWatchdog,
+        SpanEpochs,
+        StreamPrefetch,
+    )
     from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
     from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler
     from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip
@@ -79,7 +85,9 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (GPUBoost, {}, {"prefetch": "bool", "auto_workers": "bool", "watchdog": "bool", "tf32": "bool",
                         "cudnn_benchmark": "bool", "channels_last": "bool", "normalize": "normalize",
                         "normalize_dtype": "dtype", "workers_budget_s": "float>0", "on_starvation": "dtype",
-                        "gpu_normalize": "bool", "transform": "callable?", "val_transform": "callable?"}),
+                        "gpu_normalize": "bool", "transform": "callable?", "val_transform": "callable?",
+                        "span_epochs": "bool"}),
+        (SpanEpochs, {}, {"train": "bool", "val": "bool", "min_restart_share": "unit_open"}),
         (ThroughputMeter, {}, {"warmup": "int>=0", "steps": "int>=1?", "sample_gpu_util": "bool"}),
         (BoostDataModule, {}, boost),
         (ImageFolderDataset, {"root": tree}, {"root": "path", **image}),

@@ -73,14 +73,20 @@ class EpochClock(pl.Callback):
     """Samples per second over whole epochs, validation and epoch ends included: the figure for a project whose
     epochs are a few batches long (``max_epochs``, no ``max_steps``), where a window of steps would leave out what
     matters. The first ``WARMUP`` epochs are warm-up (workers' first start, cuDNN autotuning, a loader's queue that
-    spans epochs filling up); the halves are the first and the last half of the timed epochs."""
+    spans epochs filling up); the halves are the first and the last half of the timed epochs. On a GPU the fit ends
+    once at least two epochs are timed over at least ``MIN_EPOCH_SECONDS`` and their halves agree (the project's
+    ``max_epochs`` is the cap, and ``MAX_EPOCH_SECONDS`` of timed epochs): a slow epoch is timed twice, a fast one
+    as often as that takes."""
 
     WARMUP = 2
+    MIN_EPOCH_SECONDS = 10.0
+    MAX_EPOCH_SECONDS = 150.0
 
-    def __init__(self) -> None:
+    def __init__(self, stop_when_steady: bool = False) -> None:
         self.starts: list[float] = []
         self.samples: list[float] = []
         self.end = 0.0
+        self.stop_when_steady = stop_when_steady
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.starts.append(time.monotonic())
@@ -88,6 +94,17 @@ class EpochClock(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.samples[-1] += batch_size_of(batch)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:  # after the epoch's validation
+        if not self.stop_when_steady or len(self.starts) - self.WARMUP < 2:
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        self.end = time.monotonic()
+        summary = self.summary()
+        window = summary["window_s"]
+        if (window >= self.MIN_EPOCH_SECONDS and summary["steady"]) or window >= self.MAX_EPOCH_SECONDS:
+            trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
         if pl_module.device.type == "cuda":
@@ -142,7 +159,7 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
     # steps whose halves agree: the project's own max_steps would end most runs inside the queue's drain
     epochs = "max_epochs" in kwargs and "max_steps" not in kwargs and case != "ceiling"  # short epochs: EpochClock
     meter = Meter(warmup=3 if small else 10, steps=TIMED_STEPS if gpu and not epochs else None, sample_gpu_util=False)
-    clock = EpochClock() if epochs else None
+    clock = EpochClock(stop_when_steady=gpu) if epochs else None
     if gpu and not epochs:
         kwargs = {**kwargs, "max_steps": max(kwargs.get("max_steps", 0), 20 * TIMED_STEPS)}
     callbacks: list[pl.Callback] = [dog, meter, *extra, *([clock] if clock else [])]

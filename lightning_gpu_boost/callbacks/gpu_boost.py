@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks.auto_num_workers import AutoNumWorkers
 from lightning_gpu_boost.callbacks.gpu_util_watchdog import GPUUtilWatchdog
+from lightning_gpu_boost.callbacks.spanning import SpanEpochs
 from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
 from lightning_gpu_boost.core.shapes import VARIABLE_SHAPES, ShapeWatch
 from lightning_gpu_boost.strategies.presets import (
@@ -30,11 +31,12 @@ _HOOKS = (
 
 
 class GPUBoost(Callback):
-    """Turn on StreamPrefetch, AutoNumWorkers, GPUUtilWatchdog, TF32 and cuDNN autotuning with one callback.
+    """Turn on StreamPrefetch, AutoNumWorkers, SpanEpochs, GPUUtilWatchdog, TF32 and cuDNN autotuning with one
+    callback.
 
     ``Trainer(callbacks=[GPUBoost()], precision=recommended_precision(), strategy="ddp_boost")`` is the whole
     change to a training script. Each part can be switched off; each keeps its own documented behaviour (see
-    :class:`StreamPrefetch`, :class:`AutoNumWorkers`, :class:`GPUUtilWatchdog`).
+    :class:`StreamPrefetch`, :class:`AutoNumWorkers`, :class:`SpanEpochs`, :class:`GPUUtilWatchdog`).
 
     Logged metrics:
         Those of its parts: ``gpu_boost/num_workers_train`` (AutoNumWorkers) and ``gpu_boost/data_wait_frac``,
@@ -44,6 +46,9 @@ class GPUBoost(Callback):
         prefetch: side-stream copy of the next batch (CUDA only).
         auto_workers: measure and set the train loader's ``num_workers``.
         watchdog: watch for data starvation.
+        span_epochs: keep the workers of short-epoch train and validation loaders loading across epoch ends
+            (:class:`SpanEpochs`: loaders whose epoch start costs at least 5 % of an epoch). Turn it off for a
+            dataset that the main process changes per epoch (``on_train_epoch_start``).
         tf32: ``torch.set_float32_matmul_precision("high")`` (TF32 matmuls and convolutions on Ampere+).
         cudnn_benchmark: cuDNN autotuning for fixed input sizes. Where the training batches turn out to take more
             than 4 shapes (padded audio or text, multi-scale images), autotuning is turned off again with an info
@@ -86,10 +91,11 @@ class GPUBoost(Callback):
         gpu_normalize: bool = True,
         transform: Callable[[Any], Any] | None = None,
         val_transform: Callable[[Any], Any] | None = None,
+        span_epochs: bool = True,
     ) -> None:
         for name, value in (("prefetch", prefetch), ("auto_workers", auto_workers), ("watchdog", watchdog),
                             ("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark), ("channels_last", channels_last),
-                            ("gpu_normalize", gpu_normalize)):  # fmt: skip
+                            ("gpu_normalize", gpu_normalize), ("span_epochs", span_epochs)):  # fmt: skip
             checks.check_bool(name, value)
         checks.check_normalize("normalize", normalize)
         checks.check_choice("normalize_dtype", normalize_dtype, ("float32", "bfloat16", "float16"))
@@ -107,6 +113,8 @@ class GPUBoost(Callback):
             )
         if auto_workers:
             self.parts["auto_workers"] = AutoNumWorkers(budget_s=workers_budget_s)
+        if span_epochs:  # after the tuner: it decides with the chosen worker count
+            self.parts["span_epochs"] = SpanEpochs()
         if watchdog:
             self.parts["watchdog"] = GPUUtilWatchdog(on_starvation=on_starvation)
         self.tf32 = tf32

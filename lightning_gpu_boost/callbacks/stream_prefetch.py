@@ -171,15 +171,13 @@ class StreamPrefetch(Callback):
         def wrap(dataloader: object, stage: str | None) -> object:
             if isinstance(dataloader, StreamPrefetcher) or getattr(dataloader, "batches_on_device", False):
                 return dataloader  # already wrapped, or a loader that yields GPU batches (DALILoader)
-            if device.type == "cuda" and isinstance(dataloader, DataLoader) and not dataloader.pin_memory:
+            # a SpanningLoader (SpanEpochs) builds its workers' loader from the DataLoader it wraps
+            source = dataloader.source if getattr(dataloader, "spans_epochs", False) else dataloader
+            if device.type == "cuda" and isinstance(source, DataLoader) and not source.pin_memory:
                 # pinning in the DataLoader's own thread is cheaper than pinning each batch in the training loop
-                dataloader.pin_memory = True
+                source.pin_memory = True
                 rank_zero_info(f"StreamPrefetch: set pin_memory=True on the {stage or ''} loader.")
-            normalize = (
-                self._moved.get(dataloader, self.normalize)
-                if isinstance(dataloader, DataLoader)
-                else self.normalize
-            )
+            normalize = self._moved.get(source, self.normalize) if isinstance(source, DataLoader) else self.normalize
             transform = self.transform if stage in ("train", "fit", None) else self.val_transform
             seed = self.transform_seed
             if seed is None:

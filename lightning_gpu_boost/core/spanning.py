@@ -146,6 +146,16 @@ class SpanningLoader:
     def num_workers(self) -> int:
         return self.source.num_workers
 
+    @property
+    def worker_init_fn(self) -> Any:
+        """The source's ``worker_init_fn``; set through to it (Lightning adds its seeding function here with
+        ``seed_everything(workers=True)``), read when the workers start."""
+        return self.source.worker_init_fn
+
+    @worker_init_fn.setter
+    def worker_init_fn(self, fn: Any) -> None:
+        self.source.worker_init_fn = fn
+
     def __iter__(self) -> Iterator[Any]:
         if self._iterator is None:
             self._iterator = iter(self._build())
@@ -167,3 +177,41 @@ class SpanningLoader:
 
     def __repr__(self) -> str:
         return f"SpanningLoader({self.source!r}, batches_per_epoch={self.batches_per_epoch})"
+
+
+#: :func:`span_decision`'s default: span a loader whose epoch start is estimated to cost at least this share of it
+RESTART_SHARE = 0.05
+
+
+def restart_share(batches: int, workers: int) -> float:
+    """About the share of an epoch of ``batches`` batches that passes waiting at its start when ``workers``
+    workers begin it afresh (a new iterator, or persistent workers woken): the first batch takes one worker a
+    whole batch, which at the loader's steady pace is ``workers`` batches' time; ``workers / (batches +
+    workers)``. Workers started again (not persistent) also pay their start-up on top."""
+    if workers <= 0 or batches <= 0:
+        return 0.0
+    return workers / (batches + workers)
+
+
+def span_decision(loader: Any, batches: int | None, min_share: float = RESTART_SHARE) -> tuple[bool, str]:
+    """Whether to wrap ``loader`` in a :class:`SpanningLoader` for epochs of ``batches`` batches (``None``: the
+    loader's length), and why: only a ``DataLoader`` over a map-style dataset with workers, whose dataset has no
+    ``set_epoch`` (a dataset that changes per epoch must not see the next epoch loaded early), and whose epoch start
+    costs at least ``min_share`` of an epoch (:func:`restart_share`)."""
+    if not isinstance(loader, DataLoader):
+        return False, f"a {type(loader).__name__}, not a DataLoader"
+    if isinstance(loader.dataset, IterableDataset):
+        return False, "an IterableDataset has no epochs of indices"
+    if loader.num_workers <= 0:
+        return False, "no workers to keep loading"
+    if callable(getattr(loader.dataset, "set_epoch", None)):
+        return False, "its dataset has set_epoch (it may change per epoch: the next epoch must not load early)"
+    try:
+        n = len(loader) if batches is None else batches
+    except TypeError:
+        return False, "it has no length"
+    share = restart_share(n, loader.num_workers)
+    about = f"{n} batches per epoch, {loader.num_workers} workers: each epoch's start costs about {share:.0%} of it"
+    if share < min_share:
+        return False, f"{about} (below {min_share:.0%})"
+    return True, about

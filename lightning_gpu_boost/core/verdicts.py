@@ -326,8 +326,9 @@ def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
             f"epochs of {f.batches_per_epoch} batches pay an epoch's start-up often: longer epochs (more samples per "
             "epoch, e.g. repeat the dataset) amortize it"
             + (
-                ", or keep the workers loading across epoch ends: return SpanningLoader(DataLoader(...)) from "
-                "train_dataloader() and val_dataloader() (lightning_gpu_boost.core.spanning)"
+                ", or keep the workers loading across epoch ends: SpanEpochs(min_restart_share=0) in the callbacks "
+                "(GPUBoost() includes it at 5 %), or return SpanningLoader(DataLoader(...)) from train_dataloader() "
+                "and val_dataloader() (lightning_gpu_boost.core.spanning)"
                 if f.num_workers and not f.spans_epochs
                 else ""
             )

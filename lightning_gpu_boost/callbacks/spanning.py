@@ -1,0 +1,116 @@
+"""``SpanEpochs``: the Lightning adapter of :class:`~lightning_gpu_boost.core.spanning.SpanningLoader`, chosen per
+loader where short epochs make each epoch's start a large share of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.core.spanning import RESTART_SHARE, SpanningLoader, span_decision
+
+
+def _batches(length: int, limit: int | float) -> int | None:
+    """Batches per epoch of a loader of ``length`` batches under Lightning's ``limit_*_batches`` (an int caps it);
+    ``None`` for a fraction below 1, which Lightning would apply again to the wrapped loader's length."""
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return min(length, limit)
+    if isinstance(limit, float) and limit < 1.0:
+        return None
+    return length
+
+
+class SpanEpochs(Callback):
+    """Keep the workers of short-epoch loaders loading across epoch ends: wrap them in ``SpanningLoader``.
+
+    A DataLoader's workers start an epoch's batches only when the epoch begins, so each epoch first waits while one
+    worker loads a whole batch (and workers that are not persistent start again first); each validation pass does
+    the same. When Lightning sets up the fit's training and validation loaders (after DDP gave them their
+    ``DistributedSampler``, after a worker tuner chose their counts), each ``DataLoader`` over a map-style dataset,
+    with workers, whose epoch start costs at least ``min_restart_share`` of its epoch (estimated as ``num_workers /
+    (batches + num_workers)``: epochs of fewer than about 19 batches per worker at the default) is wrapped in a
+    :class:`~lightning_gpu_boost.core.spanning.SpanningLoader`: one iterator whose workers load the next epoch's
+    batches while this one ends and validates, every sample still once per epoch in the sampler's order, and a
+    validation pass limited by ``limit_val_batches`` loads only the batches it uses. Part of :class:`GPUBoost`.
+
+    Left alone: loaders with ``num_workers=0``, iterable datasets, datasets with a ``set_epoch`` method (they may
+    change per epoch), loaders that are not DataLoaders, and every loader when ``reload_dataloaders_every_n_epochs``
+    is set. Caveats (those of ``SpanningLoader``): the next epoch's batches load before ``on_train_epoch_start``
+    runs, so a dataset that the main process changes per epoch must not be spanned (pass ``train=False`` or
+    ``GPUBoost(span_epochs=False)``; persistent workers, which worker tuners turn on, do not see such changes either);
+    a run resumed mid-epoch begins that epoch again, as Lightning does for plain loaders.
+
+    Logged metrics:
+        None; an info line per loader it wraps, naming its batches, workers and the estimated share.
+
+    Args:
+        train: consider the training loaders.
+        val: consider the validation loaders (their passes limited by ``limit_val_batches``).
+        min_restart_share: wrap a loader when its epoch start is estimated to cost at least this share of an epoch,
+            in ``[0, 1)``; ``0`` wraps every loader that can be wrapped.
+
+    Raises:
+        ValueError: a ``min_restart_share`` outside ``[0, 1)``, non-bool ``train`` or ``val``.
+
+    Example::
+
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning_gpu_boost.callbacks import AutoNumWorkers, SpanEpochs
+        >>> trainer = Trainer(callbacks=[AutoNumWorkers(), SpanEpochs()], logger=False, enable_progress_bar=False)
+    """
+
+    def __init__(self, train: bool = True, val: bool = True, min_restart_share: float = RESTART_SHARE) -> None:
+        checks.check_bool("train", train)
+        checks.check_bool("val", val)
+        checks.check_number("min_restart_share", min_restart_share, low=0.0, high=1.0, high_open=True)
+        self.train, self.val, self.min_restart_share = train, val, min_restart_share
+        #: ``(stage, wrapped, why)`` for each loader considered in the last fit
+        self.decisions: list[tuple[str, bool, str]] = []
+        self._spanning: list[SpanningLoader] = []
+        self._strategy: Any = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if trainer.reload_dataloaders_every_n_epochs:
+            rank_zero_info("SpanEpochs: off (reload_dataloaders_every_n_epochs builds new loaders every few epochs).")
+            return
+        self.decisions = []
+        stages = {name for name, on in (("train", self.train), ("val", self.val)) if on}
+
+        def hook(dataloader: object, loader_stage: str | None) -> object:
+            if loader_stage not in stages:
+                return dataloader
+            limit = trainer.limit_train_batches if loader_stage == "train" else trainer.limit_val_batches
+            try:
+                batches = _batches(len(dataloader), limit)  # type: ignore[arg-type]
+            except TypeError:  # no length: span_decision says so
+                batches = 0
+            if batches is None:
+                span, why = False, f"limit_{loader_stage}_batches={limit} is a fraction (an int limit can be spanned)"
+            else:
+                span, why = span_decision(dataloader, batches or None, self.min_restart_share)
+            self.decisions.append((loader_stage, span, why))
+            if not span or not batches:
+                return dataloader
+            full = batches >= len(dataloader)  # type: ignore[arg-type]
+            wrapped = SpanningLoader(dataloader, None if full else batches)  # type: ignore[arg-type]
+            self._spanning.append(wrapped)
+            rank_zero_info(f"SpanEpochs: the {loader_stage} loader's workers load across epoch ends ({why}).")
+            return wrapped
+
+        # after the worker tuners' hooks (registered earlier in setup), before the strategy's and the prefetcher's
+        add_dataloader_hook(trainer.strategy, f"SpanEpochs-{id(self)}", hook, before=True)
+        self._strategy = trainer.strategy
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for loader in self._spanning:
+            loader.close()
+        self._spanning.clear()
+        if self._strategy is not None:
+            remove_dataloader_hook(self._strategy, f"SpanEpochs-{id(self)}")
+            self._strategy = None
