@@ -38,6 +38,7 @@ from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # no
 from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
 from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
 from lightning_gpu_boost.core.steady import STEADY_TOLERANCE, batch_size_of, worst_halves_diff  # noqa: E402
+from lightning_gpu_boost.core.workers import spanned_loaders  # noqa: E402
 
 sys.path.insert(2, str(HERE.parent))  # benchmarks/, for what its scripts share
 from _common import carried_over  # noqa: E402
@@ -55,13 +56,21 @@ MIN_SECONDS = 3.0
 
 class Meter(ThroughputMeter):
     """The ThroughputMeter that ends the fit only after :data:`MIN_SECONDS` of timed steps, then once the window's
-    halves agree (checked every 8 steps), at an epoch's end, or after three times :data:`MIN_SECONDS`."""
+    halves agree (checked every 8 steps), at an epoch's end where the workers restart there (not through a
+    ``SpanningLoader``), or once both three times :data:`MIN_SECONDS` and three times its steps are timed (slow
+    steps get as many steps as fast ones to settle, fast ones as many seconds)."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._spans = bool(spanned_loaders(getattr(trainer, "train_dataloader", None)))
 
     def _may_stop(self, trainer: pl.Trainer, batch_idx: int, timed: int) -> bool:
         elapsed = time.monotonic() - self._stamps[self.opened_at]
         if elapsed < MIN_SECONDS:
             return False
-        if elapsed >= 3 * MIN_SECONDS or batch_idx + 1 >= trainer.num_training_batches:
+        if elapsed >= 3 * MIN_SECONDS and timed >= 3 * self.timed_steps:
+            return True
+        if batch_idx + 1 >= trainer.num_training_batches and not self._spans:
             return True
         if timed % 8:
             return False
@@ -235,8 +244,10 @@ def main() -> None:
         parser.error("--cases needs --keep (the result the other cases come from).")
     gpu = args.size == "gpu" and torch.cuda.is_available()
     results: dict[str, dict[str, Any]] = {}
-    kept = carried_over(args.keep, [n for n in names() if args.only and n not in args.only], "workloads") \
-        if args.keep else {}  # fmt: skip
+    # with --cases the --only workloads are carried over too until each is re-run: a result written after the
+    # first of them still holds the others' earlier cases
+    carry = [n for n in names() if args.cases or (args.only and n not in args.only)]
+    kept = carried_over(args.keep, carry, "workloads") if args.keep else {}
     results.update(kept)  # written from the first result on, so that a run cut short still holds them
     for name in names():
         if args.only and name not in args.only:

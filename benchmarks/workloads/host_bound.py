@@ -21,7 +21,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorData
 EXPECTED = {"cpu": "ok", "gpu": "host-bound"}
 #: plain and GPUBoost runs compared (medians, interleaved): the step's Python and its two syncs vary by about 10 %
 #: from one run to the next in one process (H100, benchmarks/results/host_bound_parts-2026-11-24-h100.json)
-ROUNDS = 3
+ROUNDS = 5
 SIZES = {
     "cpu": {"samples": 4096, "features": 64, "batch": 64, "hidden": 1024, "steps": 40},
     "gpu": {"samples": 65536, "features": 512, "batch": 1024, "hidden": 2048, "steps": 80},
