@@ -274,28 +274,87 @@ def _scan_sources(
     return hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:32], sizes
 
 
+#: a pack's window (read ahead while the one before is stored, then committed) holds at most this many bytes of
+#: records: its buffer is one of two reused for the whole pack. Memory the process has not touched before costs a
+#: page fault per 4 KiB at first use (about 2 us each on the development VM: a fresh 100 KB buffer per record took
+#: 55 of the 100 us that reading, checksumming and storing a ~100 KB file cost), so small windows reused beat
+#: a fresh buffer per record, or per 1,000-record window (7ca33bb: two windows of a 2,000-record pack, nothing reused).
+WINDOW_BYTES = 8 << 20
+
+
+class _Arenas:
+    """Two buffers reused window after window (one read ahead while the other is stored): each window's records
+    are read into slices of one of them instead of fresh memory."""
+
+    def __init__(self) -> None:
+        self._buffers = [bytearray(), bytearray()]
+        self._turn = 0
+
+    def slices(self, sizes: list[int]) -> list[memoryview | None]:
+        """A slice of ``HEADER.size + size`` bytes per record (``None`` for a size below 0: a file that appeared
+        since the scan) in the next buffer, grown when too small; valid until that buffer's next turn, two windows
+        later (by then its records are committed)."""
+        need = sum(HEADER.size + s for s in sizes if s >= 0)
+        k, self._turn = self._turn, 1 - self._turn
+        if len(self._buffers[k]) < need:
+            self._buffers[k] = bytearray(need)
+        view, out, at = memoryview(self._buffers[k]), [], 0
+        for size in sizes:
+            if size < 0:
+                out.append(None)
+                continue
+            out.append(view[at : at + HEADER.size + size])
+            at += HEADER.size + size
+        return out
+
+
+def _windows(sizes: list[int], start: int, most: int, most_bytes: int | None = None) -> list[tuple[int, int]]:
+    """``(lo, hi)`` windows from ``start``: at most ``most`` records and ``most_bytes`` bytes each (at least one;
+    default :data:`WINDOW_BYTES`)."""
+    most_bytes = WINDOW_BYTES if most_bytes is None else most_bytes
+    out, lo = [], start
+    while lo < len(sizes):
+        hi, total = lo, 0
+        while hi < len(sizes) and hi - lo < most and (hi == lo or total + max(0, sizes[hi]) <= most_bytes):
+            total += max(0, sizes[hi]) + HEADER.size
+            hi += 1
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
 def _read_records(
-    items: list[tuple[str, int, int]], check: str | None, resize: tuple[int, int] | None = None
-) -> list[bytearray | tuple[str, str]]:
-    return [_read_record(path, label, size, check, resize) for path, label, size in items]
+    items: list[tuple[str, int, int]],
+    check: str | None,
+    resize: tuple[int, int] | None = None,
+    outs: list[memoryview | None] | None = None,
+) -> list[bytearray | memoryview | tuple[str, str]]:
+    outs = outs if outs is not None else [None] * len(items)
+    return [_read_record(path, label, size, check, resize, out) for (path, label, size), out in zip(items, outs, strict=True)]  # fmt: skip
 
 
 def _read_record(
-    path: str, label: int, size: int, check: str | None = "structure", resize: tuple[int, int] | None = None
-) -> bytearray | tuple[str, str]:
+    path: str,
+    label: int,
+    size: int,
+    check: str | None = "structure",
+    resize: tuple[int, int] | None = None,
+    out: memoryview | None = None,
+) -> bytearray | memoryview | tuple[str, str]:
     """The record value of a file of ``size`` bytes (from the fingerprint's ``stat``), built where it is read (a
     reading thread): header space, then the bytes read straight into place, then the header with the CRC32 (zlib
     releases the GIL on large buffers). Plain ``os`` calls: ``open()``'s file object costs more than reading a
     small file. A file that cannot be read, or fails ``check`` (:func:`~lightning_gpu_boost.core.bad_samples.check_image`),
     comes back as ``(path, reason)``. With ``resize = (max_side, quality)``, a larger image is stored resized and
-    re-encoded (:func:`~lightning_gpu_boost.core.images.shrink_image`), a smaller one unchanged."""
+    re-encoded (:func:`~lightning_gpu_boost.core.images.shrink_image`), a smaller one unchanged. ``out``: a buffer of
+    ``HEADER.size + size`` bytes to build the value in (:class:`_Arenas`), else a new one."""
     if size < 0:
         try:
             os.stat(path)
         except OSError as err:
             return path, f"cannot read: {err.strerror or err}"
         raise OSError(f"{path!r} appeared while it was packed; pack a quiet source.")
-    value = bytearray(HEADER.size + size)
+    value: bytearray | memoryview = out if out is not None and len(out) == HEADER.size + size else bytearray(HEADER.size + size)  # fmt: skip
     view = memoryview(value)[HEADER.size :]
     extra = bytearray(1)  # filled only if the file grew since its stat
     try:
@@ -474,8 +533,9 @@ def _pack_files(
     resize: tuple[int, int] | None = None,
     stats: dict[str, os.stat_result] | None = None,
 ) -> Path:
-    """Pack the files of ``samples`` (path, label) into ``dst``: read by threads in windows of ``commit_every``,
-    one commit per window, so memory stays bounded and a resume restarts at a window's edge."""
+    """Pack the files of ``samples`` (path, label) into ``dst``: read by threads in windows of at most
+    ``commit_every`` records and :data:`WINDOW_BYTES` bytes into two reused buffers, one commit per window, so memory
+    stays bounded and a resume restarts at a window's edge."""
     import json
     from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -499,24 +559,26 @@ def _pack_files(
                 total=len(samples), initial=start, desc=f"pack {dst}", unit="img", disable=not progress
             ) as bar,
         ):
-            # one task per chunk of files: a future per small file costs more than reading it
-            chunk = max(1, min(64, commit_every // (4 * max(1, threads))))
+            arenas = _Arenas()
+            windows = _windows(sizes, start, commit_every)
 
-            def submit(lo: int) -> list[Future]:
-                window = items[lo : lo + commit_every]
+            def submit(lo: int, hi: int) -> list[Future]:
+                window = items[lo:hi]
+                outs = arenas.slices([size for _, _, size in window])
                 if threads == 0:  # read here, between commits: no thread competes with LMDB for the GIL
                     done: Future = Future()
-                    done.set_result(_read_records(window, level, resize))
+                    done.set_result(_read_records(window, level, resize, outs))
                     return [done]
+                # one task per chunk of files: a future per small file costs more than reading it
+                chunk = max(1, min(64, len(window) // (4 * threads)))
                 return [
-                    pool.submit(_read_records, window[i : i + chunk], level, resize)
+                    pool.submit(_read_records, window[i : i + chunk], level, resize, outs[i : i + chunk])
                     for i in range(0, len(window), chunk)
                 ]
 
-            windows = range(start, len(samples), commit_every)
-            ahead = submit(windows[0]) if windows else []
-            for lo in windows:
-                current, ahead = ahead, (submit(lo + commit_every) if lo + commit_every < len(samples) else [])
+            ahead = submit(*windows[0]) if windows else []
+            for k, (_, hi) in enumerate(windows):
+                current, ahead = ahead, (submit(*windows[k + 1]) if k + 1 < len(windows) else [])
                 done = 0
                 for future in current:  # the next window is read while this one is stored and committed
                     values = future.result()
@@ -531,7 +593,7 @@ def _pack_files(
                         bad.append({"path": _relative(path, src), "reason": reason})
                     writer.add_values(good, auto_commit=False)  # one commit per window, with its state
                     done += len(values)
-                writer.state = {"source_next": min(lo + commit_every, len(samples)), "bad": bad}
+                writer.state = {"source_next": hi, "bad": bad}
                 writer.commit(force=True)
                 bar.update(done)
     except BaseException:

@@ -80,6 +80,29 @@ def test_dataloader_workers_under_fork_and_spawn(tree, tmp_path, context):
     )
 
 
+@pytest.mark.parametrize("workers", [0, 3])
+def test_windows_of_a_few_kilobytes_reuse_two_buffers_and_every_record_stays_right(tree, tmp_path, monkeypatch,
+                                                                                   workers):  # fmt: skip
+    assert lw._windows([5, 5, 5, 5, 5], 1, most=10, most_bytes=10 + 2 * lw.HEADER.size) == [(1, 3), (3, 5)]
+    assert lw._windows([50, 1], 0, most=10, most_bytes=10) == [(0, 1), (1, 2)]  # a large record: a window alone
+    assert lw._windows([1, 1, 1], 0, most=2) == [(0, 2), (2, 3)]
+    monkeypatch.setattr(lw, "WINDOW_BYTES", 6000)  # 2-3 records per window: each buffer is reused many times
+    grown = []
+    slices = lw._Arenas.slices
+
+    def spy(self, sizes):
+        out = slices(self, sizes)
+        grown.append([id(b) for b in self._buffers])
+        return out
+
+    monkeypatch.setattr(lw._Arenas, "slices", spy)
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False, workers=workers)
+    samples, _, _ = scan_image_folder(tree)
+    assert len(grown) >= 8 and len({i for ids in grown[-2:] for i in ids} | {i for i in grown[2]}) <= 4
+    assert _records(path) == [(open(p, "rb").read(), label) for p, label in samples]
+    assert lf.verify(path)["ok"]
+
+
 def test_sigkill_then_resume_equals_an_uninterrupted_pack(tree, tmp_path):
     dst = tmp_path / "killed.lmdb"
     script = f"""
