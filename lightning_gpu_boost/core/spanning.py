@@ -147,6 +147,12 @@ class SpanningLoader:
         return self.source.num_workers
 
     @property
+    def prefetch_factor(self) -> int | None:
+        """Batches each worker keeps in flight (the source's; 2 where it has none and workers are set later): with
+        ``num_workers`` the loader's queue, as :func:`~lightning_gpu_boost.core.steady.queue_batches` reads it."""
+        return (self.source.prefetch_factor or 2) if self.source.num_workers else None
+
+    @property
     def worker_init_fn(self) -> Any:
         """The source's ``worker_init_fn``; set through to it (Lightning adds its seeding function here with
         ``seed_everything(workers=True)``), read when the workers start."""

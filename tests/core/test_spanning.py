@@ -164,3 +164,12 @@ def test_short_epoch_advice_names_it_only_where_plain_workers_restart():
     spanning = " ".join(advise("between-steps", RunFacts(num_workers=4, persistent_workers=True, batches_per_epoch=8,
                                                           spans_epochs=True)))  # fmt: skip
     assert "SpanningLoader" not in spanning and "persistent_workers" not in spanning
+
+
+def test_the_queue_a_meter_waits_out_is_the_workers_in_flight():
+    from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+    from lightning_gpu_boost.core.steady import queue_batches
+
+    loader = SpanningLoader(DataLoader(Stamped(8), batch_size=2, num_workers=2, prefetch_factor=3))
+    assert queue_batches(loader) == 6 and queue_batches(StreamPrefetcher(loader, device="cpu", depth=1)) >= 6
+    assert queue_batches(SpanningLoader(DataLoader(Stamped(8), batch_size=2))) == 0
