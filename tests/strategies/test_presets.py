@@ -75,10 +75,11 @@ def _fit_with(trainer_kwargs, boost, loader):
 @pytest.mark.parametrize(
     "switches,parts",
     [
-        ({}, {"auto_workers", "prefetch", "watchdog"}),
-        ({"prefetch": False}, {"auto_workers", "watchdog"}),
-        ({"auto_workers": False, "watchdog": False}, {"prefetch"}),
-        ({"auto_workers": False, "watchdog": False, "prefetch": False}, set()),
+        ({}, {"auto_workers", "prefetch", "span_epochs", "watchdog"}),
+        ({"prefetch": False}, {"auto_workers", "span_epochs", "watchdog"}),
+        ({"auto_workers": False, "watchdog": False}, {"prefetch", "span_epochs"}),
+        ({"auto_workers": False, "watchdog": False, "prefetch": False, "span_epochs": False}, set()),
+        ({"span_epochs": False}, {"auto_workers", "prefetch", "watchdog"}),
     ],
 )
 def test_gpu_boost_switches_each_part(trainer_kwargs, tmp_path, switches, parts):
