@@ -87,17 +87,20 @@ class SpanEpochs(Callback):
                 return dataloader
             limit = trainer.limit_train_batches if loader_stage == "train" else trainer.limit_val_batches
             try:
-                batches = _batches(len(dataloader), limit)  # type: ignore[arg-type]
+                length: int | None = len(dataloader)  # type: ignore[arg-type]
             except TypeError:  # no length: span_decision says so
-                batches = 0
-            if batches is None:
+                length = None
+            batches = None if length is None else _batches(length, limit)
+            if length is not None and batches is None:
                 span, why = False, f"limit_{loader_stage}_batches={limit} is a fraction (an int limit can be spanned)"
+            elif batches == 0:
+                span, why = False, "no batches per epoch"
             else:
-                span, why = span_decision(dataloader, batches or None, self.min_restart_share)
+                span, why = span_decision(dataloader, batches, self.min_restart_share)
             self.decisions.append((loader_stage, span, why))
-            if not span or not batches:
+            if not span or batches is None or length is None:
                 return dataloader
-            full = batches >= len(dataloader)  # type: ignore[arg-type]
+            full = batches >= length
             wrapped = SpanningLoader(dataloader, None if full else batches)  # type: ignore[arg-type]
             self._spanning.append(wrapped)
             rank_zero_info(f"SpanEpochs: the {loader_stage} loader's workers load across epoch ends ({why}).")
