@@ -22,6 +22,7 @@ from lightning_gpu_boost.core.prefetch import (
     move_normalize,
     restore_normalize,
 )
+from lightning_gpu_boost.core.workers import iter_loaders
 
 _USER_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device")
 
@@ -171,8 +172,8 @@ class StreamPrefetch(Callback):
         def wrap(dataloader: object, stage: str | None) -> object:
             if isinstance(dataloader, StreamPrefetcher) or getattr(dataloader, "batches_on_device", False):
                 return dataloader  # already wrapped, or a loader that yields GPU batches (DALILoader)
-            # a SpanningLoader (SpanEpochs) builds its workers' loader from the DataLoader it wraps
-            source = dataloader.source if getattr(dataloader, "spans_epochs", False) else dataloader
+            # the DataLoader itself, or the one a SpanningLoader (SpanEpochs) builds its workers' loader from
+            source = next(iter_loaders(dataloader), None)
             if device.type == "cuda" and isinstance(source, DataLoader) and not source.pin_memory:
                 # pinning in the DataLoader's own thread is cheaper than pinning each batch in the training loop
                 source.pin_memory = True
