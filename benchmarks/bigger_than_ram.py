@@ -51,6 +51,7 @@ import shutil
 import statistics
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -152,11 +153,11 @@ def reads_part(pack: str, files: list[str], workers: int, files_limit: int, suff
     n = len(open_pack(pack))
     block = block_size_for(n, os.path.getsize(pack), BLOCK_BYTES)
 
-    def block_sampler() -> BlockShuffleSampler:
+    def block_sampler(workers: int) -> BlockShuffleSampler:
         """The epoch's order, asking a window ahead as LMDBDataModule(order="block") does (a reader opened after the
-        cell's cache drop)."""
+        cell's cache drop; without workers, the blocks are mapped ahead into this process too)."""
         sampler = BlockShuffleSampler(range(n), block, WINDOW_BLOCKS, seed=0, num_replicas=1, rank=0)
-        sampler.will_need = open_pack(pack).will_need
+        sampler.will_need = partial(open_pack(pack).will_need, populate=not workers)
         return sampler
 
     file_order = random.Random(0).sample(range(len(files)), min(len(files), files_limit))
@@ -167,7 +168,7 @@ def reads_part(pack: str, files: list[str], workers: int, files_limit: int, suff
     for name, w in (("workers", workers), ("one_at_a_time", 0)):
         close_readers(pack)
         drop_cache([pack])
-        out[f"block_{name}"] = timed_read(RawPack(pack), block_sampler(), w)
+        out[f"block_{name}"] = timed_read(RawPack(pack), block_sampler(w), w)
         close_readers(pack)
         drop_cache([pack])
         out[f"random_pack_{name}"] = timed_read(RawPack(pack), random.Random(1).sample(range(n), len(file_order)), w)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -157,7 +158,10 @@ class LMDBDataModule(ImageFolderDataModule):
             sampler = BlockShuffleSampler(dataset, block, self.window_blocks, seed=self.split_seed,
                                           drop_last=bool(kwargs.get("drop_last")))  # fmt: skip
             if isinstance(dataset, LMDBImageDataset):  # blocks are read in one piece, a window ahead of their records
-                sampler.will_need = dataset.reader.will_need
+                # (mapped ahead too where this process reads them itself: no workers)
+                reader = dataset.reader
+                in_process = not kwargs.get("num_workers")
+                sampler.will_need = partial(reader.will_need, populate=True) if in_process else reader.will_need
             kwargs["sampler"] = sampler
         return kwargs
 

@@ -197,6 +197,13 @@ def test_the_lmdb_datamodule_reads_blocks_a_window_ahead(tmp_path):
     labels = [label for _, batch in loader for label in batch.tolist()]
     reader = loader.dataset.reader
     assert sorted(labels) == sorted(reader.read(i, lambda r: r.label) for i in range(24))
+    dm = LMDBDataModule(str(pack), image_size=32, batch_size=4, num_workers=0, order="block", block_bytes=16384,
+                        window_blocks=2)  # fmt: skip
+    dm.setup("fit")
+    loader = dm.train_dataloader()  # no workers: this process reads the blocks, so they are mapped ahead too
+    assert loader.sampler.will_need.func == loader.dataset.reader.will_need
+    assert loader.sampler.will_need.keywords == {"populate": True}
+    assert sorted(label for _, batch in loader for label in batch.tolist()) == sorted(labels)
 
 
 def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
@@ -220,11 +227,19 @@ def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
     monkeypatch.setattr(lmdb_reader, "WHOLE_PACK_PREFETCH_FRACTION", 0)  # no prefetch thread beside the test's calls
     reader = lmdb_reader.open_pack(pack)
     assert reader.will_need(0, 40)
+    lmdb_reader.wait_for_read_ahead()  # the calls are made by a background thread
     willneed = list(asked)
     assert len(willneed) > 1 and all(n <= 16384 and advice == 3 for _, n, advice in willneed)  # MADV_WILLNEED
     assert all(a + n == b for (a, n, _), (b, _, _) in zip(willneed, willneed[1:], strict=False))  # contiguous
     asked.clear()
-    assert reader.will_need(0, 10) and asked and all(advice == 3 for _, _, advice in asked)
+    assert reader.will_need(0, 10)
+    lmdb_reader.wait_for_read_ahead()
+    assert asked and all(advice == 3 for _, _, advice in asked)
+    asked.clear()  # populate: every chunk asked for first, then the span mapped in one call (MADV_POPULATE_READ)
+    assert reader.will_need(0, 40, populate=True)
+    lmdb_reader.wait_for_read_ahead()
+    assert [advice for _, _, advice in asked] == [3] * len(willneed) + [22]
+    assert asked[-1][:2] == (willneed[0][0], sum(n for _, n, _ in willneed))
     monkeypatch.setattr(lmdb_reader.os, "posix_fadvise", lambda fd, off, n, advice: advised.append((off, n)))
     lmdb_reader.close_readers(pack)
     lmdb_reader._read_whole(str(pack), pack.stat().st_size)
