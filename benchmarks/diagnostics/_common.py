@@ -17,5 +17,6 @@ _shared = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shared)
 
 demo_tree = _shared.demo_tree
+drop_cache = _shared.drop_cache
 fit_resnet50 = _shared.fit_resnet50
 parser_for = _shared.parser_for
