@@ -307,7 +307,7 @@ class PackReader:
         return env.begin(db=self._dbs[name], buffers=True)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None, "_local": None, "_paths": None, "_spans": None}
+        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None, "_local": None, "_paths": None}
 
     def source_path(self, index: int) -> str:
         """Record ``index``'s file, relative to the packed folder (``meta("paths")``; packs before it: the
@@ -360,10 +360,11 @@ class PackReader:
         lo, hi = max(0, lo), min(self.length, hi)
         if hi <= lo or _MADVISE is None:
             return False
-        starts, ends = self._record_spans()
-        start, end = int(starts[lo]), int(ends[hi - 1])
-        if start <= 0 or end <= 0:  # a record missing from the pack: read where it is used
+        txn = self._txn()
+        first, last = txn.get(KEY.pack(lo)), txn.get(KEY.pack(hi - 1))  # pointers only: no page is touched
+        if first is None or last is None:
             return False
+        start, end = _address(first), _address(last) + len(last)
         start -= start % _PAGE
         if not 0 < end - start <= 1 << 30:
             return False
@@ -372,27 +373,6 @@ class PackReader:
             chunk = self._chunk = readahead_chunk(self.path)
         _advisor().queue.put((start, end, chunk, bool(populate)))
         return True
-
-    def _record_spans(self) -> tuple[Any, Any]:
-        """Where every record lies in this process's memory map (start and end addresses, 0 for a missing record),
-        found once per environment by one walk over the keys (their B-tree pages only: no record's bytes are read).
-        Looking a block's ends up at each :meth:`will_need` instead read two B-tree pages from the disk per block on a
-        cold cache, in the asking thread: half of a cold one-process pass on the H100 machine
-        (``benchmarks/diagnostics/block_read_ahead.py``)."""
-        txn = self._txn()  # (re)opens the environment in a new process
-        table = self.__dict__.get("_spans")
-        if table is not None and table[0] is self._env:
-            return table[1], table[2]
-        import numpy as np
-
-        starts, ends = np.zeros(self.length, np.int64), np.zeros(self.length, np.int64)
-        for raw_key, value in txn.cursor():
-            index = KEY.unpack(bytes(raw_key))[0]
-            if 0 <= index < self.length:
-                starts[index] = address = _address(value)
-                ends[index] = address + len(value)
-        self._spans = (self._env, starts, ends)
-        return starts, ends
 
     def iter_records(self, check_crc: bool = True) -> Iterator[Record]:
         with self._begin(RECORDS) as txn:
