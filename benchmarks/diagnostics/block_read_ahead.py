@@ -2,8 +2,9 @@
 workers: bigger_than_ram.py's ``block_one_at_a_time`` cell), by the way blocks are asked for ahead of use:
 
 - ``none``: no read-ahead but the kernel's read-around of each fault;
-- ``inline``: ``madvise(WILLNEED)`` per block in the reading thread itself, a window ahead (before 6816b30);
-- ``thread``: the same calls made by the reader's background thread (``lmdb_reader._Advisor``);
+- ``inline``: each block looked up and asked for (``madvise(WILLNEED)``) in the reading thread itself, a window
+  ahead (before 6816b30);
+- ``thread``: the same lookups and calls made by the reader's background thread (``lmdb_reader._Advisor``);
 - ``thread_populate``: and each block mapped ahead into the process (``MADV_POPULATE_READ``), as LMDBDataModule
   asks without workers.
 

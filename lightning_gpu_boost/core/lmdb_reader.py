@@ -37,7 +37,9 @@ _PID = [os.getpid()]  # this process's id, kept current after a fork: readers co
 def _close_inherited() -> None:
     """After a fork, close the parent's environments in the child (py-lmdb refuses to open a file that is
     already open in the process, and LMDB handles must not be shared across fork); they reopen on first use."""
+    global _CLOSE_LOCK, _ADVISOR_LOCK
     _PID[0] = os.getpid()
+    _CLOSE_LOCK, _ADVISOR_LOCK = threading.Lock(), threading.Lock()  # the parent's read-ahead thread may have held one
     for env, _ in _ENVS.values():
         try:
             env.close()
@@ -72,13 +74,14 @@ _MADV_WILLNEED, _MADV_POPULATE_READ = 3, 22  # POPULATE_READ: Linux 5.14+ (EINVA
 
 
 class _Advisor:
-    """One daemon thread per process that makes the ``madvise`` calls of :meth:`PackReader.will_need`, so that the
-    caller (the loader's sampler, a DALI feeder, a training loop reading one record at a time) never waits on them:
-    a ``WILLNEED`` call allocates the pages and queues their reads itself, and blocks while the disk's queue is full,
-    which kept a cold block-shuffled pass at ~60 % of the disk when records were read in the same thread. Requests
-    waiting together are all queued with the disk (``WILLNEED``) before any is mapped (``POPULATE_READ``, for spans
-    asked with ``populate``: this process's page tables filled ahead of its reads, so reading a record faults no
-    page)."""
+    """One daemon thread per process that finds and asks for the spans of :meth:`PackReader.will_need`, so that the
+    caller (the loader's sampler, a DALI feeder, a training loop reading one record at a time) never waits on them.
+    Both waited before: finding a block's span reads its first and last records (py-lmdb touches every page of a
+    value it returns), from the disk on a cold cache, and a ``WILLNEED`` call allocates the pages and queues their
+    reads itself, blocking while the disk's queue is full; in the asking thread, that was half of a cold
+    one-process pass on the H100 machine (``benchmarks/diagnostics/block_read_ahead.py``). Requests waiting together
+    are all queued with the disk (``WILLNEED``) before any is mapped (``POPULATE_READ``, for spans asked with
+    ``populate``: this process's page tables filled ahead of its reads)."""
 
     def __init__(self) -> None:
         import queue
@@ -92,29 +95,36 @@ class _Advisor:
         import queue
 
         while True:
-            spans = [self.queue.get()]
+            asked = [self.queue.get()]
             while True:
                 try:
-                    spans.append(self.queue.get_nowait())
+                    asked.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
             try:
-                self._advise(spans)
-            except Exception:  # reading ahead only saves time; an unmapped span is refused by the kernel, not fatal
+                self._advise(asked)
+            except Exception:  # reading ahead only saves time: a closed reader or an unmapped span is not fatal
                 pass
             finally:
-                for _ in spans:
+                for _ in asked:
                     self.queue.task_done()
 
-    def _advise(self, spans: list[tuple[int, int, int, bool]]) -> None:
-        madvise = _MADVISE
+    def _advise(self, asked: list[tuple[Any, int, int, bool]]) -> None:
+        madvise, mapped = _MADVISE, []
         if madvise is None:
             return
-        for start, end, chunk, _ in spans:  # one request per chunk: the kernel reads at most a chunk per request
-            for a in range(start, end, chunk):
+        for reader, lo, hi, populate in asked:
+            with _CLOSE_LOCK:  # close_readers waits: no environment is closed under a lookup
+                span = reader._span(lo, hi)
+            if span is None:
+                continue
+            start, end, chunk = span
+            for a in range(start, end, chunk):  # one request per chunk: the kernel reads at most a chunk per request
                 madvise(a, min(chunk, end - a), _MADV_WILLNEED)
-        for start, end, _, populate in spans:
-            if populate and self.populate_ok and madvise(start, end - start, _MADV_POPULATE_READ) != 0:
+            if populate:
+                mapped.append((start, end))
+        for start, end in mapped:
+            if self.populate_ok and madvise(start, end - start, _MADV_POPULATE_READ) != 0:
                 import ctypes
                 import errno
 
@@ -124,6 +134,7 @@ class _Advisor:
 
 _ADVISOR: list[_Advisor] = []
 _ADVISOR_LOCK = threading.Lock()
+_CLOSE_LOCK = threading.Lock()  # held while the advisor looks a span up, and while an environment is closed
 
 
 def _advisor() -> _Advisor:
@@ -245,7 +256,8 @@ def close_readers(path: str | os.PathLike) -> None:
     _PREFETCHED.discard(os.path.realpath(path))  # opened again, it is asked for again (e.g. after a cache drop)
     entry = _ENVS.pop((os.getpid(), os.path.realpath(path)), None)
     if entry is not None:
-        entry[0].close()
+        with _CLOSE_LOCK:  # not under the read-ahead thread's lookup
+            entry[0].close()
 
 
 class PackReader:
@@ -352,27 +364,31 @@ class PackReader:
         read-around of each fault stays on (turning it off, ``MADV_RANDOM``, read block-shuffled epochs at 0.57-0.69x
         the speed on the H100 machine: ``benchmarks/results/history/bigger_than_ram-e4412f4.md``).
 
-        The span is looked up here; the ``madvise`` calls are made by a background thread (:class:`_Advisor`), so
-        the caller goes on at once. ``populate``: also map the span into this process's page tables once read
-        (``MADV_POPULATE_READ``, Linux 5.14+), for a process that reads the records itself (no loader workers):
-        its reads then fault no page. Returns whether a read was asked for (not on other systems, nor for an empty
-        or out-of-order span, nor a span over 1 GiB)."""
+        The span is found and asked for by a background thread (:class:`_Advisor`), so the caller goes on at once.
+        ``populate``: also map the span into this process's page tables once read (``MADV_POPULATE_READ``, Linux
+        5.14+), for a process that reads the records itself (no loader workers). Returns whether a read was asked
+        for (not on other systems, nor for an empty span); the thread skips a span it cannot find or over 1 GiB."""
         lo, hi = max(0, lo), min(self.length, hi)
         if hi <= lo or _MADVISE is None:
             return False
+        _advisor().queue.put((self, lo, hi, bool(populate)))
+        return True
+
+    def _span(self, lo: int, hi: int) -> tuple[int, int, int] | None:
+        """The page-aligned start, the end and the readahead chunk of records ``lo .. hi - 1`` in this process's
+        memory map (reads the first and last records: py-lmdb touches the values it returns), or ``None``."""
         txn = self._txn()
-        first, last = txn.get(KEY.pack(lo)), txn.get(KEY.pack(hi - 1))  # pointers only: no page is touched
+        first, last = txn.get(KEY.pack(lo)), txn.get(KEY.pack(hi - 1))
         if first is None or last is None:
-            return False
+            return None
         start, end = _address(first), _address(last) + len(last)
         start -= start % _PAGE
         if not 0 < end - start <= 1 << 30:
-            return False
+            return None
         chunk = self.__dict__.get("_chunk")
         if chunk is None:
             chunk = self._chunk = readahead_chunk(self.path)
-        _advisor().queue.put((start, end, chunk, bool(populate)))
-        return True
+        return start, end, chunk
 
     def iter_records(self, check_crc: bool = True) -> Iterator[Record]:
         with self._begin(RECORDS) as txn:
