@@ -28,6 +28,7 @@ from _common import drop_cache
 
 from lightning_gpu_boost.core import lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
+from lightning_gpu_boost.core.results import write_result
 
 CASES = ("none", "inline", "thread", "thread_populate")
 
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--pack", default="/tmp/demo/jpeg-8000-x8-shuffled.lmdb")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
-    parser.add_argument("--out", default=None, help="a folder for the JSON")
+    parser.add_argument("--out", default=None, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
     lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0
     runs: dict = {case: {"cold": [], "warm": []} for case in args.cases}
@@ -97,9 +98,9 @@ def main() -> None:
     summary = {case: {temp: statistics.median(r["bytes_s"] for r in rs) for temp, rs in v.items()}
                for case, v in runs.items()}  # fmt: skip
     print(json.dumps(summary, indent=1))
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "block_read_ahead.json").write_text(json.dumps({"runs": runs, "median_bytes_s": summary}))
+    figures = {"config": vars(args), "records": len(lmdb_reader.open_pack(args.pack)), "median_bytes_s": summary,
+               "runs": runs}  # fmt: skip
+    print(f"wrote {write_result('block_read_ahead', figures, {}, args.out)}")
 
 
 if __name__ == "__main__":
