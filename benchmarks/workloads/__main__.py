@@ -1,5 +1,6 @@
 """Run the workloads: the watchdog's verdict on each plain project, and on a GPU ``GPUBoost()`` as the only change
-and the ceiling (its first batch resident on the GPU), every case in one run.
+and the ceiling (its first batch resident on the GPU; for a project timed over whole epochs, its epochs and
+validation with each loader's first batch resident, timed the same way), every case in one run.
 
     python benchmarks/workloads --size cpu --out /tmp       # seconds per workload (what CI checks)
     python benchmarks/workloads --data /tmp/workloads       # H100 machine: --size gpu by default there
@@ -166,7 +167,7 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
                           summary=False)  # fmt: skip
     # on a GPU the meter ends the fit once its window (after the loader's queue has drained) holds TIMED_STEPS
     # steps whose halves agree: the project's own max_steps would end most runs inside the queue's drain
-    epochs = "max_epochs" in kwargs and "max_steps" not in kwargs and case != "ceiling"  # short epochs: EpochClock
+    epochs = "max_epochs" in kwargs and "max_steps" not in kwargs  # short epochs: EpochClock (the ceiling too)
     meter = Meter(warmup=3 if small else 10, steps=TIMED_STEPS if gpu and not epochs else None, sample_gpu_util=False)
     clock = EpochClock(stop_when_steady=gpu) if epochs else None
     if gpu and not epochs:
@@ -178,9 +179,15 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
         # the same step as GPUBoost's (its TF32, cuDNN and channels_last settings), on one resident batch
         callbacks.append(GPUBoost(prefetch=False, auto_workers=False, watchdog=False))
         device = torch.device("cuda" if gpu else "cpu")
-        steps = kwargs.get("max_steps", 40)
-        train, val = ResidentBatches(move_data_to_device(next(iter(train)), device), steps), None
-        kwargs = {"max_steps": steps}
+        if epochs:  # timed over whole epochs as the other cases are: the same epochs and validation, no loading
+            limit = kwargs.get("limit_val_batches")
+            val_batches = limit if isinstance(limit, int) and not isinstance(limit, bool) else len(val or [])
+            train = ResidentBatches(move_data_to_device(next(iter(train)), device), len(train))
+            val = ResidentBatches(move_data_to_device(next(iter(val)), device), val_batches) if val else None
+        else:
+            steps = kwargs.get("max_steps", 40)
+            train, val = ResidentBatches(move_data_to_device(next(iter(train)), device), steps), None
+            kwargs = {"max_steps": steps}
     trainer = pl.Trainer(
         accelerator="gpu" if gpu else "cpu", devices=1, callbacks=callbacks, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

@@ -11,7 +11,7 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
   are recorded as ``one_time_s``), then the jpeg best: 12-megapixel decoding costs about 40 ms per photo on one core
   even at the coarsest DCT scale (the entropy decoding of the whole file stays), more than 16 cores can pay per step.
   Its 24-batch epochs go through :class:`~lightning_gpu_boost.core.spanning.SpanningLoader` (no wait at epoch
-  starts).
+  starts), with two cores left to the training process (its step is launch-bound): 14 workers on 16 cores.
 - ``segmentation``: the workers decode image and mask; rotation, elastic warp, crop, flip and colour run on the GPU
   (``JointAugment``).
 - ``audio``: the workers read the waveforms; resampling and log-mel run on the GPU (``LogMel``). Reading is cheap:
@@ -154,13 +154,15 @@ class GatherRows:
         return x[index], y[index]
 
 
-def _boost(size: str, transform: Any = None, val_transform: Any = None) -> GPUBoost:
+def _boost(size: str, transform: Any = None, val_transform: Any = None, auto_workers: bool = True) -> GPUBoost:
     # on a CPU (tests) the worker probe is left out: seconds matter there, and the step runs on the same cores
-    return GPUBoost(transform=transform, val_transform=val_transform, auto_workers=size == "gpu")
+    return GPUBoost(transform=transform, val_transform=val_transform, auto_workers=auto_workers and size == "gpu")
 
 
-def _loader(dataset: Dataset, cfg: dict, size: str, collate: Any = None, **kwargs: Any) -> DataLoader:
-    workers = (os.cpu_count() or 1) if size == "gpu" else cfg.get("workers", 1)
+def _loader(dataset: Dataset, cfg: dict, size: str, collate: Any = None, workers: int | None = None,
+            **kwargs: Any) -> DataLoader:  # fmt: skip
+    if workers is None:
+        workers = (os.cpu_count() or 1) if size == "gpu" else cfg.get("workers", 1)
     kwargs.setdefault("persistent_workers", workers > 0)  # no worker restarts at epoch ends
     return DataLoader(dataset, batch_size=cfg["batch"], shuffle=kwargs.pop("shuffle", True), num_workers=workers,
                       pin_memory=size == "gpu", collate_fn=collate, drop_last=True, **kwargs)  # fmt: skip
@@ -207,11 +209,14 @@ def photos_hr(data: Path, size: str):
     shrunk = shrunk_tree(data, side)
     if made:  # what shrinking the photos once took (16 processes on the H100 machine)
         ONE_TIME["photos_hr"] = time.perf_counter() - started
-    # 24 batches per epoch: one iterator across epochs, so that no epoch starts by waiting for its first batches;
-    # GPUBoost's worker tuner sets the count (16 workers, never idle between epochs, starved the step at 360c290)
-    loader = _loader(Decoded(shrunk), cfg, size, pad_collate, persistent_workers=False)
+    # 24 batches per epoch: one iterator across epochs, so that no epoch starts by waiting for its first batches.
+    # Two cores are left to the training process, whose batch-32 step is launch-bound (54 % GPU utilization on a
+    # resident batch): the worker tuner, measuring the loader alone, takes all 16, and the step slowed (875 photos/s
+    # with 16 workers at 360c290 and 919 with the tuner's 16 at 0471c96, against 1,141 with 14 at 2e4ebfe)
+    workers = max(1, (os.cpu_count() or 3) - 2) if size == "gpu" else None
+    loader = _loader(Decoded(shrunk), cfg, size, pad_collate, workers=workers, persistent_workers=False)
     train = SpanningLoader(loader)
-    return model, train, None, kwargs, [_boost(size, crop)]
+    return model, train, None, kwargs, [_boost(size, crop, auto_workers=False)]
 
 
 def segmentation(data: Path, size: str):
