@@ -34,7 +34,7 @@ def per_batch_us(fn, n: int) -> float:
 
 
 def table(n: int, rows: int = 2_000_000, batch: int = 8192) -> dict:
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
     x, y = torch.randn(rows, 64, device=dev), torch.randint(0, 2, (rows,), device=dev)
     idx = [t.pin_memory() for t in torch.randperm(rows)[: n * batch].split(batch)]
 
@@ -68,7 +68,7 @@ def table(n: int, rows: int = 2_000_000, batch: int = 8192) -> dict:
 
 
 def logmel(n: int) -> dict:
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
     mel = LogMel(source_rate=44_100, rate=16_000, n_fft=400, hop=160, n_mels=80)
     g = torch.Generator().manual_seed(0)
     lengths = [(torch.rand(32, generator=g) * 5 + 3) * 44_100 for _ in range(n)]

@@ -188,14 +188,18 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
             steps = kwargs.get("max_steps", 40)
             train, val = ResidentBatches(move_data_to_device(next(iter(train)), device), steps), None
             kwargs = {"max_steps": steps}
+    datamodule = isinstance(train, pl.LightningDataModule)  # a best that reads through one (DALIDataModule)
     trainer = pl.Trainer(
         accelerator="gpu" if gpu else "cpu", devices=1, callbacks=callbacks, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        **({"limit_val_batches": 0} if val is None else {}), **kwargs,
+        **({"limit_val_batches": 0} if val is None and not datamodule else {}), **kwargs,
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the verdicts are recorded, not printed
-        trainer.fit(model, train, val)
+        if datamodule:
+            trainer.fit(model, datamodule=train)
+        else:
+            trainer.fit(model, train, val)
     del trainer, model, train, val
     gc.collect()  # the next fit forks workers: no earlier fit's pinned batches left for them to free
     return {

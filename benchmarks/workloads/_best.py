@@ -10,8 +10,9 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
   256, JPEG quality 90, :func:`~lightning_gpu_boost.core.images.shrink_image` in one process per core; its seconds
   are recorded as ``one_time_s``), then the jpeg best: 12-megapixel decoding costs about 40 ms per photo on one core
   even at the coarsest DCT scale (the entropy decoding of the whole file stays), more than 16 cores can pay per step.
-  Its 24-batch epochs go through :class:`~lightning_gpu_boost.core.spanning.SpanningLoader` (no wait at epoch
-  starts), with two cores left to the training process (its step is launch-bound): 14 workers on 16 cores.
+  On a GPU with DALI installed the shrunk photos go through ``DALIDataModule`` (its threads decode, the GPU
+  crops and resizes, no worker processes beside the launch-bound step); otherwise its 24-batch epochs go through
+  :class:`~lightning_gpu_boost.core.spanning.SpanningLoader` (no wait at epoch starts).
 - ``segmentation``: the workers decode image and mask; rotation, elastic warp, crop, flip and colour run on the GPU
   (``JointAugment``).
 - ``audio``: the workers read the waveforms; resampling and log-mel run on the GPU (``LogMel``). Reading is cheap:
@@ -20,9 +21,11 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
 - ``tabular``: the table fits on the GPU (2 M rows x 64 floats: 512 MB), so it goes there once; the loader yields
   only each batch's shuffled indices (one tensor, ``ShuffledBatches``) and ``GatherRows``, the GPU transform, gathers the
   rows there: no per-sample Python, no rows through worker pipes or pinned memory.
-- ``short_epochs``: the jpeg best through :class:`~lightning_gpu_boost.core.spanning.SpanningLoader` for training
-  and validation (one iterator across epochs: the workers load the next epoch's batches while this one ends and
-  validates; 2 validation workers loading only its 2 batches per pass).
+- ``short_epochs``: on a GPU with DALI installed, ``DALIDataModule`` (DALI plans the next epoch while this one ends
+  and validates; its CPU threads decode each random crop, the GPU resizes and normalizes; validation over the
+  project's validation images, one whole DALI epoch per pass), with GPUBoost's step settings. Otherwise the jpeg
+  best through :class:`~lightning_gpu_boost.core.spanning.SpanningLoader` for training and validation (one
+  iterator across epochs; 2 validation workers loading only its 2 batches per pass).
 """
 
 from __future__ import annotations
@@ -203,20 +206,22 @@ def photos_hr(data: Path, size: str):
 
     cfg = w.SIZES[size]
     model, _, _, kwargs = w.build(data, size)
-    crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
     side, started = 256 if size == "gpu" else cfg["crop"], time.perf_counter()
     made = not (Path(f"{data}-shrunk{side}") / ".complete").exists()
     shrunk = shrunk_tree(data, side)
     if made:  # what shrinking the photos once took (16 processes on the H100 machine)
         ONE_TIME["photos_hr"] = time.perf_counter() - started
-    # 24 batches per epoch: one iterator across epochs, so that no epoch starts by waiting for its first batches.
-    # Two cores are left to the training process, whose batch-32 step is launch-bound (54 % GPU utilization on a
-    # resident batch): the worker tuner, measuring the loader alone, takes all 16, and the step slowed (875 photos/s
-    # with 16 workers at 360c290 and 919 with the tuner's 16 at 0471c96, against 1,141 with 14 at 2e4ebfe)
-    workers = max(1, (os.cpu_count() or 3) - 2) if size == "gpu" else None
-    loader = _loader(Decoded(shrunk), cfg, size, pad_collate, workers=workers, persistent_workers=False)
+    if size == "gpu" and _dali_installed():
+        # DALI decodes the crop of each shrunk photo in its threads and resizes on the GPU, across the 24-batch
+        # epochs (no restart): the batch-32 step is launch-bound, and 16 worker processes left it short of CPU
+        return model, _dali(shrunk, None, cfg), None, kwargs, [_step_settings()]
+    crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
+    # 24 batches per epoch: one iterator across epochs, so that no epoch starts by waiting for its first batches;
+    # GPUBoost's worker tuner sets the count. Leaving two cores to the launch-bound step (14 workers by hand) was
+    # not better where measured: 1,141 photos/s at 2e4ebfe, 752 (73 % of the ceiling) on a slower machine at 977fb62
+    loader = _loader(Decoded(shrunk), cfg, size, pad_collate, persistent_workers=False)
     train = SpanningLoader(loader)
-    return model, train, None, kwargs, [_boost(size, crop, auto_workers=False)]
+    return model, train, None, kwargs, [_boost(size, crop)]
 
 
 def segmentation(data: Path, size: str):
@@ -253,6 +258,12 @@ def short_epochs(data: Path, size: str):
 
     cfg = w.SIZES[size]
     model, _, _, kwargs = w.build(data, size)
+    if size == "gpu" and _dali_installed():
+        # DALI plans the next epoch's batches while this one ends (no restart), decodes the random crop in its
+        # threads and resizes on the GPU; validation reads the project's validation images (the first
+        # limit_val_batches batches of its unshuffled loader), so that each pass is one whole DALI epoch
+        val = first_images(data, cfg["batch"] * kwargs["limit_val_batches"])
+        return model, _dali(data, val, cfg), None, kwargs, [_step_settings()]
     crop = RandomResizedCropFlip(cfg["crop"], normalize=(MEAN, STD))
     # one iterator across epochs: the workers decode the next epoch's first batches while this one ends and
     # validates (a DataLoader starts them only when the epoch's iterator is made)
@@ -263,6 +274,40 @@ def short_epochs(data: Path, size: str):
                                     collate_fn=pad_collate), batches_per_epoch=kwargs["limit_val_batches"])  # fmt: skip
     centre = RandomResizedCropFlip(cfg["crop"], scale=(1.0, 1.0), ratio=(1.0, 1.0), flip=False, normalize=(MEAN, STD))
     return model, train, val, kwargs, [_boost(size, crop, centre)]
+
+
+def _dali_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("nvidia.dali") is not None
+
+
+def _dali(train: Path, val: Path | None, cfg: dict):
+    """``DALIDataModule`` over a class-folder tree: the projects' crop, flip and normalization, ``drop_last``."""
+    from lightning_gpu_boost.datamodules import DALIDataModule
+
+    return DALIDataModule(str(train), str(val) if val else None, batch_size=cfg["batch"], image_size=cfg["crop"],
+                          normalize=(MEAN, STD), drop_last=True)  # fmt: skip
+
+
+def _step_settings() -> GPUBoost:
+    """GPUBoost's step settings (TF32, cuDNN, channels_last: the ceiling's), its data path left to DALI."""
+    return GPUBoost(prefetch=False, auto_workers=False, watchdog=False)
+
+
+def first_images(root: Path, n: int) -> Path:
+    """A class-folder tree of links to the first ``n`` images of ``root`` in the projects' order (sorted paths: the
+    images an unshuffled loader's first batches hold), made once."""
+    out = Path(f"{root}-first{n}")
+    if (out / ".complete").exists():
+        return out
+    for path in sorted(Path(root).glob("class_*/*.jpg"))[:n]:
+        (out / path.parent.name).mkdir(parents=True, exist_ok=True)
+        link = out / path.parent.name / path.name
+        if not link.exists():
+            link.symlink_to(path.resolve())
+    (out / ".complete").touch()
+    return out
 
 
 BEST = {"jpeg_classification": jpeg_classification, "photos_hr": photos_hr, "segmentation": segmentation,
