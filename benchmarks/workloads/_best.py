@@ -19,8 +19,9 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
   the project's 4 workers (kept between epochs) keep up, and the cores stay free for the training process, whose
   small transformer steps are launch-bound.
 - ``tabular``: the table fits on the GPU (2 M rows x 64 floats: 512 MB), so it goes there once; the loader yields
-  only each batch's shuffled indices (one tensor, ``ShuffledBatches``) and ``GatherRows``, the GPU transform, gathers the
-  rows there: no per-sample Python, no rows through worker pipes or pinned memory.
+  only each batch's shuffled indices (one tensor, ``ShuffledBatches``, the permutation drawn on the GPU) and
+  ``GatherRows``, the GPU transform, gathers the rows there: no per-sample Python, no rows through worker pipes or
+  pinned memory.
 - ``short_epochs``: on a GPU with DALI installed, ``DALIDataModule`` (DALI plans the next epoch while this one ends
   and validates; its CPU threads decode each random crop, the GPU resizes and normalizes; validation over the
   project's validation images, one whole DALI epoch per pass), with GPUBoost's step settings. Otherwise the jpeg
@@ -117,16 +118,17 @@ def pad_waves(batch):
 
 class ShuffledBatches(Sampler):
     """Each batch's indices as one tensor, a random permutation cut into batches (no per-index Python): the
-    sampler of a loader with ``batch_size=None`` whose rows live on the GPU."""
+    sampler of a loader with ``batch_size=None`` whose rows live on the GPU. With ``device`` the permutation is
+    drawn there (no epoch start spent drawing 2 M numbers on the CPU, no indices copied per batch)."""
 
-    def __init__(self, n: int, batch_size: int) -> None:
-        self.n, self.batch_size = n, batch_size
+    def __init__(self, n: int, batch_size: int, device: str | None = None) -> None:
+        self.n, self.batch_size, self.device = n, batch_size, device
 
     def __len__(self) -> int:
         return -(-self.n // self.batch_size)
 
     def __iter__(self):
-        return iter(torch.randperm(self.n).split(self.batch_size))
+        return iter(torch.randperm(self.n, device=self.device).split(self.batch_size))
 
 
 class Identity(Dataset):
@@ -249,7 +251,9 @@ def tabular(data: Path, size: str):
 
     model, loader, _, kwargs = w.build(data, size)
     rows = loader.dataset
-    indices = DataLoader(Identity(len(rows)), sampler=ShuffledBatches(len(rows), loader.batch_size), batch_size=None)
+    device = "cuda" if size == "gpu" and torch.cuda.is_available() else None  # the loader runs in this process
+    indices = DataLoader(Identity(len(rows)), sampler=ShuffledBatches(len(rows), loader.batch_size, device),
+                         batch_size=None)  # fmt: skip
     return model, indices, None, kwargs, [GPUBoost(transform=GatherRows(rows.x, rows.y), auto_workers=False)]
 
 
