@@ -72,7 +72,7 @@ class StreamPrefetch(Callback):
         ValueError: bad ``normalize``, ``dtype``, ``depth`` or ``transform_seed``, or a ``transform`` that is not
             callable.
 
-    On CUDA, DataLoaders with ``pin_memory=False`` are switched to ``pin_memory=True`` (one info line): an
+    On CUDA, DataLoaders with workers and ``pin_memory=False`` are switched to ``pin_memory=True`` (one info line): an
     asynchronous copy needs page-locked memory, and the DataLoader pins in its own thread.
 
     Caveats:
@@ -174,8 +174,10 @@ class StreamPrefetch(Callback):
                 return dataloader  # already wrapped, or a loader that yields GPU batches (DALILoader)
             # the DataLoader itself, or the one a SpanningLoader (SpanEpochs) builds its workers' loader from
             source = next(iter_loaders(dataloader), None)
-            if device.type == "cuda" and isinstance(source, DataLoader) and not source.pin_memory:
-                # pinning in the DataLoader's own thread is cheaper than pinning each batch in the training loop
+            if device.type == "cuda" and isinstance(source, DataLoader) and not source.pin_memory and source.num_workers:
+                # pinning in the DataLoader's own thread is cheaper than pinning each batch in the training loop;
+                # a loader without workers pins in the training loop either way, and may yield GPU tensors (which
+                # its pinning would refuse): the prefetcher pins its CPU tensors then
                 source.pin_memory = True
                 rank_zero_info(f"StreamPrefetch: set pin_memory=True on the {stage or ''} loader.")
             normalize = self._moved.get(source, self.normalize) if isinstance(source, DataLoader) else self.normalize

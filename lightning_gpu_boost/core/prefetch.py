@@ -259,8 +259,8 @@ def _pin(t: torch.Tensor) -> torch.Tensor:
     if not _warned_unpinned:
         _warned_unpinned = True
         warnings.warn(
-            "StreamPrefetcher received unpinned CPU tensors and pins each batch itself, which costs an extra host "
-            "copy; set pin_memory=True on the DataLoader to avoid it.",
+            "StreamPrefetcher received unpinned CPU tensors and pins each batch itself, an extra host copy in the "
+            "training loop; a DataLoader with workers and pin_memory=True pins in its own thread instead.",
             stacklevel=3,
         )
     return t.pin_memory()

@@ -235,6 +235,43 @@ def test_gpu_trainer_receives_prefetched_normalized_batches(tmp_path):
 
 
 @pytest.mark.gpu
+def test_gpu_a_loader_without_workers_that_yields_gpu_tensors_is_prefetched_as_it_is(tmp_path):
+    """Indices drawn on the GPU (a table held there): the loader is not switched to pin_memory=True, whose pinning
+    refuses CUDA tensors; a transform gathers the rows on the side stream."""
+    rows = torch.arange(40.0, device="cuda").reshape(20, 2)
+
+    class Sum(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append(batch[:, 0].div(2).long().tolist())
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Indices(torch.utils.data.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, index):
+            return index
+
+    batches = torch.randperm(20, device="cuda").split(5)
+    loader = DataLoader(Indices(), sampler=list(batches), batch_size=None)
+    model = Sum()
+    cb = StreamPrefetch(transform=lambda index: rows[index])
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=1, callbacks=[cb], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(model, loader)
+    assert not loader.pin_memory
+    assert model.seen == [b.tolist() for b in batches]
+
+
+@pytest.mark.gpu
 def test_gpu_move_normalize_with_real_torchvision(tmp_path):
     datasets = pytest.importorskip("torchvision.datasets")
     from torchvision import transforms
