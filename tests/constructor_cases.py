@@ -102,7 +102,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (JointAugment, {}, {"degrees": "float>=0", "scale": "pair>0", "flip": "bool", "jitter": "unit_open",
                             "ignore_index": "int>=0", "size": "int>=1?", "elastic": "float>=0"}),
         (LogMel, {}, {"source_rate": "int>=1", "rate": "int>=1", "n_fft": "int>=1", "hop": "int>=1",
-                      "n_mels": "int>=1"}),
+                      "n_mels": "int>=1", "pad_to": "int>=1"}),
         (ShapeWatch, {}, {"limit": "int>=1"}),
         (SpanningLoader, {"loader": DataLoader(list(range(8)))}, {"batches_per_epoch": "int>=1?"}),
         (BlockShuffleSampler, {"dataset": range(8), "block_size": 4},

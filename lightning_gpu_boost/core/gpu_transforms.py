@@ -252,14 +252,20 @@ class LogMel:
         n_fft: STFT size, ``>= 2``.
         hop: STFT hop, ``>= 1``.
         n_mels: mel bands, ``>= 1``.
+        pad_to: the batch's frame count is padded up to a multiple of this (``>= 1``; 1: no padding), with the
+            features of silence, as speech toolkits do (NeMo's preprocessor pads to 16): batches of padded clips
+            then come in a few shapes instead of one per longest clip, and what a model or its kernels prepare per
+            input shape is reused. The frame lengths returned are the clips' own. The last frames of a batch's
+            longest clip see zeros past its end instead of a reflection of it.
     """
 
     def __init__(self, source_rate: int = 16_000, rate: int = 16_000, n_fft: int = 400, hop: int = 160,
-                 n_mels: int = 80) -> None:  # fmt: skip
+                 n_mels: int = 80, pad_to: int = 1) -> None:  # fmt: skip
         for name, value, low in (("source_rate", source_rate, 1), ("rate", rate, 1), ("n_fft", n_fft, 2),
-                                 ("hop", hop, 1), ("n_mels", n_mels, 1)):  # fmt: skip
+                                 ("hop", hop, 1), ("n_mels", n_mels, 1), ("pad_to", pad_to, 1)):  # fmt: skip
             checks.check_int(name, value, low=low)
         self.source_rate, self.rate, self.n_fft, self.hop, self.n_mels = source_rate, rate, n_fft, hop, n_mels
+        self.pad_to = pad_to
         self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,6 +296,9 @@ class LogMel:
                               align_corners=False, recompute_scale_factor=False)[:, 0]  # fmt: skip
             lengths = torch.round(lengths.float() * self.rate / self.source_rate).long()
         fb, window = self._constants(x.device)
+        if self.pad_to > 1:  # zeros after the end: the frame count (samples // hop + 1) up to a multiple of pad_to
+            frames = x.shape[-1] // self.hop + 1
+            x = F.pad(x, (0, (-frames % self.pad_to) * self.hop))
         spec = torch.stft(x, self.n_fft, self.hop, window=window, return_complex=True).abs() ** 2
         features = torch.log(torch.matmul(fb, spec) + 1e-6).transpose(1, 2)  # N x frames x mels
         frames = torch.div(lengths, self.hop, rounding_mode="floor") + 1

@@ -3,6 +3,8 @@ that padding never leaks into a crop; the same code runs on CUDA batches inside 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -87,6 +89,21 @@ def test_log_mel_of_a_padded_batch_matches_each_clip_alone():
         n = int(alone_frames) - 3  # the last frames see the batch's zero padding instead of the clip's end
         assert int(frames[k]) == int(alone_frames)
         assert torch.allclose(features[k, :n], alone[0, :n], atol=1e-3), k
+
+
+def test_log_mel_pads_the_frame_count_to_a_multiple_and_keeps_the_clips_features_and_lengths():
+    torch.manual_seed(5)
+    waves = torch.randn(3, 30_000) * 0.1
+    lengths = torch.tensor([30_000, 25_000, 12_345])
+    plain, frames, _ = LogMel(source_rate=16_000, rate=16_000)((waves, lengths, None))
+    padded, padded_frames, _ = LogMel(source_rate=16_000, rate=16_000, pad_to=16)((waves, lengths, None))
+    assert plain.shape[1] == 30_000 // 160 + 1 == 188 and padded.shape[1] == 192  # up to a multiple of 16
+    assert torch.equal(frames, padded_frames)  # the clips' own lengths
+    n = plain.shape[1] - 2  # the same features, but the longest clip's last frames (zeros after it, not a mirror)
+    assert torch.allclose(padded[:, :n], plain[:, :n], atol=1e-4)
+    assert torch.allclose(padded[:, -3:], torch.full_like(padded[:, -3:], math.log(1e-6)), atol=1e-4)  # silence
+    with pytest.raises(ValueError, match="pad_to"):
+        LogMel(pad_to=0)
 
 
 def test_log_mel_of_int16_pcm_equals_the_float_waveform():
