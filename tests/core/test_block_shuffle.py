@@ -206,6 +206,45 @@ def test_the_lmdb_datamodule_reads_blocks_a_window_ahead(tmp_path):
     assert sorted(label for _, batch in loader for label in batch.tolist()) == sorted(labels)
 
 
+def _ask_in_child(pack: str, out) -> None:
+    from lightning_gpu_boost.core import lmdb_reader
+
+    reader = lmdb_reader.open_pack(pack)
+    asked = reader.will_need(0, 10)
+    lmdb_reader.wait_for_read_ahead()  # a thread of its own (the parent's did not survive the fork)
+    label = reader.read(3, lambda r: r.label)
+    lmdb_reader.close_readers(pack)  # the close lock is this process's, free
+    out.put((asked, label))
+
+
+def test_reading_ahead_goes_on_in_a_forked_child_while_the_parent_reads_ahead(tmp_path):
+    """The read-ahead thread and its locks are per process: a DataLoader worker forked while the parent's thread
+    looks a block up gets a new thread and free locks (no deadlock), and both processes' reads go on."""
+    import multiprocessing
+    import sys
+
+    from lightning_gpu_boost.core import lmdb_reader
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("fork and madvise are Linux's here")
+    root = make_jpeg_folder(tmp_path / "src", n=30, num_classes=3, size_range=(64, 80, 48, 64), progress=False)
+    pack = str(pack_image_folder(root, tmp_path / "train.lmdb", progress=False))
+    reader = lmdb_reader.open_pack(pack)
+    for lo in range(0, 30, 2):  # the parent's thread busy while the child is forked
+        reader.will_need(lo, lo + 2)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_ask_in_child, args=(pack, out))
+    child.start()
+    asked, label = out.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0 and asked is True and label == reader.read(3, lambda r: r.label)
+    lmdb_reader.wait_for_read_ahead()
+    assert reader.will_need(0, 30)
+
+
 def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
     """Linux reads at most one readahead chunk per WILLNEED request: a block, and a whole small pack at open, are
     asked for in chunks (the rest would silently not be read)."""
