@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from lightning_gpu_boost._imports import module_available
 from lightning_gpu_boost.callbacks import GPUBoost
 from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip, pad_collate
 from lightning_gpu_boost.core.images import shrink_image
@@ -223,7 +224,7 @@ def photos_hr(data: Path, size: str):
     shrunk = shrunk_tree(data, side)
     if made:  # what shrinking the photos once took (16 processes on the H100 machine)
         ONE_TIME["photos_hr"] = time.perf_counter() - started
-    if size == "gpu" and _dali_installed():
+    if size == "gpu" and module_available("nvidia.dali"):
         # DALI decodes the crop of each shrunk photo in its threads and resizes on the GPU, across the 24-batch
         # epochs (no restart): the batch-32 step is launch-bound, and 16 worker processes left it short of CPU
         return model, _dali(shrunk, None, cfg), None, kwargs, [_step_settings()]
@@ -277,7 +278,7 @@ def short_epochs(data: Path, size: str):
 
     cfg = w.SIZES[size]
     model, _, _, kwargs = w.build(data, size)
-    if size == "gpu" and _dali_installed():
+    if size == "gpu" and module_available("nvidia.dali"):
         # DALI plans the next epoch's batches while this one ends (no restart), decodes the random crop in its
         # threads and resizes on the GPU; validation reads the project's validation images (the first
         # limit_val_batches batches of its unshuffled loader), so that each pass is one whole DALI epoch
@@ -293,12 +294,6 @@ def short_epochs(data: Path, size: str):
                                     collate_fn=pad_collate), batches_per_epoch=kwargs["limit_val_batches"])  # fmt: skip
     centre = RandomResizedCropFlip(cfg["crop"], scale=(1.0, 1.0), ratio=(1.0, 1.0), flip=False, normalize=(MEAN, STD))
     return model, train, val, kwargs, [_boost(size, crop, centre)]
-
-
-def _dali_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("nvidia.dali") is not None
 
 
 def _dali(train: Path, val: Path | None, cfg: dict):

@@ -297,8 +297,7 @@ class LogMel:
             lengths = torch.round(lengths.float() * self.rate / self.source_rate).long()
         fb, window = self._constants(x.device)
         if self.pad_to > 1:  # zeros after the end: the frame count (samples // hop + 1) up to a multiple of pad_to
-            frames = x.shape[-1] // self.hop + 1
-            x = F.pad(x, (0, (-frames % self.pad_to) * self.hop))
+            x = F.pad(x, (0, (-(x.shape[-1] // self.hop + 1) % self.pad_to) * self.hop))
         spec = torch.stft(x, self.n_fft, self.hop, window=window, return_complex=True).abs() ** 2
         features = torch.log(torch.matmul(fb, spec) + 1e-6).transpose(1, 2)  # N x frames x mels
         frames = torch.div(lengths, self.hop, rounding_mode="floor") + 1
