@@ -6,10 +6,18 @@ by taking the best's parts away one at a time, each case run through the workloa
   resident and cycled: the ceiling plus the best's batch shapes;
 - ``resident_waves``: the same 16 batches as waveforms in pinned memory, cycled through ``GPUBoost(transform=
   LogMel(...))``: copy, features and shapes per step, but no worker processes or pin-memory thread;
-- ``best``: the documented best (4 workers reading the waveforms, the transform on the GPU);
-- ``best_8_workers``: the same with 8 workers;
-- ``best_16k``: the workers also resample to 16 kHz (the same linear interpolation as ``LogMel``'s, back to int16):
-  2.75x fewer bytes per batch through shared memory, pinning and the copy.
+- ``best``: the documented best (4 workers reading the waveforms and resampling them to 16 kHz, the features on
+  the GPU);
+- ``best_44k``: the workers send the waveforms at 44.1 kHz, resampled on the GPU (2.75x the bytes per batch
+  through shared memory, pinning and the copy);
+- ``best_8_workers``: the best with 8 workers;
+- ``best_file_system``: the best with torch's ``file_system`` sharing strategy (tensors found by name, no file
+  descriptor sent over a socket per tensor by the pin thread);
+- ``best_unpinned``: the best's loader without its pin-memory thread (the prefetcher pins each batch in the
+  training thread);
+- ``threads``: no worker processes: 4 threads of the training process read, resample and pad each batch into
+  pinned memory (no shared memory, no pickling, no pin-memory thread; the threads need the GIL only between the
+  file reads and torch's kernels).
 
     cd benchmarks/diagnostics && python audio_best_parts.py --data /tmp/wl --rounds 2
 """
@@ -33,7 +41,8 @@ import _best  # noqa: E402
 from lightning_gpu_boost.callbacks import GPUBoost  # noqa: E402
 from lightning_gpu_boost.core.results import write_result  # noqa: E402
 
-CASES = ("ceiling", "varying_features", "resident_waves", "best", "best_8_workers", "best_16k")
+CASES = ("ceiling", "varying_features", "resident_waves", "best", "best_44k", "best_8_workers", "best_file_system",
+         "best_unpinned", "threads")
 
 
 class Cycle:
@@ -61,20 +70,49 @@ def _parts(data: Path, size: str, features: bool):
     return model, Cycle(batches, 10_000), val, kwargs, [GPUBoost(transform=mel, auto_workers=False)]
 
 
-class Resampled(torch.utils.data.Dataset):
-    """A clip dataset's int16 waveforms resampled in the worker (``LogMel``'s interpolation), still int16."""
+class Unwrapped:
+    """A DataLoader behind a plain iterable: ``StreamPrefetch`` leaves its ``pin_memory`` as it is."""
 
-    def __init__(self, dataset, source_rate: int, rate: int) -> None:
-        self.dataset, self.scale = dataset, rate / source_rate
+    def __init__(self, loader) -> None:
+        self.loader = loader
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.loader)
 
-    def __getitem__(self, i: int):
-        wave, label = self.dataset[i]
-        x = torch.nn.functional.interpolate(wave.float()[None, None], scale_factor=self.scale, mode="linear",
-                                            align_corners=False, recompute_scale_factor=False)[0, 0]  # fmt: skip
-        return x.round().clamp(-32768, 32767).to(torch.int16), label
+    def __iter__(self):
+        return iter(self.loader)
+
+
+class ThreadBatches:
+    """Shuffled batches of ``dataset`` made by ``threads`` threads of this process, ``ahead`` batches ahead, each
+    collated and pinned in its thread."""
+
+    def __init__(self, dataset, batch_size: int, collate, threads: int = 4, ahead: int = 8) -> None:
+        self.dataset, self.batch_size, self.collate = dataset, batch_size, collate
+        self.threads, self.ahead = threads, ahead
+        self.pool = None
+
+    def __len__(self) -> int:
+        return len(self.dataset) // self.batch_size
+
+    def _make(self, indices):
+        batch = self.collate([self.dataset[i] for i in indices])
+        return tuple(t.pin_memory() for t in batch) if torch.cuda.is_available() else batch
+
+    def __iter__(self):
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(self.threads)
+        order = torch.randperm(len(self.dataset)).tolist()
+        batches = iter([order[i : i + self.batch_size] for i in range(0, len(self) * self.batch_size, self.batch_size)])
+        pending = deque(self.pool.submit(self._make, b) for b in itertools.islice(batches, self.ahead))
+        while pending:
+            batch = pending.popleft().result()
+            for b in itertools.islice(batches, 1):
+                pending.append(self.pool.submit(self._make, b))
+            yield batch
 
 
 def _variant(data: Path, size: str, case: str):
@@ -83,15 +121,19 @@ def _variant(data: Path, size: str, case: str):
     from lightning_gpu_boost.core.gpu_transforms import LogMel
 
     model, loader, val, kwargs, callbacks = _best.audio(data, size)
-    dataset, rate = loader.dataset, w.SOURCE_RATE
-    if case == "best_16k":
-        dataset, rate = Resampled(dataset, w.SOURCE_RATE, w.RATE), w.RATE
-    workers = 8 if case == "best_8_workers" else loader.num_workers
+    dataset, rate = loader.dataset, w.RATE
+    if case == "best_44k":
+        dataset, rate = _best.Waves(data), w.SOURCE_RATE
     mel = LogMel(source_rate=rate, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=64)
+    if case == "threads":
+        return model, ThreadBatches(dataset, loader.batch_size, loader.collate_fn), val, kwargs, [
+            GPUBoost(transform=mel, auto_workers=False)]
+    workers = 8 if case == "best_8_workers" else loader.num_workers
     loader = torch.utils.data.DataLoader(dataset, batch_size=loader.batch_size, shuffle=True, num_workers=workers,
-                                         pin_memory=True, collate_fn=loader.collate_fn, drop_last=True,
-                                         persistent_workers=True)  # fmt: skip
-    return model, loader, val, kwargs, [GPUBoost(transform=mel, auto_workers=False)]
+                                         pin_memory=case != "best_unpinned", collate_fn=loader.collate_fn,
+                                         drop_last=True, persistent_workers=True)  # fmt: skip
+    train = Unwrapped(loader) if case == "best_unpinned" else loader
+    return model, train, val, kwargs, [GPUBoost(transform=mel, auto_workers=False)]
 
 
 def main() -> None:
@@ -115,11 +157,17 @@ def main() -> None:
             else:
                 if case == "best":
                     _best.BEST["audio"] = best
-                elif case.startswith("best_"):
+                elif case.startswith("best_") or case == "threads":
                     _best.BEST["audio"] = lambda d, s, c=case: _variant(d, s, c)
                 else:
                     _best.BEST["audio"] = lambda d, s, f=case == "varying_features": _parts(d, s, f)
-                r = runner.fit("audio", "gpu", Path(args.data), "best")
+                strategy = torch.multiprocessing.get_sharing_strategy()
+                if case == "best_file_system":
+                    torch.multiprocessing.set_sharing_strategy("file_system")
+                try:
+                    r = runner.fit("audio", "gpu", Path(args.data), "best")
+                finally:
+                    torch.multiprocessing.set_sharing_strategy(strategy)
             rates[case].append(r["throughput"]["samples_per_s"])
             steps[case].append(r["watchdog"].get("step_ms", float("nan")))
             print(f"{case}: {rates[case][-1]:,.0f} samples/s, step {steps[case][-1]:.1f} ms", flush=True)
