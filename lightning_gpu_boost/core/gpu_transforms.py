@@ -255,7 +255,8 @@ class LogMel:
         pad_to: the batch's frame count is padded up to a multiple of this (``>= 1``; 1: no padding), with the
             features of silence, as speech toolkits do (NeMo's preprocessor pads to 16): batches of padded clips
             then come in a few shapes instead of one per longest clip, and what a model or its kernels prepare per
-            input shape is reused. The frame lengths returned are the clips' own. The last frames of a batch's
+            input shape is reused (the STFT's too: the waveforms are padded to one length per frame count). The
+            frame lengths returned are the clips' own. The last frames of a batch's
             longest clip see zeros past its end instead of a reflection of it.
     """
 
@@ -296,8 +297,12 @@ class LogMel:
                               align_corners=False, recompute_scale_factor=False)[:, 0]  # fmt: skip
             lengths = torch.round(lengths.float() * self.rate / self.source_rate).long()
         fb, window = self._constants(x.device)
-        if self.pad_to > 1:  # zeros after the end: the frame count (samples // hop + 1) up to a multiple of pad_to
-            x = F.pad(x, (0, (-(x.shape[-1] // self.hop + 1) % self.pad_to) * self.hop))
+        if self.pad_to > 1:
+            # zeros after the end, up to the last sample count with the frame count (samples // hop + 1) at the next
+            # multiple of pad_to: the STFT then sees one input length per frame count (on CUDA, a cuFFT plan is made
+            # per input shape), not one per longest clip
+            frames = -(-(x.shape[-1] // self.hop + 1) // self.pad_to) * self.pad_to
+            x = F.pad(x, (0, frames * self.hop - 1 - x.shape[-1]))
         spec = torch.stft(x, self.n_fft, self.hop, window=window, return_complex=True).abs() ** 2
         features = torch.log(torch.matmul(fb, spec) + 1e-6).transpose(1, 2)  # N x frames x mels
         frames = torch.div(lengths, self.hop, rounding_mode="floor") + 1

@@ -106,6 +106,20 @@ def test_log_mel_pads_the_frame_count_to_a_multiple_and_keeps_the_clips_features
         LogMel(pad_to=0)
 
 
+def test_log_mel_with_pad_to_gives_the_stft_one_waveform_length_per_frame_count(monkeypatch):
+    seen = []
+    stft = torch.stft
+
+    def recording(x, *args, **kwargs):
+        seen.append(x.shape[-1])
+        return stft(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "stft", recording)
+    mel = LogMel(source_rate=16_000, rate=16_000, pad_to=16)
+    shapes = {mel((torch.zeros(2, n), torch.tensor([n, n // 2]), None))[0].shape for n in (28_500, 29_000, 30_560)}
+    assert shapes == {(2, 192, 80)} and seen == [192 * 160 - 1] * 3  # the longest length with 192 frames
+
+
 def test_log_mel_of_int16_pcm_equals_the_float_waveform():
     torch.manual_seed(4)
     pcm = (torch.randn(2, 22_050) * 3000).clamp(-32768, 32767).to(torch.int16)
