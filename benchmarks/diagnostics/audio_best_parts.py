@@ -6,14 +6,17 @@ by taking the best's parts away one at a time, each case run through the workloa
   resident and cycled: the ceiling plus the best's batch shapes;
 - ``resident_waves``: the same 16 batches as waveforms in pinned memory, cycled through ``GPUBoost(transform=
   LogMel(...))``: copy, features and shapes per step, but no worker processes or pin-memory thread;
-- ``best``: the documented best (4 workers reading the waveforms and resampling them to 16 kHz, the features on
-  the GPU);
-- ``best_44k``: the workers send the waveforms at 44.1 kHz, resampled on the GPU (2.75x the bytes per batch
+- ``best``: the documented best (on a GPU with DALI: ``DALILoader`` with ``audio_graph``, resampling and features
+  on the GPU);
+- ``dali_16k``: the same, DALI resampling to 16 kHz in its CPU threads;
+- ``workers``: the best without DALI (4 workers reading the waveforms and resampling them to 16 kHz, the features
+  on the GPU);
+- ``workers_44k``: the workers send the waveforms at 44.1 kHz, resampled on the GPU (2.75x the bytes per batch
   through shared memory, pinning and the copy);
-- ``best_8_workers``: the best with 8 workers;
-- ``best_file_system``: the best with torch's ``file_system`` sharing strategy (tensors found by name, no file
-  descriptor sent over a socket per tensor by the pin thread);
-- ``best_unpinned``: the best's loader without its pin-memory thread (the prefetcher pins each batch in the
+- ``workers_8``: ``workers`` with 8 workers;
+- ``workers_file_system``: ``workers`` with torch's ``file_system`` sharing strategy (tensors found by name, no
+  file descriptor sent over a socket per tensor by the pin thread);
+- ``workers_unpinned``: ``workers`` without the loader's pin-memory thread (the prefetcher pins each batch in the
   training thread);
 - ``threads``: no worker processes: 4 threads of the training process read, resample and pad each batch into
   pinned memory (no shared memory, no pickling, no pin-memory thread; the threads need the GIL only between the
@@ -25,6 +28,7 @@ by taking the best's parts away one at a time, each case run through the workloa
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import itertools
 import statistics
@@ -41,8 +45,8 @@ import _best  # noqa: E402
 from lightning_gpu_boost.callbacks import GPUBoost  # noqa: E402
 from lightning_gpu_boost.core.results import write_result  # noqa: E402
 
-CASES = ("ceiling", "varying_features", "resident_waves", "best", "best_44k", "best_8_workers", "best_file_system",
-         "best_unpinned", "threads")
+CASES = ("ceiling", "varying_features", "resident_waves", "best", "dali_16k", "workers", "workers_44k", "workers_8",
+         "workers_file_system", "workers_unpinned", "threads")  # fmt: skip
 
 
 class Cycle:
@@ -62,6 +66,7 @@ def _parts(data: Path, size: str, features: bool):
     model, loader, val, kwargs, callbacks = _best.audio(data, size)
     mel = callbacks[0].parts["prefetch"].transform
     batches = list(itertools.islice(iter(loader), 16))
+    getattr(loader, "close", lambda: None)()  # a DALILoader's threads and pipelines
     del loader
     if features:
         device = torch.device("cuda")
@@ -118,22 +123,33 @@ class ThreadBatches:
 def _variant(data: Path, size: str, case: str):
     import audio as w
 
+    from lightning_gpu_boost.core.cpus import usable_cpus
+    from lightning_gpu_boost.core.dali import DALILoader, FileListSource, audio_graph
     from lightning_gpu_boost.core.gpu_transforms import LogMel
 
-    model, loader, val, kwargs, callbacks = _best.audio(data, size)
-    dataset, rate = loader.dataset, w.RATE
-    if case == "best_44k":
-        dataset, rate = _best.Waves(data), w.SOURCE_RATE
-    mel = LogMel(source_rate=rate, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=64)
+    cfg = w.SIZES[size]
+    model, _, val, kwargs = w.build(data, size)
+    mel = LogMel(source_rate=w.RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=64)
+    boost = [GPUBoost(transform=mel, auto_workers=False)]
+    if case == "dali_16k":
+        files = sorted(Path(data).glob("*.wav"))
+        graph = functools.partial(audio_graph, gpu=True, sample_rate=w.RATE)
+        loader = DALILoader(FileListSource(files, [i % 10 for i in range(len(files))]), graph, cfg["batch"],
+                            device_id=torch.cuda.current_device(), num_threads=max(1, usable_cpus() - 1),
+                            drop_last=True, pipelines=2)  # fmt: skip
+        return model, loader, val, kwargs, boost
+    dataset = _best.Waves(data, w.SOURCE_RATE, w.RATE)
+    if case == "workers_44k":
+        dataset = _best.Waves(data)
+        mel = LogMel(source_rate=w.SOURCE_RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=64)
+        boost = [GPUBoost(transform=mel, auto_workers=False)]
     if case == "threads":
-        return model, ThreadBatches(dataset, loader.batch_size, loader.collate_fn), val, kwargs, [
-            GPUBoost(transform=mel, auto_workers=False)]
-    workers = 8 if case == "best_8_workers" else loader.num_workers
-    loader = torch.utils.data.DataLoader(dataset, batch_size=loader.batch_size, shuffle=True, num_workers=workers,
-                                         pin_memory=case != "best_unpinned", collate_fn=loader.collate_fn,
+        return model, ThreadBatches(dataset, cfg["batch"], _best.pad_waves), val, kwargs, boost
+    workers = 8 if case == "workers_8" else cfg["workers"]
+    loader = torch.utils.data.DataLoader(dataset, batch_size=cfg["batch"], shuffle=True, num_workers=workers,
+                                         pin_memory=case != "workers_unpinned", collate_fn=_best.pad_waves,
                                          drop_last=True, persistent_workers=True)  # fmt: skip
-    train = Unwrapped(loader) if case == "best_unpinned" else loader
-    return model, train, val, kwargs, [GPUBoost(transform=mel, auto_workers=False)]
+    return model, Unwrapped(loader) if case == "workers_unpinned" else loader, val, kwargs, boost
 
 
 def main() -> None:
@@ -157,12 +173,12 @@ def main() -> None:
             else:
                 if case == "best":
                     _best.BEST["audio"] = best
-                elif case.startswith("best_") or case == "threads":
+                elif case not in ("varying_features", "resident_waves"):
                     _best.BEST["audio"] = lambda d, s, c=case: _variant(d, s, c)
                 else:
                     _best.BEST["audio"] = lambda d, s, f=case == "varying_features": _parts(d, s, f)
                 strategy = torch.multiprocessing.get_sharing_strategy()
-                if case == "best_file_system":
+                if case == "workers_file_system":
                     torch.multiprocessing.set_sharing_strategy("file_system")
                 try:
                     r = runner.fit("audio", "gpu", Path(args.data), "best")

@@ -15,11 +15,12 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
   :class:`~lightning_gpu_boost.core.spanning.SpanningLoader` (no wait at epoch starts).
 - ``segmentation``: the workers decode image and mask; rotation, elastic warp, crop, flip and colour run on the GPU
   (``JointAugment``).
-- ``audio``: the workers read the waveforms and resample them to 16 kHz (linear interpolation, int16: 2.75x fewer
-  bytes per batch through shared memory and pinning); log-mel runs on the GPU (``LogMel``, frames padded to a
-  multiple of 64 on a GPU: a few batch shapes instead of one per longest clip). Reading is cheap:
-  the project's 4 workers (kept between epochs) keep up, and the cores stay free for the training process, whose
-  small transformer steps are launch-bound.
+- ``audio``: on a GPU with DALI installed, ``DALILoader`` over the clips (``FileListSource``, ``audio_graph``): DALI's
+  threads read and decode the WAV files and pad them on the GPU, with no worker processes and no batches through
+  shared memory and a pin thread beside the launch-bound step; resampling and log-mel run on the GPU (``LogMel``
+  as GPUBoost's transform, frames padded to a multiple of 64: a few batch shapes instead of one per longest clip).
+  Otherwise the project's 4 workers (kept between epochs) read the waveforms and resample them to 16 kHz (linear
+  interpolation, int16: 2.75x fewer bytes per batch through shared memory and pinning), log-mel on the GPU.
 - ``tabular``: the table fits on the GPU (2 M rows x 64 floats: 512 MB), so it goes there once; the loader yields
   only each batch's shuffled indices (one tensor, ``ShuffledBatches``, the permutation drawn on the GPU) and
   ``GatherRows``, the GPU transform, gathers the rows there: no per-sample Python, no rows through worker pipes or
@@ -33,6 +34,7 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import time
@@ -251,12 +253,26 @@ def audio(data: Path, size: str):
 
     cfg = w.SIZES[size]
     model, _, _, kwargs = w.build(data, size)
-    # the workers resample to 16 kHz (cheap: linear interpolation) so that a batch carries 2.75x fewer bytes through
-    # shared memory, pinning and the copy: 0.80 of the ceiling against 0.70 resampling on the GPU, the same runs
-    # (benchmarks/diagnostics/audio_best_parts.py); frames padded to a multiple of 64: 2-3 batch shapes instead of
-    # one per longest clip (cuDNN autotuning stays on), as speech toolkits pad their features
-    mel = LogMel(source_rate=w.RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS,
-                 pad_to=64 if size == "gpu" else 1)  # fmt: skip
+    # frames padded to a multiple of 64 on a GPU: 2-3 batch shapes instead of one per longest clip (cuDNN
+    # autotuning stays on), as speech toolkits pad their features
+    pad_to = 64 if size == "gpu" else 1
+    if size == "gpu" and module_available("nvidia.dali"):
+        # DALI's CPU threads read and decode the WAV files (no worker processes, no batches through shared memory
+        # and a pin thread beside the launch-bound step) and pad them on the GPU; resampling and log-mel run on
+        # the GPU (LogMel, through GPUBoost's transform, one batch ahead)
+        from lightning_gpu_boost.core.cpus import usable_cpus
+        from lightning_gpu_boost.core.dali import DALILoader, FileListSource, audio_graph
+
+        files = sorted(Path(data).glob("*.wav"))
+        loader = DALILoader(FileListSource(files, [i % 10 for i in range(len(files))]),
+                            functools.partial(audio_graph, gpu=True), cfg["batch"], device_id=torch.cuda.current_device(),
+                            num_threads=max(1, usable_cpus() - 1), shuffle=True, drop_last=True, pipelines=2)  # fmt: skip
+        mel = LogMel(source_rate=w.SOURCE_RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=pad_to)
+        return model, loader, None, kwargs, [GPUBoost(transform=mel, auto_workers=False)]
+    # without DALI: the workers read the waveforms and resample them to 16 kHz (cheap: linear interpolation) so
+    # that a batch carries 2.75x fewer bytes through shared memory, pinning and the copy: 0.80 of the ceiling
+    # against 0.70 resampling on the GPU, the same runs (benchmarks/diagnostics/audio_best_parts.py)
+    mel = LogMel(source_rate=w.RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=pad_to)
     loader = DataLoader(Waves(data, w.SOURCE_RATE, w.RATE), batch_size=cfg["batch"], shuffle=True, num_workers=cfg["workers"],
                         pin_memory=size == "gpu", collate_fn=pad_waves, drop_last=True, persistent_workers=True)
     return model, loader, None, kwargs, [GPUBoost(transform=mel, auto_workers=False)]

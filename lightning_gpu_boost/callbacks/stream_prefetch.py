@@ -63,7 +63,8 @@ class StreamPrefetch(Callback):
             ``torchvision.transforms.v2.Compose`` or ``kornia.augmentation.AugmentationSequential`` on CUDA
             tensors), right after the side-stream copy, ``depth`` batches ahead, so it overlaps the current step.
             Its random draws are seeded per rank, epoch and batch (reproducible, the same whatever ``depth``; see
-            :class:`~lightning_gpu_boost.core.prefetch.StreamPrefetcher`). It runs before ``normalize``.
+            :class:`~lightning_gpu_boost.core.prefetch.StreamPrefetcher`). It runs before ``normalize``. Loaders
+            whose batches are already on the GPU (``DALILoader``) are wrapped only to run it.
         val_transform: the (deterministic) batch transform for validation, test and predict loaders.
         transform_seed: the seed of ``transform``'s draws; ``None`` takes Lightning's ``seed_everything`` seed
             (``PL_GLOBAL_SEED``) where set, else 0.
@@ -170,8 +171,11 @@ class StreamPrefetch(Callback):
             return dataloader
 
         def wrap(dataloader: object, stage: str | None) -> object:
-            if isinstance(dataloader, StreamPrefetcher) or getattr(dataloader, "batches_on_device", False):
-                return dataloader  # already wrapped, or a loader that yields GPU batches (DALILoader)
+            transform = self.transform if stage in ("train", "fit", None) else self.val_transform
+            if isinstance(dataloader, StreamPrefetcher):
+                return dataloader  # already wrapped
+            if getattr(dataloader, "batches_on_device", False) and transform is None:
+                return dataloader  # a loader that yields GPU batches (DALILoader): nothing to copy or transform
             # the DataLoader itself, or the one a SpanningLoader (SpanEpochs) builds its workers' loader from
             source = next(iter_loaders(dataloader), None)
             if device.type == "cuda" and isinstance(source, DataLoader) and not source.pin_memory and source.num_workers:
@@ -181,7 +185,6 @@ class StreamPrefetch(Callback):
                 source.pin_memory = True
                 rank_zero_info(f"StreamPrefetch: set pin_memory=True on the {stage or ''} loader.")
             normalize = self._moved.get(source, self.normalize) if isinstance(source, DataLoader) else self.normalize
-            transform = self.transform if stage in ("train", "fit", None) else self.val_transform
             seed = self.transform_seed
             if seed is None:
                 seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)

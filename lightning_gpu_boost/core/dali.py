@@ -1,11 +1,12 @@
-"""Image batches decoded by NVIDIA DALI with exact epochs: a framework-free loader (no Trainer needed).
+"""Image (and audio) batches decoded by NVIDIA DALI with exact epochs: a framework-free loader (no Trainer needed).
 
 :class:`DALILoader` feeds a DALI pipeline through ``fn.external_source`` with a batch callable, so Python decides
 which samples each epoch holds: every epoch covers this rank's shard exactly once, even after an epoch that was
 stopped early (the few batches DALI computed ahead are discarded, the pipeline is reset, the next epoch starts at
 its beginning). For folders Python sends file paths and DALI's threads read the files (``fn.io.file.read``); LMDB
-records are read ahead by Python threads. Decoding, cropping, flipping and normalizing run in DALI (on the GPU with ``device_id`` set, on the CPU with ``device_id=None``). Every batch is
-copied out of DALI's buffers into its own torch tensor, so batches held ahead are never overwritten.
+records are read ahead by Python threads. Decoding, cropping, flipping and normalizing run in DALI (on the GPU
+with ``device_id`` set, on the CPU with ``device_id=None``); :func:`audio_graph` decodes audio clips (a
+:class:`FileListSource`) into padded waveforms with their lengths. Every batch is copied out of DALI's buffers into its own torch tensor, so batches held ahead are never overwritten.
 
 DALI is an optional dependency (extra ``dali`` for CUDA 12 torch builds, ``dali-cuda13`` for CUDA 13), imported
 when a pipeline is built.
@@ -85,6 +86,50 @@ class FolderSource:
         return self._encoded[index], self.samples[index][1]
 
 
+class FileListSource:
+    """Files of any kind named in a list, each with its label (e.g. audio clips for :func:`audio_graph`), read by
+    DALI's threads. Python checks nothing in them (``check = None``): a file DALI cannot decode stops its decoder.
+
+    Args:
+        paths: the files.
+        labels: one ``int`` label per file.
+
+    Raises:
+        ValueError: no files, or not one label per file.
+        FileNotFoundError: a file that does not exist.
+    """
+
+    check = None  # no structure check in Python for bytes read here (bad_samples="skip"): any file kind
+
+    def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int]) -> None:
+        self.samples = [(str(p), int(label)) for p, label in zip(paths, labels, strict=False)]
+        if not self.samples or len(paths) != len(labels):
+            raise ValueError(f"FileListSource needs one label per file and at least one file, got {len(paths)} "
+                             f"paths and {len(labels)} labels.")  # fmt: skip
+        missing = next((p for p, _ in self.samples if not os.path.isfile(p)), None)
+        if missing is not None:
+            raise FileNotFoundError(f"FileListSource: no file at {missing!r}.")
+        self.root = os.path.commonpath([p for p, _ in self.samples]) if len(self.samples) > 1 else self.samples[0][0]
+        self.classes = sorted({label for _, label in self.samples})
+        self._encoded: list[np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def read(self, index: int) -> tuple[np.ndarray, int]:
+        path, label = self.samples[index]
+        return np.fromfile(path, dtype=np.uint8), label
+
+    def sample_path(self, index: int) -> str:
+        return self.samples[index][0]
+
+    def path(self, index: int) -> tuple[np.ndarray, int]:
+        """The file's path as UTF-8 bytes (for DALI's ``fn.io.file.read``) and its label."""
+        if self._encoded is None:
+            self._encoded = [np.frombuffer(p.encode("utf-8"), dtype=np.uint8) for p, _ in self.samples]
+        return self._encoded[index], self.samples[index][1]
+
+
 class PackSource:
     """Encoded images of an LMDB image pack (a pack file or a shard manifest), opened lazily in each process."""
 
@@ -126,6 +171,9 @@ def open_source(path: str | os.PathLike, check_crc: bool = True) -> FolderSource
     )
 
 
+_CHECK_IMAGE = object()  # a source without ``check``: bad_samples.check_image (imported when a batch is read)
+
+
 class _Feeder:
     """The ``external_source`` batch callable: returns the encoded images and labels of the planned batches in
     order (read ahead by a thread pool) and raises ``StopIteration`` when the plan is used up."""
@@ -136,8 +184,9 @@ class _Feeder:
     ) -> None:  # fmt: skip
         self.source = source
         self._get = source.path if paths else source.read  # paths: DALI's threads read the files
-        #: bytes read here are checked (:func:`check_image`, structure) so that DALI never sees a broken file
-        self._check = not paths
+        #: bytes read here are checked (the source's ``check``, default :func:`check_image`: structure) so that
+        #: DALI never sees a broken file; a source with ``check = None`` is not checked
+        self._check = None if paths else getattr(source, "check", _CHECK_IMAGE)
         self.bad_samples, self.tracker = bad_samples, tracker
         self.read_threads = read_threads
         self.read_ahead = read_ahead
@@ -159,7 +208,8 @@ class _Feeder:
         for i in indices:
             try:
                 item = self._get(i)
-                problem = check_image(memoryview(item[0])) if self._check else None
+                check = check_image if self._check is _CHECK_IMAGE else self._check
+                problem = check(memoryview(item[0])) if check is not None else None
             except (OSError, CorruptRecordError) as err:
                 problem = str(err)
             if problem is None:
@@ -309,6 +359,28 @@ def classification_graph(
     )  # fmt: skip
 
 
+def audio_graph(
+    encoded: Any, *, gpu: bool, sample_rate: float | None = None, dtype: Literal["int16", "float32"] = "int16"
+) -> tuple[Any, Any]:
+    """Encoded audio files (WAV, FLAC, OGG: DALI's audio decoder, in its CPU threads) to ``(waveforms, lengths)``:
+    each clip mono (channels averaged), at its own rate or resampled by DALI to ``sample_rate``, as ``int16`` PCM
+    (half the bytes of float32) or ``float32`` in [-1, 1], zeros after each clip up to the batch's longest; on the
+    GPU with ``gpu`` (padded there). A :class:`DALILoader` over it yields ``(waveforms N x T, lengths N, labels N)``,
+    what :class:`~lightning_gpu_boost.core.gpu_transforms.LogMel` takes (e.g. as ``StreamPrefetch(transform=...)``).
+    """
+    dali = require("nvidia.dali")
+    fn, types = dali.fn, dali.types
+    if dtype not in ("int16", "float32"):
+        raise ValueError(f"dtype must be 'int16' or 'float32', got {dtype!r}.")
+    rate = {} if sample_rate is None else {"sample_rate": float(sample_rate)}
+    audio, _ = fn.decoders.audio(encoded, dtype=types.INT16 if dtype == "int16" else types.FLOAT, downmix=True,
+                                 **rate)  # fmt: skip
+    lengths = fn.reshape(audio.shape(dtype=types.INT64), shape=[])
+    if gpu:
+        audio, lengths = audio.gpu(), lengths.gpu()
+    return fn.pad(audio, fill_value=0), lengths
+
+
 _LIVE: weakref.WeakSet[DALILoader] = weakref.WeakSet()
 
 
@@ -347,7 +419,8 @@ class _Producer(threading.Thread):
 
 
 class DALILoader:
-    """An iterable of ``(images, labels)`` batches from a DALI pipeline, with a real ``len()`` and exact epochs.
+    """An iterable of ``(images, labels)`` batches from a DALI pipeline, with a real ``len()`` and exact epochs
+    (``(*outputs, labels)`` for a graph with several outputs, e.g. :func:`audio_graph`).
 
     Each epoch takes this rank's indices from :func:`rank_indices` (shuffled by ``seed + epoch``; under DDP every
     rank gets ``ceil(n / world_size)`` samples, padded like ``DistributedSampler``, so all ranks run the same number
@@ -363,7 +436,8 @@ class DALILoader:
             (:class:`PackSource`), or ``path(index) -> (UTF-8 path as a uint8 array, label)`` for files that DALI
             reads itself (:class:`FolderSource` has both and is read through ``path``).
         graph: ``graph(encoded) -> images`` builds the DALI operators that turn encoded bytes into images
-            (e.g. :func:`classification_graph` with ``functools.partial``).
+            (e.g. :func:`classification_graph` with ``functools.partial``), or into a tuple of outputs, each dense
+            per batch (e.g. :func:`audio_graph`: padded waveforms and their lengths).
         batch_size: samples per batch.
         device_id: CUDA device of the pipeline, ``None`` for a CPU-only pipeline.
         num_threads: DALI CPU threads.
@@ -377,7 +451,7 @@ class DALILoader:
             (:class:`~lightning_gpu_boost.core.block_shuffle.BlockReadAhead`).
         block_size, window_blocks: see ``order``.
         prefetch_queue_depth: batches DALI computes ahead.
-        dtype: the output dtype, converted in torch where DALI lacks it (``bfloat16``).
+        dtype: the (first) output's dtype, converted in torch where DALI lacks it (``bfloat16``).
         channels_last: the graph returns ``HWC``; batches are ``NCHW`` views in ``channels_last`` memory format.
         pipelines: DALI pipelines that decode alternate batches side by side (batch ``j`` of an epoch goes to
             pipeline ``j % pipelines``), each with ``num_threads // pipelines`` CPU threads.
@@ -545,8 +619,10 @@ class DALILoader:
             )  # fmt: skip
             if self.reads_in_dali:  # the feeder sent paths: DALI's threads read the files, not Python
                 encoded = dali.fn.io.file.read(encoded, dont_use_mmap=True)
+            nodes = self.graph(encoded)
+            nodes = tuple(nodes) if isinstance(nodes, (tuple, list)) else (nodes,)
             # Labels go to the GPU inside the pipeline: a copy from pageable memory would synchronize the stream.
-            pipe.set_outputs(self.graph(encoded), labels.gpu() if self.device_id is not None else labels)
+            pipe.set_outputs(*nodes, labels.gpu() if self.device_id is not None else labels)
         pipe.build()
         return pipe
 
@@ -591,7 +667,7 @@ class DALILoader:
 
         from lightning_gpu_boost.core.bad_samples import Counted, Refill
 
-        counted = (Counted(batch, len(batch[1]), ["B", "B"]) for batch in self._run())
+        counted = (Counted(batch, len(batch[-1]), ["B"] * len(batch)) for batch in self._run())
         return iter(Refill(counted, self.batch_size, len(self), warn=warnings.warn))
 
     def _run(self):
@@ -625,9 +701,9 @@ class DALILoader:
             self._plan(self._stream[-1][0] + 1)
         if not self._threaded:  # the training loop runs the pipeline and copies on its own stream
             for j in range(length):
-                item = self._take(self._pipes[j % len(self._pipes)], same_stream=True)
+                tensors, _ = self._take(self._pipes[j % len(self._pipes)], same_stream=True)
                 self._pos += 1
-                yield item[:2]
+                yield tensors
             self._stream.popleft()
             self._pos = 0
             return
@@ -644,7 +720,7 @@ class DALILoader:
         self._stream.popleft()
         self._pos = 0
 
-    def _take(self, pipe: Any, same_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def _take(self, pipe: Any, same_stream: bool = False) -> tuple[tuple[torch.Tensor, ...], Any]:
         """The next batch of ``pipe``, copied into torch tensors. Outputs are taken as DALIGenericIterator takes
         them (``schedule_run`` / ``share_outputs`` / ``release_outputs``, which keeps ``prefetch_queue_depth``
         iterations in flight): on the H100 that kept 2-3 points more of the ceiling than ``pipe.run()`` in a plain
@@ -654,52 +730,52 @@ class DALILoader:
             self._primed.add(id(pipe))
         outputs = pipe.share_outputs()  # waits until DALI finished the batch
         item = self._to_torch(outputs, same_stream)
-        if item[2] is not None:
-            self._alive.append((item[2], outputs))  # DALI's buffers stay referenced until the copy is done
+        if item[1] is not None:
+            self._alive.append((item[1], outputs))  # DALI's buffers stay referenced until the copy is done
         pipe.release_outputs()
         pipe.schedule_run()  # keep prefetch_queue_depth iterations in flight (_run keeps the feeders ahead)
         return item
 
-    def _to_torch(self, outputs: Any, same_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def _to_torch(self, outputs: Any, same_stream: bool = False) -> tuple[tuple[torch.Tensor, ...], Any]:
         """Copy DALI's outputs (it reuses its buffers) into new tensors, on a side stream on CUDA (on the current
-        stream with ``same_stream``)."""
+        stream with ``same_stream``): the graph's outputs (``dtype`` and ``channels_last`` apply to the first),
+        then the labels, flat."""
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-        images, labels = outputs
-        dense = images.as_tensor()
         cuda = self.device.type == "cuda" and not same_stream  # copies on the side stream
         if cuda and self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(self.device)
         stream = None  # CPU: a plain copy
         if self.device.type == "cuda":
             stream = self._copy_stream if cuda else torch.cuda.current_stream(self.device)
+        tensors = []
         with torch.cuda.stream(self._copy_stream) if cuda else contextlib.nullcontext():
-            out = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=self.device)
-            feed_ndarray(dense, out, cuda_stream=stream)
-            if self.dtype == "bfloat16":
-                out = out.to(torch.bfloat16)
-            if self.channels_last:
-                out = out.permute(0, 3, 1, 2)
-            labels = labels.as_tensor()
-            target = torch.empty(labels.shape(), dtype=torch.int64, device=self.device)
-            feed_ndarray(labels, target, cuda_stream=stream)
-            target = target.reshape(-1)
+            for k, output in enumerate(outputs):
+                dense = output.as_tensor()
+                out = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=self.device)
+                feed_ndarray(dense, out, cuda_stream=stream)
+                if k == 0 and self.dtype == "bfloat16":
+                    out = out.to(torch.bfloat16)
+                if k == 0 and self.channels_last:
+                    out = out.permute(0, 3, 1, 2)
+                tensors.append(out)
+            tensors[-1] = tensors[-1].reshape(-1)  # the labels
             event = None
             if cuda:
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
-        return out, target, event
+        return tuple(tensors), event
 
-    def _hand_over(self, item: tuple[torch.Tensor, torch.Tensor, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        out, target, event = item
+    def _hand_over(self, item: tuple[tuple[torch.Tensor, ...], Any]) -> tuple[torch.Tensor, ...]:
+        tensors, event = item
         while self._alive and self._alive[0][0].query():
             self._alive.popleft()
         if event is not None:  # the training stream waits for the copy, and owns the memory from now on
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)
-            out.record_stream(stream)
-            target.record_stream(stream)
-        return out, target
+            for t in tensors:
+                t.record_stream(stream)
+        return tensors
 
     def close(self) -> None:
         """Stop the threads and free the pipeline (its GPU memory)."""

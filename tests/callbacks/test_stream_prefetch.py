@@ -369,3 +369,48 @@ def test_a_run_resumed_mid_epoch_draws_what_the_uninterrupted_run_drew(tmp_path,
     both = first.features["train"] + resumed.features["train"]
     assert len(both) == len(whole.features["train"]) == 12
     assert all(torch.equal(a, b) for a, b in zip(both, whole.features["train"], strict=True))
+
+
+class SeesAudioFeatures(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(80, 1)
+        self.shapes: list[tuple] = []
+
+    def training_step(self, batch, batch_idx):
+        features, frames, labels = batch
+        self.shapes.append((tuple(features.shape), frames.tolist(), labels.tolist()))
+        return self.layer(features).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_batch_transform_runs_on_the_batches_of_a_dali_loader(trainer_kwargs, tmp_path):
+    """A loader whose batches are already on the device (DALILoader) is wrapped only to run the transform: audio
+    clips decoded by DALI, log-mel features from StreamPrefetch(transform=LogMel(...)) in a Trainer."""
+    pytest.importorskip("nvidia.dali", reason="needs the `dali` extra")
+    import functools
+    import wave
+
+    import numpy as np
+
+    from lightning_gpu_boost.core.dali import DALILoader, FileListSource, audio_graph
+    from lightning_gpu_boost.core.gpu_transforms import LogMel
+
+    paths = []
+    for k in range(8):
+        paths.append(tmp_path / f"clip_{k}.wav")
+        with wave.open(str(paths[-1]), "wb") as f:
+            f.setnchannels(1), f.setsampwidth(2), f.setframerate(16_000)
+            f.writeframes((np.sin(np.arange(1600 + 160 * k) * 0.1) * 3000).astype("<i2").tobytes())
+    loader = DALILoader(FileListSource(paths, list(range(8))), functools.partial(audio_graph, gpu=False), 4,
+                        num_threads=1, read_threads=1)  # fmt: skip
+    model = SeesAudioFeatures()
+    prefetch = StreamPrefetch(cpu_lookahead=True, transform=LogMel(source_rate=16_000, rate=16_000, pad_to=16))
+    trainer = pl.Trainer(callbacks=[prefetch], max_epochs=1, **trainer_kwargs)
+    trainer.fit(model, loader)
+    assert len(model.shapes) == 2
+    for shape, frames, labels in model.shapes:
+        assert shape[0] == 4 and shape[1] % 16 == 0 and shape[2] == 80  # features, frames padded to 16
+        assert frames == [(1600 + 160 * k) // 160 + 1 for k in labels]  # each clip's own frame count
