@@ -9,6 +9,10 @@ by taking the best's parts away one at a time, each case run through the workloa
 - ``best``: the documented best (on a GPU with DALI: ``DALILoader`` with ``audio_graph``, resampling and features
   on the GPU);
 - ``dali_16k``: the same, DALI resampling to 16 kHz in its CPU threads;
+- ``dali_depth4``, ``dali_4_pipelines``: the best with DALI computing 4 batches ahead per pipeline, or with 4
+  pipelines (2 in the best);
+- ``dali_switch``: the best with Python's GIL switch interval at 0.5 ms (5 ms by default: a thread that holds the GIL
+  keeps the training thread waiting up to that long);
 - ``workers``: the best without DALI (4 workers reading the waveforms and resampling them to 16 kHz, the features
   on the GPU);
 - ``workers_44k``: the workers send the waveforms at 44.1 kHz, resampled on the GPU (2.75x the bytes per batch
@@ -45,7 +49,8 @@ import _best  # noqa: E402
 from lightning_gpu_boost.callbacks import GPUBoost  # noqa: E402
 from lightning_gpu_boost.core.results import write_result  # noqa: E402
 
-CASES = ("ceiling", "varying_features", "resident_waves", "best", "dali_16k", "workers", "workers_44k", "workers_8",
+CASES = ("ceiling", "varying_features", "resident_waves", "best", "dali_16k", "dali_depth4", "dali_4_pipelines",
+         "dali_switch", "workers", "workers_44k", "workers_8",
          "workers_file_system", "workers_unpinned", "threads")  # fmt: skip
 
 
@@ -131,12 +136,17 @@ def _variant(data: Path, size: str, case: str):
     model, _, val, kwargs = w.build(data, size)
     mel = LogMel(source_rate=w.RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=64)
     boost = [GPUBoost(transform=mel, auto_workers=False)]
-    if case == "dali_16k":
+    if case.startswith("dali_"):
         files = sorted(Path(data).glob("*.wav"))
-        graph = functools.partial(audio_graph, gpu=True, sample_rate=w.RATE)
-        loader = DALILoader(FileListSource(files, [i % 10 for i in range(len(files))]), graph, cfg["batch"],
+        rate = {"sample_rate": w.RATE} if case == "dali_16k" else {}
+        if not rate:
+            mel = LogMel(source_rate=w.SOURCE_RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=64)
+            boost = [GPUBoost(transform=mel, auto_workers=False)]
+        loader = DALILoader(FileListSource(files, [i % 10 for i in range(len(files))]),
+                            functools.partial(audio_graph, gpu=True, **rate), cfg["batch"],
                             device_id=torch.cuda.current_device(), num_threads=max(1, usable_cpus() - 1),
-                            drop_last=True, pipelines=2)  # fmt: skip
+                            drop_last=True, pipelines=4 if case == "dali_4_pipelines" else 2,
+                            prefetch_queue_depth=4 if case == "dali_depth4" else 2)  # fmt: skip
         return model, loader, val, kwargs, boost
     dataset = _best.Waves(data, w.SOURCE_RATE, w.RATE)
     if case == "workers_44k":
@@ -150,6 +160,26 @@ def _variant(data: Path, size: str, case: str):
                                          pin_memory=case != "workers_unpinned", collate_fn=_best.pad_waves,
                                          drop_last=True, persistent_workers=True)  # fmt: skip
     return model, Unwrapped(loader) if case == "workers_unpinned" else loader, val, kwargs, boost
+
+
+def _loader_alone(data: Path, batches: int = 200) -> float:
+    """Samples per second of the best's loader and transform alone (no training), after 20 batches."""
+    import time
+
+    _, loader, _, _, callbacks = _best.audio(data, "gpu")
+    mel = callbacks[0].parts["prefetch"].transform
+    it = iter(loader)
+    for _ in range(20):
+        mel(next(it))
+    torch.cuda.synchronize()
+    started, n = time.perf_counter(), 0
+    for _ in range(batches):
+        n += len(mel(next(it))[-1])
+    torch.cuda.synchronize()
+    rate = n / (time.perf_counter() - started)
+    getattr(loader, "close", lambda: None)()
+    print(f"best's loader alone: {rate:,.0f} samples/s", flush=True)
+    return rate
 
 
 def main() -> None:
@@ -177,18 +207,22 @@ def main() -> None:
                     _best.BEST["audio"] = lambda d, s, c=case: _variant(d, s, c)
                 else:
                     _best.BEST["audio"] = lambda d, s, f=case == "varying_features": _parts(d, s, f)
-                strategy = torch.multiprocessing.get_sharing_strategy()
+                strategy, interval = torch.multiprocessing.get_sharing_strategy(), sys.getswitchinterval()
+                if case == "dali_switch":
+                    sys.setswitchinterval(0.0005)
                 if case == "workers_file_system":
                     torch.multiprocessing.set_sharing_strategy("file_system")
                 try:
                     r = runner.fit("audio", "gpu", Path(args.data), "best")
                 finally:
                     torch.multiprocessing.set_sharing_strategy(strategy)
+                    sys.setswitchinterval(interval)
             rates[case].append(r["throughput"]["samples_per_s"])
             steps[case].append(r["watchdog"].get("step_ms", float("nan")))
             print(f"{case}: {rates[case][-1]:,.0f} samples/s, step {steps[case][-1]:.1f} ms", flush=True)
     _best.BEST["audio"] = best
-    figures = {"config": vars(args), "samples_per_s": rates, "step_ms": steps,
+    alone = _loader_alone(Path(args.data)) if "best" in cases else None
+    figures = {"best_loader_alone_samples_per_s": alone, "config": vars(args), "samples_per_s": rates, "step_ms": steps,
                "median_of_ceiling": {c: statistics.median(rates[c]) / statistics.median(rates["ceiling"])
                                      for c in cases}}  # fmt: skip
     print(figures["median_of_ceiling"])
