@@ -166,7 +166,9 @@ def _loader_alone(data: Path, batches: int = 200) -> float:
     """Samples per second of the best's loader and transform alone (no training), after 20 batches."""
     import time
 
-    _, loader, _, _, callbacks = _best.audio(data, "gpu")
+    import audio as w
+
+    _, loader, _, _, callbacks = _best.audio(w.prepare(data, "gpu"), "gpu")
     mel = callbacks[0].parts["prefetch"].transform
     it = iter(loader)
     for _ in range(20):
