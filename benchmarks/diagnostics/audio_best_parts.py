@@ -11,6 +11,8 @@ by taking the best's parts away one at a time, each case run through the workloa
 - ``dali_16k``: the same, DALI resampling to 16 kHz in its CPU threads;
 - ``dali_depth4``, ``dali_4_pipelines``: the best with DALI computing 4 batches ahead per pipeline, or with 4
   pipelines (2 in the best);
+- ``dali_4_threads``, ``dali_1_pipeline``: the best with 4 DALI CPU threads in all (15 in the best), or one pipeline;
+- ``dali_unthreaded``: the best without DALILoader's producer thread (the training thread takes DALI's outputs);
 - ``dali_switch``: the best with Python's GIL switch interval at 0.5 ms (5 ms by default: a thread that holds the GIL
   keeps the training thread waiting up to that long);
 - ``workers``: the best without DALI (4 workers reading the waveforms and resampling them to 16 kHz, the features
@@ -50,7 +52,7 @@ from lightning_gpu_boost.callbacks import GPUBoost  # noqa: E402
 from lightning_gpu_boost.core.results import write_result  # noqa: E402
 
 CASES = ("ceiling", "varying_features", "resident_waves", "best", "dali_16k", "dali_depth4", "dali_4_pipelines",
-         "dali_switch", "workers", "workers_44k", "workers_8",
+         "dali_4_threads", "dali_1_pipeline", "dali_unthreaded", "dali_switch", "workers", "workers_44k", "workers_8",
          "workers_file_system", "workers_unpinned", "threads")  # fmt: skip
 
 
@@ -144,9 +146,11 @@ def _variant(data: Path, size: str, case: str):
             boost = [GPUBoost(transform=mel, auto_workers=False)]
         loader = DALILoader(FileListSource(files, [i % 10 for i in range(len(files))]),
                             functools.partial(audio_graph, gpu=True, **rate), cfg["batch"],
-                            device_id=torch.cuda.current_device(), num_threads=max(1, usable_cpus() - 1),
-                            drop_last=True, pipelines=4 if case == "dali_4_pipelines" else 2,
+                            device_id=torch.cuda.current_device(),
+                            num_threads=4 if case == "dali_4_threads" else max(1, usable_cpus() - 1), drop_last=True,
+                            pipelines={"dali_4_pipelines": 4, "dali_1_pipeline": 1}.get(case, 2),
                             prefetch_queue_depth=4 if case == "dali_depth4" else 2)  # fmt: skip
+        loader._threaded = case != "dali_unthreaded"
         return model, loader, val, kwargs, boost
     dataset = _best.Waves(data, w.SOURCE_RATE, w.RATE)
     if case == "workers_44k":
