@@ -26,9 +26,10 @@ SIZES = {
     "gpu": {"clips": 8192, "seconds": (3.0, 8.0), "batch": 32, "workers": 4, "dim": 256, "layers": 4, "steps": 50},
 }  # fmt: skip
 SOURCE_RATE, RATE, N_FFT, HOP, MELS = 44_100, 16_000, 400, 160, 80
-#: for the runner: the ceiling (a launch-bound step on a resident batch) read 1,761-2,087 samples/s from one fit
-#: to the next on one machine, so the ceiling and the documented best are compared over 3 interleaved fits each
-BEST_ROUNDS = 3
+#: for the runner: the ceiling (a launch-bound step on a resident batch) read 1,631-2,768 samples/s from one fit
+#: to the next on the H100 machines of one session, so the ceiling and the documented best are compared over the
+#: medians of 5 interleaved fits each
+BEST_ROUNDS = 5
 
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
