@@ -184,6 +184,7 @@ class _Feeder:
     ) -> None:  # fmt: skip
         self.source = source
         self._get = source.path if paths else source.read  # paths: DALI's threads read the files
+        self._paths = paths
         #: bytes read here are checked (the source's ``check``, default :func:`check_image`: structure) so that
         #: DALI never sees a broken file; a source with ``check = None`` is not checked
         self._check = None if paths else getattr(source, "check", _CHECK_IMAGE)
@@ -195,7 +196,7 @@ class _Feeder:
         self._pool: ThreadPoolExecutor | None = None
         self._keep: deque[Any] = deque(maxlen=keep)
 
-    def _read_batch(self, epoch: int, indices: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
+    def _read_batch(self, epoch: int, indices: list[int]) -> tuple[list[np.ndarray] | np.ndarray, np.ndarray]:
         from lightning_gpu_boost.core.bad_samples import (
             BadSampleError,
             bad_sample_error,
@@ -224,7 +225,16 @@ class _Feeder:
                 f"Every sample of a batch is bad ({describe([self.source.sample_path(i) for i in bad[:5]], len(bad))});"
                 " remove or repack the broken files."
             )
-        return [data for data, _ in items], np.array([label for _, label in items], dtype=np.int64)
+        labels = np.array([label for _, label in items], dtype=np.int64)
+        if self._paths:
+            # paths: one dense array, NUL-padded (DALI reads each row as a C string): DALI takes a dense batch in
+            # one piece, where a list costs a conversion per sample in the feeding thread (H100 machine: 1.2 ms of
+            # Python per 32-sample batch fed, beside a training thread that needs the same interpreter)
+            dense = np.zeros((len(items), max(len(data) for data, _ in items) + 1), dtype=np.uint8)
+            for k, (data, _) in enumerate(items):
+                dense[k, : len(data)] = data
+            return dense, labels
+        return [data for data, _ in items], labels
 
     def _fill(self) -> None:
         if self._pool is None:
@@ -566,7 +576,7 @@ class DALILoader:
         bad = []
         for feeder in self._feeders:
             for paths, _ in list(feeder._keep):
-                for path in (bytes(p).decode("utf-8", "surrogateescape") for p in paths):
+                for path in (bytes(p).rstrip(b"\0").decode("utf-8", "surrogateescape") for p in paths):
                     problem = check_file(path, "decode")
                     if problem is not None:
                         bad.append(f"'{path}' ({problem})")
