@@ -8,6 +8,8 @@ by taking the best's parts away one at a time, each case run through the workloa
   LogMel(...))``: copy, features and shapes per step, but no worker processes or pin-memory thread;
 - ``best``: the documented best (on a GPU with DALI: ``DALILoader`` with ``audio_graph``, resampling and features
   on the GPU);
+- ``dali_reader``: DALI's own file reader and iterator (``_best.DALIReaderAudio``: no Python per file or per
+  batch fed), resampling and features on the GPU;
 - ``dali_16k``: the same, DALI resampling to 16 kHz in its CPU threads;
 - ``dali_depth4``, ``dali_4_pipelines``: the best with DALI computing 4 batches ahead per pipeline, or with 4
   pipelines (2 in the best);
@@ -51,7 +53,7 @@ import _best  # noqa: E402
 from lightning_gpu_boost.callbacks import GPUBoost  # noqa: E402
 from lightning_gpu_boost.core.results import write_result  # noqa: E402
 
-CASES = ("ceiling", "varying_features", "resident_waves", "best", "dali_16k", "dali_depth4", "dali_4_pipelines",
+CASES = ("ceiling", "varying_features", "resident_waves", "best", "dali_reader", "dali_16k", "dali_depth4", "dali_4_pipelines",
          "dali_4_threads", "dali_1_pipeline", "dali_unthreaded", "dali_switch", "workers", "workers_44k", "workers_8",
          "workers_file_system", "workers_unpinned", "threads")  # fmt: skip
 
@@ -138,6 +140,12 @@ def _variant(data: Path, size: str, case: str):
     model, _, val, kwargs = w.build(data, size)
     mel = LogMel(source_rate=w.RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=64)
     boost = [GPUBoost(transform=mel, auto_workers=False)]
+    if case == "dali_reader":
+        files = sorted(Path(data).glob("*.wav"))
+        mel = LogMel(source_rate=w.SOURCE_RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=64)
+        loader = _best.DALIReaderAudio(files, [i % 10 for i in range(len(files))], cfg["batch"],
+                                       torch.cuda.current_device(), max(1, usable_cpus() - 1))  # fmt: skip
+        return model, loader, val, kwargs, [GPUBoost(transform=mel, auto_workers=False)]
     if case.startswith("dali_"):
         files = sorted(Path(data).glob("*.wav"))
         rate = {"sample_rate": w.RATE} if case == "dali_16k" else {}
