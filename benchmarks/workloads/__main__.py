@@ -201,6 +201,9 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
             trainer.fit(model, datamodule=train)
         else:
             trainer.fit(model, train, val)
+    for loader in (train, val):  # a loader with threads of its own (DALILoader): none left running beside the next fit
+        if not datamodule and callable(getattr(loader, "close", None)):
+            loader.close()
     del trainer, model, train, val
     gc.collect()  # the next fit forks workers: no earlier fit's pinned batches left for them to free
     return {
