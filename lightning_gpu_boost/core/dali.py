@@ -6,7 +6,8 @@ stopped early (the few batches DALI computed ahead are discarded, the pipeline i
 its beginning). For folders Python sends file paths and DALI's threads read the files (``fn.io.file.read``); LMDB
 records are read ahead by Python threads. Decoding, cropping, flipping and normalizing run in DALI (on the GPU
 with ``device_id`` set, on the CPU with ``device_id=None``); :func:`audio_graph` decodes audio clips (a
-:class:`FileListSource`) into padded waveforms with their lengths. Every batch is copied out of DALI's buffers into its own torch tensor, so batches held ahead are never overwritten.
+:class:`FileListSource`) into padded waveforms with their lengths. Every batch is copied out of DALI's buffers
+into its own torch tensor, so batches held ahead are never overwritten.
 
 DALI is an optional dependency (extra ``dali`` for CUDA 12 torch builds, ``dali-cuda13`` for CUDA 13), imported
 when a pipeline is built.
