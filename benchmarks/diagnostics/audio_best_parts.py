@@ -6,13 +6,12 @@ by taking the best's parts away one at a time, each case run through the workloa
   resident and cycled: the ceiling plus the best's batch shapes;
 - ``resident_waves``: the same 16 batches as waveforms in pinned memory, cycled through ``GPUBoost(transform=
   LogMel(...))``: copy, features and shapes per step, but no worker processes or pin-memory thread;
-- ``best``: the documented best (on a GPU with DALI: ``DALILoader`` with ``audio_graph``, resampling and features
-  on the GPU);
+- ``best``: the documented best (on a GPU with DALI: ``_best.DALIFeatures``, log-mel computed by DALI end to end);
+- ``dali_loader``: ``DALILoader`` with ``audio_graph`` (exact epochs), resampling and features by ``LogMel`` through
+  GPUBoost's transform (the best until 2026-11-24's last runs);
 - ``dali_reader``: DALI's own file reader and iterator (``_best.DALIReaderAudio``: no Python per file or per
   batch fed), resampling and features on the GPU;
-- ``dali_features``: the whole feature path in DALI (``DALIFeatures``: read, decode, resample, power spectrogram,
-  80-band HTK mel filterbank, log, frames padded to a multiple of 64, on the GPU but the decoding): the training
-  thread only takes finished features (no transform launches, no prefetcher);
+- ``dali_features``: the same as ``best``, as a named case;
 - ``dali_16k``: the same, DALI resampling to 16 kHz in its CPU threads;
 - ``dali_depth4``, ``dali_4_pipelines``: the best with DALI computing 4 batches ahead per pipeline, or with 4
   pipelines (2 in the best);
@@ -56,7 +55,7 @@ import _best  # noqa: E402
 from lightning_gpu_boost.callbacks import GPUBoost  # noqa: E402
 from lightning_gpu_boost.core.results import write_result  # noqa: E402
 
-CASES = ("ceiling", "varying_features", "resident_waves", "best", "dali_reader", "dali_features", "dali_16k", "dali_depth4", "dali_4_pipelines",
+CASES = ("ceiling", "varying_features", "resident_waves", "best", "dali_loader", "dali_reader", "dali_features", "dali_16k", "dali_depth4", "dali_4_pipelines",
          "dali_4_threads", "dali_1_pipeline", "dali_unthreaded", "dali_switch", "workers", "workers_44k", "workers_8",
          "workers_file_system", "workers_unpinned", "threads")  # fmt: skip
 
@@ -132,47 +131,6 @@ class ThreadBatches:
             yield batch
 
 
-class DALIFeatures:
-    """Log-mel features of the clips computed by DALI end to end (its reader, decoder, GPU resampling, spectrogram
-    and mel filterbank), ``DALIGenericIterator``: batches ``(features N x frames x 80, frame lengths, labels)``."""
-
-    batches_on_device = True
-
-    def __init__(self, files, labels, batch_size: int, device_id: int, threads: int, source_rate: int, rate: int,
-                 n_fft: int, hop: int, mels: int, pad_to: int = 64) -> None:  # fmt: skip
-        import math
-
-        import nvidia.dali.math as dmath
-        from nvidia.dali import fn, pipeline_def, types
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
-        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=0)
-        def features():
-            encoded, label = fn.readers.file(files=[str(f) for f in files], labels=labels, shuffle_after_epoch=True,
-                                             name="reader")  # fmt: skip
-            audio, _ = fn.decoders.audio(encoded, dtype=types.FLOAT, downmix=True)
-            audio = fn.audio_resample(audio.gpu(), in_rate=float(source_rate), out_rate=float(rate))
-            spec = fn.spectrogram(audio, nfft=n_fft, window_length=n_fft, window_step=hop, center_windows=True,
-                                  reflect_padding=True, power=2, layout="ft")  # fmt: skip
-            mel = fn.mel_filter_bank(spec, sample_rate=float(rate), nfilter=mels, freq_high=rate / 2, mel_formula="htk",
-                                     normalize=False)  # fmt: skip
-            feats = fn.transpose(dmath.log(mel + 1e-6), perm=[1, 0])
-            frames = fn.reshape(fn.slice(feats.shape(dtype=types.INT64), 0, 1, axes=[0]), shape=[])
-            return fn.pad(feats, axes=[0], align=pad_to, fill_value=math.log(1e-6)), frames, label.gpu()
-
-        pipe = features()
-        pipe.build()
-        self.iterator = DALIGenericIterator([pipe], ["features", "frames", "labels"], reader_name="reader",
-                                            last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)  # fmt: skip
-
-    def __len__(self) -> int:
-        return len(self.iterator)
-
-    def __iter__(self):
-        for (out,) in self.iterator:
-            yield out["features"], out["frames"], out["labels"].reshape(-1).long()
-
-
 def _variant(data: Path, size: str, case: str):
     import audio as w
 
@@ -186,7 +144,7 @@ def _variant(data: Path, size: str, case: str):
     boost = [GPUBoost(transform=mel, auto_workers=False)]
     if case == "dali_features":
         files = sorted(Path(data).glob("*.wav"))
-        loader = DALIFeatures(files, [i % 10 for i in range(len(files))], cfg["batch"], torch.cuda.current_device(),
+        loader = _best.DALIFeatures(files, [i % 10 for i in range(len(files))], cfg["batch"], torch.cuda.current_device(),
                               max(1, usable_cpus() - 1), w.SOURCE_RATE, w.RATE, w.N_FFT, w.HOP, w.MELS)  # fmt: skip
         return model, loader, val, kwargs, [GPUBoost(prefetch=False, auto_workers=False, watchdog=False)]
     if case == "dali_reader":
@@ -195,7 +153,7 @@ def _variant(data: Path, size: str, case: str):
         loader = _best.DALIReaderAudio(files, [i % 10 for i in range(len(files))], cfg["batch"],
                                        torch.cuda.current_device(), max(1, usable_cpus() - 1))  # fmt: skip
         return model, loader, val, kwargs, [GPUBoost(transform=mel, auto_workers=False)]
-    if case.startswith("dali_"):
+    if case.startswith("dali_"):  # DALILoader (the best before DALIFeatures) and its variants
         files = sorted(Path(data).glob("*.wav"))
         rate = {"sample_rate": w.RATE} if case == "dali_16k" else {}
         if not rate:
