@@ -2,14 +2,14 @@
 by taking the best's parts away one at a time, each case run through the workloads runner (``fit``), in turn:
 
 - ``ceiling``: the runner's ceiling (the plain loader's first batch, features made in its workers, resident);
-- ``varying_features``: 16 of the best's batches, their features made once on the GPU (``LogMel(pad_to=64)``),
+- ``varying_features``: 16 of the worker path's batches (``workers`` below), their features made once on the GPU (``LogMel(pad_to=64)``),
   resident and cycled: the ceiling plus the best's batch shapes;
 - ``resident_waves``: the same 16 batches as waveforms in pinned memory, cycled through ``GPUBoost(transform=
   LogMel(...))``: copy, features and shapes per step, but no worker processes or pin-memory thread;
 - ``best``: the documented best (on a GPU with DALI: ``_best.DALIFeatures``, log-mel computed by DALI end to end);
 - ``dali_loader``: ``DALILoader`` with ``audio_graph`` (exact epochs), resampling and features by ``LogMel`` through
   GPUBoost's transform (the best until 2026-11-24's last runs);
-- ``dali_reader``: DALI's own file reader and iterator (``_best.DALIReaderAudio``: no Python per file or per
+- ``dali_reader``: DALI's own file reader and iterator (``DALIReaderAudio``: no Python per file or per
   batch fed), resampling and features on the GPU;
 - ``dali_features``: the same as ``best``, as a named case;
 - ``dali_16k``: the same, DALI resampling to 16 kHz in its CPU threads;
@@ -74,7 +74,8 @@ class Cycle:
 
 
 def _parts(data: Path, size: str, features: bool):
-    model, loader, val, kwargs, callbacks = _best.audio(data, size)
+    # the worker path's batches (waveforms at 16 kHz) and its LogMel: these parts take the worker best apart
+    model, loader, val, kwargs, callbacks = _variant(data, size, "workers")
     mel = callbacks[0].parts["prefetch"].transform
     batches = list(itertools.islice(iter(loader), 16))
     getattr(loader, "close", lambda: None)()  # a DALILoader's threads and pipelines
@@ -131,6 +132,43 @@ class ThreadBatches:
             yield batch
 
 
+class DALIReaderAudio:
+    """The audio clips through a plain DALI pipeline, as NVIDIA's and NeMo's DALI examples write one:
+    ``fn.readers.file`` (shuffled anew each epoch) and ``fn.decoders.audio`` in DALI's threads, padded on the GPU,
+    ``DALIGenericIterator``; batches ``(waveforms int16 N x T, lengths, labels)`` already on the GPU. No Python runs
+    per sample or per file: only taking each batch (where ``DALILoader``'s external source feeds every batch from
+    Python, for its exact epochs, DDP shards and resumes)."""
+
+    batches_on_device = True
+
+    def __init__(self, files: list[Path], labels: list[int], batch_size: int, device_id: int | None,
+                 threads: int) -> None:  # fmt: skip
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=0)
+        def clips():
+            encoded, label = fn.readers.file(files=[str(f) for f in files], labels=labels, shuffle_after_epoch=True,
+                                             name="reader")  # fmt: skip
+            audio, _ = fn.decoders.audio(encoded, dtype=types.INT16, downmix=True)
+            lengths = fn.reshape(audio.shape(dtype=types.INT64), shape=[])
+            if device_id is None:  # a CPU pipeline (a check on a machine without a GPU)
+                return fn.pad(audio, fill_value=0), lengths, label
+            return fn.pad(audio.gpu(), fill_value=0), lengths.gpu(), label.gpu()
+
+        pipe = clips()
+        pipe.build()
+        self.iterator = DALIGenericIterator([pipe], ["audio", "lengths", "labels"], reader_name="reader",
+                                            last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.iterator)
+
+    def __iter__(self):
+        for (out,) in self.iterator:
+            yield out["audio"], out["lengths"], out["labels"].reshape(-1).long()
+
+
 def _variant(data: Path, size: str, case: str):
     import audio as w
 
@@ -150,7 +188,7 @@ def _variant(data: Path, size: str, case: str):
     if case == "dali_reader":
         files = sorted(Path(data).glob("*.wav"))
         mel = LogMel(source_rate=w.SOURCE_RATE, rate=w.RATE, n_fft=w.N_FFT, hop=w.HOP, n_mels=w.MELS, pad_to=64)
-        loader = _best.DALIReaderAudio(files, [i % 10 for i in range(len(files))], cfg["batch"],
+        loader = DALIReaderAudio(files, [i % 10 for i in range(len(files))], cfg["batch"],
                                        torch.cuda.current_device(), max(1, usable_cpus() - 1))  # fmt: skip
         return model, loader, val, kwargs, [GPUBoost(transform=mel, auto_workers=False)]
     if case.startswith("dali_"):  # DALILoader (the best before DALIFeatures) and its variants
@@ -188,7 +226,8 @@ def _loader_alone(data: Path, batches: int = 200) -> float:
     import audio as w
 
     _, loader, _, _, callbacks = _best.audio(w.prepare(data, "gpu"), "gpu")
-    mel = callbacks[0].parts["prefetch"].transform
+    prefetch = callbacks[0].parts.get("prefetch")
+    mel = prefetch.transform if prefetch is not None and prefetch.transform is not None else (lambda batch: batch)
     it = iter(loader)
     for _ in range(20):
         mel(next(it))

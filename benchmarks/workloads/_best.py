@@ -248,43 +248,6 @@ def segmentation(data: Path, size: str):
     return model, _loader(RawPairs(data), cfg, size), None, kwargs, [_boost(size, aug)]
 
 
-class DALIReaderAudio:
-    """The audio clips through a plain DALI pipeline, as NVIDIA's and NeMo's DALI examples write one:
-    ``fn.readers.file`` (shuffled anew each epoch) and ``fn.decoders.audio`` in DALI's threads, padded on the GPU,
-    ``DALIGenericIterator``; batches ``(waveforms int16 N x T, lengths, labels)`` already on the GPU. No Python runs
-    per sample or per file: only taking each batch (where ``DALILoader``'s external source feeds every batch from
-    Python, for its exact epochs, DDP shards and resumes)."""
-
-    batches_on_device = True
-
-    def __init__(self, files: list[Path], labels: list[int], batch_size: int, device_id: int | None,
-                 threads: int) -> None:  # fmt: skip
-        from nvidia.dali import fn, pipeline_def, types
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
-        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=0)
-        def clips():
-            encoded, label = fn.readers.file(files=[str(f) for f in files], labels=labels, shuffle_after_epoch=True,
-                                             name="reader")  # fmt: skip
-            audio, _ = fn.decoders.audio(encoded, dtype=types.INT16, downmix=True)
-            lengths = fn.reshape(audio.shape(dtype=types.INT64), shape=[])
-            if device_id is None:  # a CPU pipeline (a check on a machine without a GPU)
-                return fn.pad(audio, fill_value=0), lengths, label
-            return fn.pad(audio.gpu(), fill_value=0), lengths.gpu(), label.gpu()
-
-        pipe = clips()
-        pipe.build()
-        self.iterator = DALIGenericIterator([pipe], ["audio", "lengths", "labels"], reader_name="reader",
-                                            last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)  # fmt: skip
-
-    def __len__(self) -> int:
-        return len(self.iterator)
-
-    def __iter__(self):
-        for (out,) in self.iterator:
-            yield out["audio"], out["lengths"], out["labels"].reshape(-1).long()
-
-
 class DALIFeatures:
     """Log-mel features of the clips computed by DALI end to end, as NeMo's DALI preprocessing does: DALI's file
     reader (shuffled anew each epoch) and audio decoder in its CPU threads, then on the GPU resampling, the power
