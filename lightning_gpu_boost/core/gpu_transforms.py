@@ -39,6 +39,8 @@ def pad_collate(samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[torch.Tens
 
 #: box-filtered levels (2x, 4x) RandomResizedCropFlip(antialias=True) reads shrunk crops from
 MIP_LEVELS = 2
+#: draws of a crop box per sample before RandomResizedCropFlip falls back (torchvision's RandomResizedCrop: 10)
+CROP_ATTEMPTS = 10
 
 
 def _uniform(n: int, low: float, high: float, device: torch.device) -> torch.Tensor:
@@ -48,8 +50,8 @@ def _uniform(n: int, low: float, high: float, device: torch.device) -> torch.Ten
 class RandomResizedCropFlip:
     """``(images uint8 N x C x H x W padded, sizes N x 2, labels)`` -> ``(float images N x C x size x size in [0, 1]
     (or normalized), labels)``: per sample, a crop of ``scale`` of the image's own area with an aspect ratio in
-    ``ratio`` (torchvision's RandomResizedCrop rule, one draw, falling back to the centre square), resized
-    bilinearly to ``size`` and flipped horizontally with probability 0.5.
+    ``ratio`` (torchvision's RandomResizedCrop rule: up to 10 draws, then the whole image at the nearest allowed
+    aspect ratio), resized bilinearly to ``size`` and flipped horizontally with probability 0.5.
 
     Args:
         size: output side in pixels, ``>= 1``.
@@ -90,19 +92,26 @@ class RandomResizedCropFlip:
         self._stats: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def boxes(self, sizes: torch.Tensor) -> torch.Tensor:
-        """Per sample ``(top, left, height, width)`` of its crop, in pixels of its own image."""
-        n, device = sizes.shape[0], sizes.device
+        """Per sample ``(top, left, height, width)`` of its crop, in pixels of its own image: torchvision's
+        ``RandomResizedCrop.get_params`` for every sample at once (up to :data:`CROP_ATTEMPTS` draws, the first that
+        fits is taken; if none fits, the whole image cropped to the nearest allowed aspect ratio, centred)."""
+        n, device, tries = sizes.shape[0], sizes.device, CROP_ATTEMPTS
         h, w = sizes[:, 0].float(), sizes[:, 1].float()
-        area = h * w * _uniform(n, *self.scale, device)
-        log_ratio = _uniform(n, math.log(self.ratio[0]), math.log(self.ratio[1]), device)
-        aspect = torch.exp(log_ratio)
+        area = (h * w)[:, None] * torch.empty(n, tries, device=device).uniform_(*self.scale)
+        aspect = torch.exp(torch.empty(n, tries, device=device).uniform_(math.log(self.ratio[0]), math.log(self.ratio[1])))
         cw, ch = torch.sqrt(area * aspect).round(), torch.sqrt(area / aspect).round()
-        ok = (cw <= w) & (ch <= h) & (cw > 0) & (ch > 0)
-        side = torch.minimum(h, w)  # the fallback: the centre square
-        cw, ch = torch.where(ok, cw, side), torch.where(ok, ch, side)
-        top = ((h - ch) * torch.rand(n, device=device)).floor()
-        left = ((w - cw) * torch.rand(n, device=device)).floor()
-        top, left = torch.where(ok, top, ((h - ch) / 2).floor()), torch.where(ok, left, ((w - cw) / 2).floor())
+        ok = (cw <= w[:, None]) & (ch <= h[:, None]) & (cw > 0) & (ch > 0)
+        first = ok.to(torch.uint8).argmax(1, keepdim=True)  # the first draw that fits (0 where none does)
+        cw, ch, fits = cw.gather(1, first)[:, 0], ch.gather(1, first)[:, 0], ok.any(1)
+        # torchvision's fallback: the whole image where its aspect ratio is allowed, else its widest allowed part
+        in_ratio, low, high = w / h, min(self.ratio), max(self.ratio)
+        fw = torch.where(in_ratio > high, (h * high).round(), w)
+        fh = torch.where(in_ratio < low, (w / low).round(), h)
+        cw, ch = torch.where(fits, cw, fw), torch.where(fits, ch, fh)
+        top = ((h - ch + 1) * torch.rand(n, device=device)).floor().clamp(max=h - ch)  # randint(0, h - ch + 1)
+        left = ((w - cw + 1) * torch.rand(n, device=device)).floor().clamp(max=w - cw)
+        top = torch.where(fits, top, torch.div(h - ch, 2, rounding_mode="floor"))
+        left = torch.where(fits, left, torch.div(w - cw, 2, rounding_mode="floor"))
         return torch.stack([top, left, ch, cw], 1)
 
     def __call__(self, batch: Any) -> Any:

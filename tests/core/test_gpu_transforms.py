@@ -199,3 +199,42 @@ def test_random_resized_crop_antialias_shrinks_noise_like_a_box_filter():
     # an 8x shrink of uniform noise (std 0.29): an 8 x 8 box leaves 0.036; bilinear taps of single pixels ~0.14
     assert smooth.std() < 0.05 < 0.1 < aliased.std()
     assert abs(smooth.mean() - aliased.mean()) < 0.01
+
+
+def _torchvision_box(height, width, scale, ratio, rng):
+    """torchvision's RandomResizedCrop.get_params, transcribed (torchvision is not a dependency)."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w, h = int(round(math.sqrt(target_area * aspect))), int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w, True
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w, False
+
+
+@pytest.mark.parametrize("height, width", [(375, 500), (600, 200), (64, 64)])
+def test_random_resized_crop_boxes_follow_torchvisions_rule(height, width):
+    import random
+
+    n, scale, ratio = 20_000, (0.08, 1.0), (3 / 4, 4 / 3)
+    torch.manual_seed(0)
+    boxes = RandomResizedCropFlip(32).boxes(torch.tensor([[height, width]] * n))
+    top, left, h, w = boxes.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= height).all() and (left + w <= width).all()
+    rng = random.Random(0)
+    ref = torch.tensor([_torchvision_box(height, width, scale, ratio, rng)[:4] for _ in range(n)], dtype=torch.float)
+    for ours, theirs in ((h * w / (height * width), ref[:, 2] * ref[:, 3] / (height * width)), (w / h, ref[:, 3] / ref[:, 2]),
+                         (top / height, ref[:, 0] / height), (left / width, ref[:, 1] / width)):  # fmt: skip
+        assert abs(float(ours.mean() - theirs.mean())) < 0.01 and abs(float(ours.std() - theirs.std())) < 0.01
+    # the fallback (no draw fits): the whole image at the nearest allowed aspect ratio, centred
+    tall = RandomResizedCropFlip(8, scale=(1.0, 1.0), ratio=(1.0, 1.0)).boxes(torch.tensor([[600, 200]]))
+    assert tall.tolist() == [[200.0, 0.0, 200.0, 200.0]]
