@@ -62,13 +62,17 @@ def num_batches(n: int, batch_size: int, world_size: int = 1, drop_last: bool = 
     return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
 
 
-class FolderSource:
-    """Encoded images of a class-per-folder tree (``root/<class>/<image>``), read as ``(uint8 array, label)``."""
+_CHECK_IMAGE = object()  # a source without ``check``: bad_samples.check_image (imported when a batch is read)
 
-    def __init__(self, root: str | os.PathLike) -> None:
-        self.root = str(root)
-        self.samples, self.classes, self.ignored_files = scan_image_folder(root)
-        self._encoded: list[np.ndarray] | None = None
+
+class _ListedFiles:
+    """Files listed in ``samples`` (``(path, label)`` pairs), read as ``(uint8 array, label)`` or named to DALI."""
+
+    samples: list[tuple[str, int]]
+    #: what Python checks in the bytes it reads (``bad_samples="skip"``): images' structure, or the source's own
+    #: callable (``None``: nothing)
+    check: Any = _CHECK_IMAGE
+    _encoded: list[np.ndarray] | None = None  # the paths as UTF-8 arrays, made on first use
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -87,7 +91,15 @@ class FolderSource:
         return self._encoded[index], self.samples[index][1]
 
 
-class FileListSource:
+class FolderSource(_ListedFiles):
+    """Encoded images of a class-per-folder tree (``root/<class>/<image>``), read as ``(uint8 array, label)``."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = str(root)
+        self.samples, self.classes, self.ignored_files = scan_image_folder(root)
+
+
+class FileListSource(_ListedFiles):
     """Files of any kind named in a list, each with its label (e.g. audio clips for :func:`audio_graph`), read by
     DALI's threads. Python checks nothing in them (``check = None``): a file DALI cannot decode stops its decoder.
 
@@ -112,23 +124,6 @@ class FileListSource:
             raise FileNotFoundError(f"FileListSource: no file at {missing!r}.")
         self.root = os.path.commonpath([p for p, _ in self.samples]) if len(self.samples) > 1 else self.samples[0][0]
         self.classes = sorted({label for _, label in self.samples})
-        self._encoded: list[np.ndarray] | None = None
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def read(self, index: int) -> tuple[np.ndarray, int]:
-        path, label = self.samples[index]
-        return np.fromfile(path, dtype=np.uint8), label
-
-    def sample_path(self, index: int) -> str:
-        return self.samples[index][0]
-
-    def path(self, index: int) -> tuple[np.ndarray, int]:
-        """The file's path as UTF-8 bytes (for DALI's ``fn.io.file.read``) and its label."""
-        if self._encoded is None:
-            self._encoded = [np.frombuffer(p.encode("utf-8"), dtype=np.uint8) for p, _ in self.samples]
-        return self._encoded[index], self.samples[index][1]
 
 
 class PackSource:
@@ -172,9 +167,6 @@ def open_source(path: str | os.PathLike, check_crc: bool = True) -> FolderSource
     )
 
 
-_CHECK_IMAGE = object()  # a source without ``check``: bad_samples.check_image (imported when a batch is read)
-
-
 class _Feeder:
     """The ``external_source`` batch callable: returns the encoded images and labels of the planned batches in
     order (read ahead by a thread pool) and raises ``StopIteration`` when the plan is used up."""
@@ -207,10 +199,10 @@ class _Feeder:
         from lightning_gpu_boost.core.lmdb_format import CorruptRecordError
 
         items, bad = [], []
+        check = check_image if self._check is _CHECK_IMAGE else self._check
         for i in indices:
             try:
                 item = self._get(i)
-                check = check_image if self._check is _CHECK_IMAGE else self._check
                 problem = check(memoryview(item[0])) if check is not None else None
             except (OSError, CorruptRecordError) as err:
                 problem = str(err)
