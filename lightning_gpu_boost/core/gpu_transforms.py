@@ -201,50 +201,86 @@ class JointAugment:
     def __call__(self, batch: Any) -> Any:
         images, masks, *rest = batch
         n, device = images.shape[0], images.device
-        x = images.float() / 255 if images.dtype == torch.uint8 else images.float()
-        angle = _uniform(n, -self.degrees, self.degrees, device) * (math.pi / 180)
-        zoom = _uniform(n, *self.scale, device)
-        flip = torch.where(torch.rand(n, device=device) < 0.5, -1.0, 1.0) if self.flip else torch.ones(n, device=device)
-        cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
-        h, w = x.shape[-2:]
+        h, w = images.shape[-2:]
         out_h, out_w = (h, w) if self.size is None else (self.size, self.size)
         if out_h > h or out_w > w:
             raise ValueError(f"JointAugment(size={self.size}) needs images at least that large, got {h} x {w}.")
+        # every per-sample draw in one call: few kernels, for the stage shares the GPU with the step it hides behind
+        u = torch.rand(n, 8, device=device)
+        angle = (u[:, 0] * 2 - 1) * (self.degrees * math.pi / 180)
+        zoom = self.scale[0] + u[:, 1] * (self.scale[1] - self.scale[0])
+        flip = torch.where(u[:, 2] < 0.5, -1.0, 1.0) if self.flip else torch.ones_like(zoom)
+        cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
         # the window's half sides and centre in the input's [-1, 1] coordinates (the centre drawn per sample)
         sx, sy = out_w / w, out_h / h
-        cx = (torch.rand(n, device=device) * 2 - 1) * (1 - sx)
-        cy = (torch.rand(n, device=device) * 2 - 1) * (1 - sy)
-        theta = torch.zeros(n, 2, 3, device=device)
-        theta[:, 0, 0], theta[:, 0, 1], theta[:, 0, 2] = sx * cos * flip, -sx * sin, cx
-        theta[:, 1, 0], theta[:, 1, 1], theta[:, 1, 2] = sy * sin * flip, sy * cos, cy
-        grid = F.affine_grid(theta, [n, x.shape[1], out_h, out_w], align_corners=False)
-        if self.elastic:
-            field = torch.randn(n, 2, 8, 8, device=device) * self.elastic
-            field = F.interpolate(field, size=(out_h, out_w), mode="bicubic", align_corners=False)
-            # scaled by Python floats, not a tensor made from a list: that copy from pageable memory would block
-            # the host until the side stream (waiting on the previous step) got to it, every batch
-            grid = grid + torch.stack((field[:, 0] * sx, field[:, 1] * sy), dim=-1)
-        x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-        # where the window left the image: the pixel nearest sampling reads (grid_sample's own unnormalization,
-        # align_corners=False) is off the image, worked out from the grid instead of sampling a tensor of ones
-        ix = (((grid[..., 0] + 1) * w - 1) / 2).round()
-        iy = (((grid[..., 1] + 1) * h - 1) / 2).round()
-        inside = (ix >= 0) & (ix <= w - 1) & (iy >= 0) & (iy <= h - 1)
-        m = F.grid_sample(masks[:, None].float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
-        m = m[:, 0].masked_fill_(~inside, float(self.ignore_index)).to(masks.dtype)
+        cx, cy = (u[:, 3] * 2 - 1) * (1 - sx), (u[:, 4] * 2 - 1) * (1 - sy)
+        theta = torch.stack((sx * cos * flip, -sx * sin, cx, sy * sin * flip, sy * cos, cy), dim=1).view(n, 2, 3)
+        grid = _warp_grid(theta, self.elastic, (sx, sy), out_h, out_w)
+        # the image sampled as it comes (uint8 -> float once; the 1/255 is applied with the jitter, on the output)
+        x = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        k = 1 / 255 if images.dtype == torch.uint8 else 1.0
+        # the mask, nearest, shifted by one so that 0 marks where the window left the image (ignore_index there)
+        shifted = masks[:, None] + 1.0  # a float scalar: computed in float32 (uint8 255 + 1 does not wrap)
+        m = F.grid_sample(shifted, grid, mode="nearest", padding_mode="zeros", align_corners=False)[:, 0]
+        m = torch.where(m > 0, m - 1, float(self.ignore_index)).to(masks.dtype)
         if self.jitter:
             j = self.jitter
-            bright = _uniform(n, 1 - j, 1 + j, device).view(-1, 1, 1, 1)
-            contrast = _uniform(n, 1 - j, 1 + j, device).view(-1, 1, 1, 1)
-            satur = _uniform(n, 1 - j, 1 + j, device).view(-1, 1, 1, 1)
-            # brightness, then contrast around the brightened mean, in one pass: x * b * c + mean * b * (1 - c)
+            b, c, s = (1 - j + 2 * j * u[:, 5:8]).view(n, 3, 1, 1, 1).unbind(1)
+            # brightness b, then contrast c around the brightened mean, then saturation s towards each pixel's grey
+            # (grey is linear in the pixel): s*k*b*c * x + (1-s)*k*b*c * grey(x) + k*b*(1-c) * mean, in two passes
             mean = x.mean(dim=(1, 2, 3), keepdim=True)
-            x = torch.addcmul(mean * bright * (1 - contrast), x, bright * contrast)
-            if x.shape[1] == 3:  # saturation: towards or away from each pixel's grey
-                gray = 0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]
-                x = torch.lerp(gray, x, satur)
+            shift, kbc = mean * (k * b * (1 - c)), (k * b) * c
+            if x.shape[1] == 3:
+                gray = torch.mul(x[:, :1], 0.299).add_(x[:, 1:2], alpha=0.587).add_(x[:, 2:3], alpha=0.114)
+                x = torch.addcmul(torch.addcmul(shift, gray, kbc * (1 - s)), x, kbc * s)
+            else:
+                x = torch.addcmul(shift, x, kbc)
             x = x.clamp_(0, 1)
+        elif k != 1.0:
+            x = x.mul_(k)
         return (x, m, *rest)
+
+
+_WARP_BASES: dict[tuple[int, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _warp_bases(out_h: int, out_w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows H x 10, cols W x 10)``: the 8-point bicubic upsampling weights (``F.interpolate(mode="bicubic",
+    align_corners=False)``, separable) beside the affine terms: rows ``[.., 1, y]``, columns ``[.., x, 1]`` with
+    ``x, y`` the output pixels' centres in [-1, 1] (``F.affine_grid(align_corners=False)``'s base grid)."""
+    key = (out_h, out_w, str(device))
+    if key not in _WARP_BASES:
+        def side(size: int, affine_first: bool) -> torch.Tensor:
+            eye = torch.eye(8, dtype=torch.float64).view(8, 1, 8, 1)
+            cubic = F.interpolate(eye, size=(size, 1), mode="bicubic", align_corners=False).view(8, size).T
+            centres = (torch.arange(size, dtype=torch.float64) * 2 + 1) / size - 1
+            ones = torch.ones(size, dtype=torch.float64)
+            extra = (ones, centres) if affine_first else (centres, ones)
+            return torch.cat((cubic, torch.stack(extra, dim=1)), dim=1).float().to(device)
+
+        _WARP_BASES[key] = (side(out_h, True), side(out_w, False))
+    return _WARP_BASES[key]
+
+
+def _warp_grid(theta: torch.Tensor, elastic: float, half: tuple[float, float], out_h: int, out_w: int) -> torch.Tensor:
+    """The sampling grid (``N x H x W x 2``, a view) of ``F.affine_grid(theta)`` plus a smooth displacement: an 8 x 8
+    grid of normal draws (standard deviation ``elastic`` times the window's half sides ``half``) upsampled
+    bicubically; both at once as ``rows @ coefficients @ cols.T`` per sample and coordinate (two small batched
+    matrix products: no base grid, no full-size upsampling and no sum over the grid)."""
+    n, device = theta.shape[0], theta.device
+    coef = torch.zeros(n, 2, 10, 10, device=device)
+    if elastic:
+        coef[:, 0, :8, :8].normal_(0.0, elastic * half[0])
+        coef[:, 1, :8, :8].normal_(0.0, elastic * half[1])
+    coef[:, :, 8, 8], coef[:, :, 9, 9], coef[:, :, 8, 9] = theta[:, :, 0], theta[:, :, 1], theta[:, :, 2]
+    rows, cols = _warp_bases(out_h, out_w, device)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # TF32 would move the sampling points by up to a pixel
+    try:
+        out = torch.matmul(torch.matmul(rows, coef), cols.T)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    return out.permute(0, 2, 3, 1)
 
 
 class LogMel:

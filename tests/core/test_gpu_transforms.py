@@ -238,3 +238,40 @@ def test_random_resized_crop_boxes_follow_torchvisions_rule(height, width):
     # the fallback (no draw fits): the whole image at the nearest allowed aspect ratio, centred
     tall = RandomResizedCropFlip(8, scale=(1.0, 1.0), ratio=(1.0, 1.0)).boxes(torch.tensor([[600, 200]]))
     assert tall.tolist() == [[200.0, 0.0, 200.0, 200.0]]
+
+
+def test_joint_augment_without_change_returns_its_input():
+    # no rotation, zoom, flip, jitter or crop: the sampling grid hits the pixel centres, the mask is gathered as it is
+    torch.manual_seed(5)
+    images = torch.randint(0, 256, (3, 3, 40, 56), dtype=torch.uint8)
+    masks = torch.randint(0, 9, (3, 40, 56))
+    aug = JointAugment(degrees=0.0, scale=(1.0, 1.0), flip=False, jitter=0.0)
+    out, m = aug((images, masks))
+    assert torch.equal(m, masks) and m.dtype == masks.dtype
+    small = masks.to(torch.uint8).masked_fill_(masks == 0, 255)  # uint8 masks with 255 labels come back as they were
+    assert torch.equal(aug((images, small))[1], small)
+    torch.testing.assert_close(out, images.float() / 255, atol=1e-5, rtol=0)
+    # uint8 images and the same images as floats in [0, 1] augment alike (the 1/255 is folded into the jitter)
+    jitter = JointAugment(degrees=25.0, jitter=0.3, size=32, elastic=0.05)
+    torch.manual_seed(6)
+    a = jitter((images, masks))
+    torch.manual_seed(6)
+    b = jitter((images.float() / 255, masks))
+    assert torch.equal(a[1], b[1])
+    torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=0)
+
+
+def test_joint_augment_grid_is_affine_grid_plus_a_bicubic_field():
+    from lightning_gpu_boost.core.gpu_transforms import _warp_grid
+
+    theta = torch.randn(4, 2, 3, generator=torch.Generator().manual_seed(0))
+    grid = _warp_grid(theta, 0.0, (0.8, 0.8), 50, 60)
+    torch.testing.assert_close(grid, F.affine_grid(theta, [4, 1, 50, 60], align_corners=False), atol=1e-6, rtol=0)
+    torch.manual_seed(1)
+    warped = _warp_grid(theta, 0.05, (0.8, 0.7), 50, 60)
+    torch.manual_seed(1)  # the same draws, upsampled the way the matrices stand for
+    field = torch.zeros(4, 2, 8, 8)
+    field[:, 0].normal_(0.0, 0.05 * 0.8)
+    field[:, 1].normal_(0.0, 0.05 * 0.7)
+    field = F.interpolate(field, size=(50, 60), mode="bicubic", align_corners=False).permute(0, 2, 3, 1)
+    torch.testing.assert_close(warped, grid + field, atol=1e-6, rtol=0)
