@@ -133,10 +133,12 @@ def ceiling(make_model, raw_batch: Any, transform, args, precision: str = "32-tr
     return timed_fit(make_model(), ResidentBatches(batch, steps), args, precision=precision, max_steps=steps), batch
 
 
-def stage_ms(transform, raw_batch: Any, args, repeats: int = 20) -> float:
+def stage_ms(transform, raw_batch: Any, args, repeats: int = 8) -> float:
     """The transform's own GPU time on a resident raw batch: ``repeats`` calls queued behind a sleeping kernel, so
     that their kernels run back to back, timed by CUDA events around them (the wall time of a synchronized loop
-    would count the host's launches wherever they are slower than the kernels). On CPU: the wall time."""
+    would count the host's launches wherever they are slower than the kernels). Few calls: the driver's launch
+    queue (about a thousand kernels) blocks the host once full (JointAugment: at its 16th call). On CPU: the wall
+    time."""
     device = torch.device("cuda" if args.size == "gpu" else "cpu")
     batch = move_data_to_device(raw_batch, device)
     for _ in range(3):
@@ -155,7 +157,7 @@ def stage_ms(transform, raw_batch: Any, args, repeats: int = 20) -> float:
         for _ in range(repeats):
             transform(batch)
         end.record()
-        queued = not start.query()  # the sleep still ran when the last call was launched: none waited on the host
+        queued = not start.query()  # the sleep still ran after the last call was launched: none waited on the host
         torch.cuda.synchronize()
         if queued:
             return start.elapsed_time(end) / repeats
