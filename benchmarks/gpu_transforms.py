@@ -33,7 +33,9 @@ Bars (issue 18; ``gpu_transforms-<date>-<gpu>.json``): ``segmentation_gpu_vs_cpu
 >= 0.80, ``imagenet_loss_gap`` (the GPU crops' mean loss over the last third of the steps all runs share, minus
 the CPU transforms', in nats) <= twice the CPU transforms' own gap to a run with another seed (at least
 0.05), ``overlap_extra_of_stage`` <= 0.30 ((step with the stage - the step alone) / the
-stage's GPU time; its standard error beside it) and ``steady_state_halves_max_diff`` <= 0.05.
+stage's GPU time; its standard error beside it) and ``steady_state_halves_max_diff`` <= 0.05 over the cells
+whose rates the bars read (ImageNet's CPU transforms feed the loss bar their losses; their rate, 16 workers on 16
+cores beside the training process, is reported with its halves but is no bar's).
 """
 
 from __future__ import annotations
@@ -409,8 +411,10 @@ def main() -> None:
         bars["imagenet_gpu_of_ceiling"] = bar(figures["imagenet"]["gpu_of_ceiling"], 0.80, "ratio")
         loss = figures["imagenet"]["loss"]
         bars["imagenet_loss_gap"] = bar(loss["gap_gpu_nats"], loss["target_nats"], "nats", higher_is_better=False)
-    cases = [{c: figures[n][c] for c in ("cpu", "gpu", "ceiling")} for n in ("segmentation", "audio", "imagenet")
-             if n in figures]  # fmt: skip
+    # the cells whose rates the bars read (imagenet's CPU transforms give the loss bar their losses, not a rate:
+    # 16 workers on 16 cores beside the training process, their rate wanders; its halves stay in the figures)
+    read = {"segmentation": ("cpu", "gpu", "ceiling"), "audio": ("cpu", "gpu", "ceiling"), "imagenet": ("gpu", "ceiling")}
+    cases = [{c: figures[n][c] for c in cells} for n, cells in read.items() if n in figures]
     bars["steady_state_halves_max_diff"] = bar(worst_halves_diff(cases), 0.05, "ratio", higher_is_better=False)
     for key, b in bars.items():
         print(f"{key}: {b['value']} (target {b['target']}, pass={b['pass']})")

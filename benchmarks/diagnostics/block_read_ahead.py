@@ -6,7 +6,10 @@ workers: bigger_than_ram.py's ``block_one_at_a_time`` cell), by the way blocks a
   ahead (before 6816b30);
 - ``thread``: the same lookups and calls made by the reader's background thread (``lmdb_reader._Advisor``);
 - ``thread_populate``: and each block mapped ahead into the process (``MADV_POPULATE_READ``), as LMDBDataModule
-  asks without workers.
+  asks without workers;
+- ``thread_populate_random``: the same over a map without the kernel's read-around of faults
+  (``PackReader(readahead=False)``: ``MADV_RANDOM``): a fault outside the blocks asked for (the B-tree's pages that
+  every lookup walks, spread over the file) reads its page alone instead of ``read_ahead_kb`` around it.
 
 Each case reads the pack cold (page cache dropped before: root) and then warm (a new memory map over the cached
 file), ``--rounds`` times in turn; bytes/s of the whole pass, the seconds the reading thread spent inside the
@@ -30,7 +33,7 @@ from lightning_gpu_boost.core import lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
 from lightning_gpu_boost.core.results import write_result
 
-CASES = ("none", "inline", "thread", "thread_populate")
+CASES = ("none", "inline", "thread", "thread_populate", "thread_populate_random")
 
 
 class _Inline:
@@ -52,7 +55,7 @@ def one_pass(pack: str, case: str, cold: bool) -> dict:
     lmdb_reader.close_readers(pack)
     if cold:
         drop_cache([pack])
-    reader = lmdb_reader.open_pack(pack)
+    reader = lmdb_reader.open_pack(pack, readahead=case != "thread_populate_random")
     n = len(reader)
     block = block_size_for(n, Path(pack).stat().st_size, 4 << 20)
     sampler = BlockShuffleSampler(range(n), block, 16, seed=0, num_replicas=1, rank=0)
@@ -60,7 +63,7 @@ def one_pass(pack: str, case: str, cold: bool) -> dict:
     original = lmdb_reader._advisor
     asking = [0.0]
     if case != "none":
-        ask = partial(reader.will_need, populate=case == "thread_populate")
+        ask = partial(reader.will_need, populate=case.startswith("thread_populate"))
 
         def timed_ask(lo: int, hi: int) -> None:
             start = time.perf_counter()
