@@ -26,11 +26,28 @@ from lightning_gpu_boost import _checks as checks
 
 def pad_collate(samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A ``collate_fn`` for variable-size uint8 CHW images: ``(images, sizes, labels)`` with the images padded
-    (bottom and right, zeros) to the batch's largest height and width, ``sizes`` their ``(height, width)``."""
+    (bottom and right, zeros) to the batch's largest height and width, ``sizes`` their ``(height, width)``.
+
+    The batch keeps the images' memory layout: images decoded as HWC arrays and handed over as their CHW view
+    (``torch.from_numpy(hwc).permute(2, 0, 1)``) make a channels-last batch (``N x C x H x W`` in shape, its bytes
+    in ``N x H x W x C`` order), filled row by row instead of transposed pixel by pixel (0.29 against 0.41 ms per
+    500 x 375 image on one core); the GPU transforms read either layout. In a DataLoader worker the batch is made
+    in shared memory, as ``default_collate`` makes its batches, so that it is not copied again on its way to the
+    main process (another 0.39 ms per such image)."""
     images, labels = zip(*samples, strict=True)
+    c = images[0].shape[0]
     h = max(int(x.shape[-2]) for x in images)
     w = max(int(x.shape[-1]) for x in images)
-    out = torch.zeros(len(images), images[0].shape[0], h, w, dtype=images[0].dtype)
+    channels_last = all(x.dim() == 3 and x.stride(0) == 1 and c > 1 for x in images)
+    shape = (len(images), h, w, c) if channels_last else (len(images), c, h, w)
+    numel = math.prod(shape)
+    if torch.utils.data.get_worker_info() is not None:
+        storage = images[0].untyped_storage()._new_shared(numel * images[0].element_size())
+        out = images[0].new_empty(0).set_(storage).view(shape).zero_()
+    else:
+        out = torch.zeros(shape, dtype=images[0].dtype)
+    if channels_last:
+        out = out.permute(0, 3, 1, 2)
     for k, x in enumerate(images):
         out[k, :, : x.shape[-2], : x.shape[-1]] = x
     sizes = torch.tensor([[x.shape[-2], x.shape[-1]] for x in images], dtype=torch.int64)

@@ -275,3 +275,37 @@ def test_joint_augment_grid_is_affine_grid_plus_a_bicubic_field():
     field[:, 1].normal_(0.0, 0.05 * 0.7)
     field = F.interpolate(field, size=(50, 60), mode="bicubic", align_corners=False).permute(0, 2, 3, 1)
     torch.testing.assert_close(warped, grid + field, atol=1e-6, rtol=0)
+
+
+class _HWCImages(torch.utils.data.Dataset):
+    """Images decoded as HWC arrays, handed over as their CHW view (as a PIL or numpy decoder's are)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        hwc = torch.randint(0, 256, (20 + i, 24 - i, 3), dtype=torch.uint8, generator=g)
+        return hwc.permute(2, 0, 1), i
+
+
+def test_pad_collate_keeps_the_layout_and_shares_memory_in_workers():
+    samples = [_HWCImages()[i] for i in range(4)]
+    images, sizes, _ = pad_collate(samples)
+    assert images.shape == (4, 3, 23, 24) and images.is_contiguous(memory_format=torch.channels_last)
+    contiguous, _, _ = pad_collate([(x.contiguous(), y) for x, y in samples])
+    assert contiguous.is_contiguous() and torch.equal(images, contiguous)
+    assert images[3, :, 23:].numel() == 0 and int(images[0, :, 20:].sum()) == 0  # zero padding
+    floats, _, _ = pad_collate([(x.float(), y) for x, y in samples])  # other dtypes too
+    assert floats.dtype == torch.float32 and torch.equal(floats, contiguous.float())
+    loader = torch.utils.data.DataLoader(_HWCImages(), batch_size=4, collate_fn=pad_collate, num_workers=1)
+    batches = list(loader)
+    assert all(b[0].is_shared() for b in batches)
+    assert torch.equal(batches[0][0], images) and batches[0][0].stride() == images.stride()
+    # the GPU crops read either layout alike
+    crop = RandomResizedCropFlip(size=16)
+    torch.manual_seed(0)
+    a = crop((images, sizes, None))[0]
+    torch.manual_seed(0)
+    b = crop((contiguous, sizes, None))[0]
+    torch.testing.assert_close(a, b)
