@@ -313,3 +313,44 @@ def test_a_failing_read_ahead_never_stops_the_epoch():
     order = block_order(20, 3, 2, seed=0, epoch=0)
     with pytest.warns(UserWarning, match="Reading blocks ahead failed"):
         assert list(read_ahead_windows(order, 3, 2, broken, 20)) == order
+
+
+def test_populated_blocks_have_their_crcs_checked_ahead(tmp_path, monkeypatch):
+    """A span asked for with populate (the reading process reads it itself) has its records' CRCs checked by the
+    read-ahead thread: read() skips those records' check once, and a corrupt record is not marked, so read()
+    checks it and raises."""
+    import sys
+
+    from lightning_gpu_boost.core import lmdb_format, lmdb_reader
+    from lightning_gpu_boost.core.images import make_jpeg_folder, scan_image_folder
+    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("madvise is Linux's")
+    monkeypatch.setattr(lmdb_reader, "WHOLE_PACK_PREFETCH_FRACTION", 0)
+    root = make_jpeg_folder(tmp_path / "src", n=30, num_classes=2, size_range=(64, 80, 64, 80), progress=False)
+    pack = pack_image_folder(root, tmp_path / "train.lmdb", progress=False)
+    reader = lmdb_reader.open_pack(pack)
+    expected = [lmdb_reader.open_pack(pack).read(i) for i in range(30)]
+    assert reader.will_need(0, 20, populate=True) and reader.will_need(20, 30)  # the second: no populate
+    lmdb_reader.wait_for_read_ahead()
+    assert reader._verified_set() == set(range(20))
+    checked = []
+    real = lmdb_format.record_crc
+    monkeypatch.setattr(lmdb_format, "record_crc", lambda value, *a: checked.append(1) or real(value, *a))
+    assert [reader.read(i) for i in range(30)] == expected
+    assert len(checked) == 10 and not reader._verified_set()  # only the records not checked ahead
+    assert [reader.read(i) for i in range(3)] == expected[:3] and len(checked) == 13  # checked ahead once only
+    # a corrupt record inside a populated span is left to read(), which raises
+    target = open(scan_image_folder(root)[0][5][0], "rb").read()[-200:-160]
+    data = bytearray(pack.read_bytes())
+    assert data.count(target) == 1
+    data[data.find(target) + 3] ^= 0xFF
+    broken = tmp_path / "broken.lmdb"
+    broken.write_bytes(bytes(data))
+    bad = lmdb_reader.open_pack(broken)
+    assert bad.will_need(0, 10, populate=True)
+    lmdb_reader.wait_for_read_ahead()
+    assert bad._verified_set() == set(range(10)) - {5}
+    with pytest.raises(lmdb_format.CorruptRecordError, match="Record 5 is corrupt"):
+        bad.read(5)
