@@ -4,6 +4,8 @@ the block order's effect on the loss of a short run, in one run.
 
     python benchmarks/bigger_than_ram.py                              # the GPU machine (root: drops caches)
     python benchmarks/bigger_than_ram.py --copies 2 --parts reads loss --loss-epochs 2   # a quick CPU run
+    python benchmarks/bigger_than_ram.py --parts reads --keep benchmarks/results/bigger_than_ram-<date>-h100.json
+        # the reads again; the other parts carried over from the earlier result, each with its commit
 
 A pack larger than the machine's memory cannot be made on a 64 GiB disk beside 128 GiB of RAM, so "bigger than RAM"
 is emulated: caches are dropped before every cold cell (``echo 3 > /proc/sys/vm/drop_caches``, else
@@ -58,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import demo_tree, drop_cache, parser_for
+from _common import carried_over, demo_tree, drop_cache, parser_for
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost.core import lmdb_reader
@@ -185,9 +187,22 @@ def reads_part(pack: str, files: list[str], workers: int, files_limit: int, suff
     # the most any order could reach over the files one at a time in this run: the fastest the pack was read at all
     fastest = max(out["dd_bytes_s"], out["block_workers"]["bytes_s"])
     out["fastest_read_vs_random_files_one_at_a_time"] = fastest / out["random_files_one_at_a_time"]["bytes_s"]
-    bars = {f"block_epoch_read_of_dd{suffix}": bar(out["block_workers"]["bytes_s"] / out["dd_bytes_s"], 0.70, "ratio"),
+    return out, reads_bars(out, suffix)
+
+
+def reads_bars(out: dict, suffix: str = "") -> dict:
+    return {f"block_epoch_read_of_dd{suffix}": bar(out["block_workers"]["bytes_s"] / out["dd_bytes_s"], 0.70, "ratio"),
             f"block_read_vs_random_files{suffix}": bar(out["block_vs_random_files_one_at_a_time"], 3.0, "x")}  # fmt: skip
-    return out, bars
+
+
+def train_bars(out: dict) -> dict:
+    return {f"train_cold_of_warm_{kind}": bar(v["cold_of_warm"], 0.90, "ratio") for kind, v in out.items()
+            if isinstance(v, dict) and "cold_of_warm" in v}  # fmt: skip
+
+
+def loss_bars(out: dict) -> dict:
+    return {"block_order_final_loss_diff": bar(out["diff"], round(out["allowed_diff"], 4), "val_loss",
+                                               higher_is_better=False)}  # fmt: skip
 
 
 def small_records(data: Path, n: int) -> tuple[Path, Path]:
@@ -242,7 +257,6 @@ def train_part(pack: str, args) -> tuple[dict, dict]:
         kinds.append("dali")
     except ImportError:
         out["dali"] = "not installed"
-    bars = {}
     for kind in kinds:  # cold and warm alternate, twice each: medians (two runs of one case differ by several %)
         runs = {"cold": [], "warm": []}
         for _ in range(2):
@@ -251,8 +265,7 @@ def train_part(pack: str, args) -> tuple[dict, dict]:
         cold, warm = (statistics.median(r["samples_per_s"] for r in runs[c]) for c in ("cold", "warm"))
         out[kind] = {"cold_runs": runs["cold"], "warm_runs": runs["warm"], "cold_img_s": cold, "warm_img_s": warm,
                      "cold_of_warm": cold / warm}  # fmt: skip
-        bars[f"train_cold_of_warm_{kind}"] = bar(out[kind]["cold_of_warm"], 0.90, "ratio")
-    return out, bars
+    return out, train_bars(out)
 
 
 def make_learnable_tree(root: Path, classes: int, per_class: int, salt: int, size: int = 64) -> Path:
@@ -324,8 +337,7 @@ def loss_part(data: Path, args) -> tuple[dict, dict]:
            "block_mean": mean_b, "allowed_diff": noise, "diff": abs(mean_b - mean_r)}  # fmt: skip
     print(f"loss after {args.loss_epochs} epochs: full shuffle {random_losses}, block order {block_losses} "
           f"(class-sorted pack in block order: {sorted_block:.3f}); allowed difference {noise:.3f}")  # fmt: skip
-    bars = {"block_order_final_loss_diff": bar(abs(mean_b - mean_r), round(noise, 4), "val_loss", higher_is_better=False)}
-    return out, bars
+    return out, loss_bars(out)
 
 
 def main() -> None:
@@ -343,6 +355,8 @@ def main() -> None:
     parser.add_argument("--loss-seeds", type=int, default=4)
     parser.add_argument("--loss-block-records", type=int, default=8)
     parser.add_argument("--loss-workers", type=int, default=4)
+    parser.add_argument("--keep", help="an earlier bigger_than_ram result (JSON): the parts --parts does not re-run "
+                        "are carried over, each with the commit it was measured at")  # fmt: skip
     args = parser.parse_args()
     lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0  # read as a pack that does not fit in memory is read
     data = Path(args.data)
@@ -374,6 +388,14 @@ def main() -> None:
     if "loss" in args.parts:
         figures["loss"], found = loss_part(data, args)
         bars |= found
+    if args.keep:  # carried over, with the commit each was measured at, and their bars worked out again
+        parts = {"reads": ("reads", "reads_4KB"), "train": ("train",), "loss": ("loss",)}
+        names = [n for part, ns in parts.items() if part not in args.parts for n in ns]
+        kept = carried_over(args.keep, names)
+        figures |= kept
+        for name, found in kept.items():
+            bars |= (reads_bars(found, "_4KB" if name == "reads_4KB" else "") if name.startswith("reads")
+                     else train_bars(found) if name == "train" else loss_bars(found))  # fmt: skip
     timed = {k: figures[k] for k in ("train",) if k in figures}  # the reads are whole passes (see above)
     if timed:
         bars["steady_state_halves_max_diff"] = bar(worst_halves_diff(timed), 0.05, "ratio", higher_is_better=False)
