@@ -1,13 +1,20 @@
 """Diagnosis: where a cold block-shuffled pass read one record at a time (bigger_than_ram.py's
-``block_one_at_a_time`` cell) waits, window by window, by how far ahead blocks are asked for and where the CRCs
-are checked:
+``block_one_at_a_time`` cell) waits, window by window, by how far ahead blocks are asked for, whether the CRCs are
+checked, and whether the pack's B-tree was read beforehand:
 
-- ``ahead``: windows asked for ahead of the one being read (``read_ahead_windows`` asks 1);
-- ``crc``: ``ahead_thread`` (the read-ahead thread checks each populated block's records, ``read`` skips them:
-  the reader's default since this script), ``reader`` (every record checked by ``read`` in the reading thread, as
-  before), ``off`` (``check_crc=False``: the bound);
+- ``ahead``: windows asked for ahead of the one being read (``read_ahead_windows`` asks 1), each block mapped ahead
+  (``populate``, as without loader workers);
+- ``crc``: ``reader`` (every record checked by ``read``) or ``off`` (``check_crc=False``: the bound);
+- ``tree``: the records' keys walked first (a cursor over the keys alone: it reads the B-tree's leaf and branch
+  pages, not the values), with the kernel's read-around off for the walk (``MADV_RANDOM``, then back to
+  ``MADV_NORMAL``), timed;
 - per pass: MB/s, the reading thread's major page faults (``RUSAGE_THREAD``), each window's time (the median and
   the first ten: the first windows of a cold pass are the slow ones), and a warm pass with and without the check.
+
+A first version checked the CRCs of each populated block in the read-ahead thread, ``read`` skipping those records
+(ecf570c, reverted): cold passes of 1,004 and 934 MB/s against 1,136 and 880 with the checks in the reading thread,
+and more faults in the reading thread (398 and 351 against 219 and 234): the one read-ahead thread fell behind
+(``benchmarks/results/history/block_pass_windows-2026-11-25-h100-eebc196.md``).
 
     cd benchmarks/diagnostics && python block_pass_windows.py --pack /tmp/demo/jpeg-8000-x8-shuffled.lmdb
 """
@@ -26,16 +33,32 @@ from lightning_gpu_boost.core import lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import block_order, block_size_for
 from lightning_gpu_boost.core.results import write_result
 
-VARIANTS = {"ahead1_thread_crc": (1, "ahead_thread"), "ahead1_reader_crc": (1, "reader"), "ahead1_no_crc": (1, "off"),
-            "ahead2_thread_crc": (2, "ahead_thread"), "ahead2_reader_crc": (2, "reader")}  # fmt: skip
+VARIANTS = {"ahead1_crc": (1, "reader", False), "ahead1_crc_tree": (1, "reader", True), "ahead1_no_crc": (1, "off", False),
+            "ahead1_no_crc_tree": (1, "off", True), "ahead2_crc_tree": (2, "reader", True)}  # fmt: skip
 
 
-def one_pass(pack: str, ahead: int, crc: str, window_blocks: int = 16) -> dict:
+def walk_tree(reader) -> tuple[float, int]:
+    """Read the pack's B-tree (every key, no value) with the map's read-around off: seconds, keys."""
+    from lightning_gpu_boost.core.lmdb_format import RECORDS
+
+    env = reader._open()
+    info = env.info()
+    addr, size = info["map_addr"], info["map_size"]
+    madvise = lmdb_reader._MADVISE
+    start = time.perf_counter()
+    madvise(addr, size, 1)  # MADV_RANDOM: a fault reads its page alone
+    try:
+        with env.begin(db=reader._dbs[RECORDS], buffers=True) as txn:
+            keys = sum(1 for _ in txn.cursor().iternext(keys=True, values=False))
+    finally:
+        madvise(addr, size, 0)  # MADV_NORMAL
+    return time.perf_counter() - start, keys
+
+
+def one_pass(pack: str, ahead: int, crc: str, tree: bool, window_blocks: int = 16) -> dict:
     lmdb_reader.close_readers(pack)
     drop_cache([pack])
     reader = lmdb_reader.open_pack(pack, check_crc=crc != "off")
-    if crc == "reader":
-        reader._verify_ahead = lambda lo, hi: None  # the thread maps blocks ahead but leaves the checks to read()
     n = len(reader)
     block = block_size_for(n, Path(pack).stat().st_size, 4 << 20)
     order, window = block_order(n, block, window_blocks, 0, 0), block * window_blocks
@@ -46,6 +69,7 @@ def one_pass(pack: str, ahead: int, crc: str, window_blocks: int = 16) -> dict:
 
     faults = resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
     start, nbytes, windows = time.perf_counter(), 0, []
+    tree_s = walk_tree(reader)[0] if tree else None  # inside the pass's time
     for k in range(ahead):
         ask(k * window)
     for lo in range(0, n, window):
@@ -55,7 +79,7 @@ def one_pass(pack: str, ahead: int, crc: str, window_blocks: int = 16) -> dict:
         nbytes += sum(reader.read(i, lambda r: len(r.payload)) for i in order[lo : lo + window])
         windows.append(time.perf_counter() - t)
     took = time.perf_counter() - start
-    return {"MB_s": nbytes / took / 1e6, "major_faults": resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults,
+    return {"MB_s": nbytes / took / 1e6, "tree_walk_s": tree_s, "major_faults": resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults,
             "window_ms_median": 1000 * statistics.median(windows),
             "window_ms_first10": [round(1000 * w) for w in windows[:10]], "windows": len(windows)}  # fmt: skip
 
@@ -69,10 +93,10 @@ def main() -> None:
     lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0
     runs: dict = {name: [] for name in VARIANTS}
     for _ in range(args.rounds):
-        for name, (ahead, crc) in VARIANTS.items():
-            runs[name].append(r := one_pass(args.pack, ahead, crc))
+        for name, (ahead, crc, tree) in VARIANTS.items():
+            runs[name].append(r := one_pass(args.pack, ahead, crc, tree))
             print(f"{name:20s} {r['MB_s']:7,.0f} MB/s  faults {r['major_faults']:4d}  window {r['window_ms_median']:5.1f} ms"
-                  f"  first {r['window_ms_first10']}", flush=True)  # fmt: skip
+                  f"  first {r['window_ms_first10']}  tree {r['tree_walk_s']}", flush=True)  # fmt: skip
     warm = {}
     for check in (True, False):  # the pack is in the page cache after the last pass
         lmdb_reader.close_readers(args.pack)

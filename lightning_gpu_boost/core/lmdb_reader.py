@@ -81,10 +81,7 @@ class _Advisor:
     reads itself, blocking while the disk's queue is full; in the asking thread, that was half of a cold
     one-process pass on the H100 machine (``benchmarks/diagnostics/block_read_ahead.py``). Requests waiting together
     are all queued with the disk (``WILLNEED``) before any is mapped (``POPULATE_READ``, for spans asked with
-    ``populate``: this process's page tables filled ahead of its reads). A span asked for with ``populate`` also has
-    its records' CRCs checked here once mapped (:meth:`PackReader._verify_ahead`), beside the reading thread:
-    ``zlib.crc32`` lets go of the GIL, and one record at a time, the check was most of a warm read (1,375 MB/s with
-    it, 7,019 without, 77 KB records on the H100 machine)."""
+    ``populate``: this process's page tables filled ahead of its reads)."""
 
     def __init__(self) -> None:
         import queue
@@ -125,16 +122,14 @@ class _Advisor:
             for a in range(start, end, chunk):  # one request per chunk: the kernel reads at most a chunk per request
                 madvise(a, min(chunk, end - a), _MADV_WILLNEED)
             if populate:
-                mapped.append((reader, lo, hi, start, end))
-        for reader, lo, hi, start, end in mapped:
+                mapped.append((start, end))
+        for start, end in mapped:
             if self.populate_ok and madvise(start, end - start, _MADV_POPULATE_READ) != 0:
                 import ctypes
                 import errno
 
                 if ctypes.get_errno() == errno.EINVAL:  # a kernel before 5.14: reads fault their pages as before
                     self.populate_ok = False
-            if reader.check_crc:
-                reader._verify_ahead(lo, hi)
 
 
 _ADVISOR: list[_Advisor] = []
@@ -324,8 +319,7 @@ class PackReader:
         return env.begin(db=self._dbs[name], buffers=True)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None, "_local": None, "_paths": None,
-                "_verified": None}
+        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None, "_local": None, "_paths": None}
 
     def source_path(self, index: int) -> str:
         """Record ``index``'s file, relative to the packed folder (``meta("paths")``; packs before it: the
@@ -360,13 +354,7 @@ class PackReader:
         value = self._txn().get(KEY.pack(index))
         if value is None:
             raise CorruptRecordError(f"Record {index} is missing from {self.path!r}.")
-        check = self.check_crc
-        if check and self.__dict__.get("_verified") is not None:  # checked ahead by the read-ahead thread
-            verified = self._verified_set()
-            if index in verified:
-                verified.discard(index)
-                check = False
-        return decode(decode_record(index, value, check))
+        return decode(decode_record(index, value, self.check_crc))
 
     def will_need(self, lo: int, hi: int, populate: bool = False) -> bool:
         """Start reading records ``lo .. hi - 1`` into the page cache in the background, as one large read (Linux
@@ -378,40 +366,13 @@ class PackReader:
 
         The span is found and asked for by a background thread (:class:`_Advisor`), so the caller goes on at once.
         ``populate``: also map the span into this process's page tables once read (``MADV_POPULATE_READ``, Linux
-        5.14+), for a process that reads the records itself (no loader workers), and check the records' CRCs in
-        the background thread (:meth:`_verify_ahead`: :meth:`read` then skips the check of each once). Returns whether a read was asked
+        5.14+), for a process that reads the records itself (no loader workers). Returns whether a read was asked
         for (not on other systems, nor for an empty span); the thread skips a span it cannot find or over 1 GiB."""
         lo, hi = max(0, lo), min(self.length, hi)
         if hi <= lo or _MADVISE is None:
             return False
         _advisor().queue.put((self, lo, hi, bool(populate)))
         return True
-
-    def _verify_ahead(self, lo: int, hi: int) -> None:
-        """Check the CRCs of records ``lo .. hi - 1`` (already read into memory by the read-ahead thread) and note
-        the good ones, so that :meth:`read` does not check them again. A record that fails, or that is read before
-        it is checked, is checked by :meth:`read` itself (which raises as always); one that a crash of the check
-        left out too. The check is of the bytes in the page cache: a page evicted and read from the disk again
-        between the check and the read is not checked a second time."""
-        verified = self._verified_set()
-        with _CLOSE_LOCK:  # close_readers waits: no environment is closed under a lookup
-            txn = self._txn()
-            for index in range(lo, hi):
-                value = txn.get(KEY.pack(index))
-                if value is None:
-                    continue
-                try:
-                    decode_record(index, value, True)
-                except CorruptRecordError:
-                    continue
-                verified.add(index)
-
-    def _verified_set(self) -> set[int]:
-        """This process's records checked ahead and not read yet (a new set after a fork)."""
-        found = self.__dict__.get("_verified")
-        if found is None or found[0] != _PID[0]:
-            found = self._verified = (_PID[0], set())
-        return found[1]
 
     def _span(self, lo: int, hi: int) -> tuple[int, int, int] | None:
         """The page-aligned start, the end and the readahead chunk of records ``lo .. hi - 1`` in this process's
