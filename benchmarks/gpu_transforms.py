@@ -26,7 +26,8 @@ training stream, a step counted as staged where it holds most of a stage's span 
 side stream), as unstaged where it shares none (steps in between left out);
 the staged steps' mean period minus the others', over the stage's own GPU time (its kernels queued behind a
 sleeping kernel, so that no launch gap counts). Steps with and without the stage thus alternate under the same
-clocks, where separate runs differed by more than the stage (two H100 runs: 125.4 and 126.7 ms per step alone).
+clocks, where separate runs differed by more than the stage (the step alone 109.0, 125.4 and 126.7 ms in three runs
+on one machine: benchmarks/results/history/joint_augment_overlap_ab-2026-11-24-h100-e13f1b0-v1.json).
 
 Bars (issue 18; ``gpu_transforms-<date>-<gpu>.json``): ``segmentation_gpu_vs_cpu`` >= 2,
 ``segmentation_gpu_of_ceiling`` >= 0.85, ``audio_gpu_vs_cpu_same_workers`` >= 3, ``imagenet_gpu_of_ceiling``

@@ -60,10 +60,6 @@ MIP_LEVELS = 2
 CROP_ATTEMPTS = 10
 
 
-def _uniform(n: int, low: float, high: float, device: torch.device) -> torch.Tensor:
-    return torch.empty(n, device=device).uniform_(low, high)
-
-
 class RandomResizedCropFlip:
     """``(images uint8 N x C x H x W padded, sizes N x 2, labels)`` -> ``(float images N x C x size x size in [0, 1]
     (or normalized), labels)``: per sample, a crop of ``scale`` of the image's own area with an aspect ratio in
@@ -292,7 +288,7 @@ def _warp_grid(theta: torch.Tensor, elastic: float, half: tuple[float, float], o
     coef[:, :, 8, 8], coef[:, :, 9, 9], coef[:, :, 8, 9] = theta[:, :, 0], theta[:, :, 1], theta[:, :, 2]
     rows, cols = _warp_bases(out_h, out_w, device)
     precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")  # TF32 would move the sampling points by up to a pixel
+    torch.set_float32_matmul_precision("highest")  # TF32 would move sampling points by a fraction of a pixel
     try:
         out = torch.matmul(torch.matmul(rows, coef), cols.T)
     finally:
