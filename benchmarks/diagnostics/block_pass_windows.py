@@ -5,13 +5,14 @@ checked, and whether the pack's B-tree was read beforehand:
 - ``ahead``: windows asked for ahead of the one being read (``read_ahead_windows`` asks 1), each block mapped ahead
   (``populate``, as without loader workers);
 - ``crc``: ``reader`` (every record checked by ``read``) or ``off`` (``check_crc=False``: the bound);
-- ``tree``: the records' keys walked first (a cursor over the keys alone: it reads the B-tree's leaf and branch
-  pages, not the values), with the kernel's read-around off for the walk (``MADV_RANDOM``, then back to
-  ``MADV_NORMAL``), timed;
+- ``tree``: ``ahead`` (the reader asks for the B-tree's branch and leaf pages once, with its first block:
+  ``PackReader._read_tree_ahead``, the default since 2026-11-25) or ``none`` (that turned off: before).
 - per pass: MB/s, the reading thread's major page faults (``RUSAGE_THREAD``), each window's time (the median and
   the first ten: the first windows of a cold pass are the slow ones), and a warm pass with and without the check.
 
-A first version checked the CRCs of each populated block in the read-ahead thread, ``read`` skipping those records
+Walking every key first with the kernel's read-around off (3df9982, replaced by the tree read-ahead) faulted on
+each value's first page too: 64,400 faults, 2.5-2.9 s for the pack, 637-757 MB/s in all
+(``benchmarks/results/history/block_pass_windows-2026-11-25-h100-3df9982.md``). A first version checked the CRCs of each populated block in the read-ahead thread, ``read`` skipping those records
 (ecf570c, reverted): cold passes of 1,004 and 934 MB/s against 1,136 and 880 with the checks in the reading thread,
 and more faults in the reading thread (398 and 351 against 219 and 234): the one read-ahead thread fell behind
 (``benchmarks/results/history/block_pass_windows-2026-11-25-h100-eebc196.md``).
@@ -22,7 +23,6 @@ and more faults in the reading thread (398 and 351 against 219 and 234): the one
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import time
@@ -34,48 +34,16 @@ from lightning_gpu_boost.core import lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import block_order, block_size_for
 from lightning_gpu_boost.core.results import write_result
 
-VARIANTS = {"ahead1_crc": (1, "reader", False), "ahead1_crc_tree": (1, "reader", True), "ahead1_no_crc": (1, "off", False),
-            "ahead1_no_crc_tree": (1, "off", True)}  # fmt: skip
+VARIANTS = {"ahead1_crc_no_tree": (1, "reader", "none"), "ahead1_crc": (1, "reader", "ahead"),
+            "ahead1_no_crc_no_tree": (1, "off", "none"), "ahead1_no_crc": (1, "off", "ahead")}  # fmt: skip
 
 
-def pack_mappings(path: str) -> list[tuple[int, int]]:
-    """This process's memory maps of ``path`` (``/proc/self/maps``): ``(start, end)`` addresses."""
-    real, found = os.path.realpath(path), []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].strip() == real:
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                found.append((lo, hi))
-    return found
-
-
-def walk_tree(reader) -> tuple[float, int, int]:
-    """Read the pack's B-tree (every key, no value) with the map's read-around off: seconds, keys, the major
-    faults the walk took."""
-    from lightning_gpu_boost.core.lmdb_format import RECORDS
-
-    env = reader._open()
-    maps = pack_mappings(reader.path)
-    madvise = lmdb_reader._MADVISE
-    start = time.perf_counter()
-    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
-    for lo, hi in maps:  # MADV_RANDOM: a fault reads its page alone
-        if madvise(lo, hi - lo, 1) != 0:
-            raise OSError(f"madvise(MADV_RANDOM) failed on {lo:#x}-{hi:#x}")
-    try:
-        with env.begin(db=reader._dbs[RECORDS], buffers=True) as txn:
-            keys = sum(1 for _ in txn.cursor().iternext(keys=True, values=False))
-    finally:
-        for lo, hi in maps:
-            madvise(lo, hi - lo, 0)  # MADV_NORMAL
-    return time.perf_counter() - start, keys, resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults
-
-
-def one_pass(pack: str, ahead: int, crc: str, tree: bool, window_blocks: int = 16) -> dict:
+def one_pass(pack: str, ahead: int, crc: str, tree: str, window_blocks: int = 16) -> dict:
     lmdb_reader.close_readers(pack)
     drop_cache([pack])
     reader = lmdb_reader.open_pack(pack, check_crc=crc != "off")
+    if tree == "none":
+        reader._read_tree_ahead = lambda: 0
     n = len(reader)
     block = block_size_for(n, Path(pack).stat().st_size, 4 << 20)
     order, window = block_order(n, block, window_blocks, 0, 0), block * window_blocks
@@ -86,8 +54,6 @@ def one_pass(pack: str, ahead: int, crc: str, tree: bool, window_blocks: int = 1
 
     faults = resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
     start, nbytes, windows = time.perf_counter(), 0, []
-    walked = walk_tree(reader) if tree else None  # inside the pass's time
-    tree_s = walked[0] if walked else None
     for k in range(ahead):
         ask(k * window)
     for lo in range(0, n, window):
@@ -97,8 +63,7 @@ def one_pass(pack: str, ahead: int, crc: str, tree: bool, window_blocks: int = 1
         nbytes += sum(reader.read(i, lambda r: len(r.payload)) for i in order[lo : lo + window])
         windows.append(time.perf_counter() - t)
     took = time.perf_counter() - start
-    return {"MB_s": nbytes / took / 1e6, "tree_walk_s": tree_s, "tree_walk_faults": walked[2] if walked else None,
-            "major_faults": resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults,
+    return {"MB_s": nbytes / took / 1e6, "major_faults": resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults,
             "window_ms_median": 1000 * statistics.median(windows),
             "window_ms_first10": [round(1000 * w) for w in windows[:10]], "windows": len(windows)}  # fmt: skip
 
@@ -115,7 +80,7 @@ def main() -> None:
         for name, (ahead, crc, tree) in VARIANTS.items():
             runs[name].append(r := one_pass(args.pack, ahead, crc, tree))
             print(f"{name:20s} {r['MB_s']:7,.0f} MB/s  faults {r['major_faults']:4d}  window {r['window_ms_median']:5.1f} ms"
-                  f"  first {r['window_ms_first10']}  tree {r['tree_walk_s']}", flush=True)  # fmt: skip
+                  f"  first {r['window_ms_first10']}", flush=True)  # fmt: skip
     warm = {}
     for check in (True, False):  # the pack is in the page cache after the last pass
         lmdb_reader.close_readers(args.pack)

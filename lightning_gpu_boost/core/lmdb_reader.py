@@ -4,6 +4,7 @@ checksum checked on every read, one environment per file and process), :class:`S
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -73,6 +74,52 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_WILLNEED, _MADV_POPULATE_READ = 3, 22  # POPULATE_READ: Linux 5.14+ (EINVAL before: then left out)
 
 
+_P_BRANCH, _P_LEAF = 0x01, 0x02  # LMDB page flags (lmdb.h / mdb.c, format 0.9)
+_PAGE_HEADER = struct.Struct("<QHHHH")  # pgno, pad, flags, lower, upper: 16 bytes
+_DB_RECORD = struct.Struct("<IHHQQQQQ")  # MDB_db: pad, flags, depth, branch, leaf, overflow pages, entries, root
+
+
+def tree_pages(path: str, db_record: bytes, page_size: int, limit: int = 1 << 20) -> list[int]:
+    """The page numbers of one database's B-tree in an LMDB file: its branch pages and its leaf pages, not the
+    overflow pages that hold large values. ``db_record`` is the database's record in the main database (its name's
+    value there, LMDB's ``MDB_db``: depth and root page); the branch pages are read with ``pread`` (nothing
+    mapped, so no read-around), the leaf pages only named by their parents. LMDB 0.9's format with 64-bit page
+    numbers; ``[]`` where anything is not as expected (reading ahead only saves time)."""
+    try:
+        _, _, depth, branches, leaves, _, _, root = _DB_RECORD.unpack(bytes(db_record))
+    except struct.error:
+        return []
+    if depth < 1 or branches + leaves > limit:
+        return []
+    found, level = [], [root]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(depth - 1):  # branch levels: read each page, name its children
+            children = []
+            for pgno in level:
+                page = os.pread(fd, page_size, pgno * page_size)
+                if len(page) < _PAGE_HEADER.size:
+                    return []
+                _, _, flags, lower, _ = _PAGE_HEADER.unpack_from(page)
+                if not flags & _P_BRANCH or not _PAGE_HEADER.size <= lower <= page_size:
+                    return []
+                for k in range((lower - _PAGE_HEADER.size) // 2):
+                    (offset,) = struct.unpack_from("<H", page, _PAGE_HEADER.size + 2 * k)
+                    if offset + 8 > page_size:
+                        return []
+                    lo, hi, high = struct.unpack_from("<HHH", page, offset)  # a branch node: its child's number
+                    children.append(lo | hi << 16 | high << 32)
+            found += level
+            level = children
+            if len(found) + len(level) > limit:
+                return []
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return found + level
+
+
 class _Advisor:
     """One daemon thread per process that finds and asks for the spans of :meth:`PackReader.will_need`, so that the
     caller (the loader's sampler, a DALI feeder, a training loop reading one record at a time) never waits on them.
@@ -113,6 +160,9 @@ class _Advisor:
         madvise, mapped = _MADVISE, []
         if madvise is None:
             return
+        for reader in {id(r): r for r, *_ in asked}.values():
+            with _CLOSE_LOCK:
+                reader._read_tree_ahead()
         for reader, lo, hi, populate in asked:
             with _CLOSE_LOCK:  # close_readers waits: no environment is closed under a lookup
                 span = reader._span(lo, hi)
@@ -319,7 +369,8 @@ class PackReader:
         return env.begin(db=self._dbs[name], buffers=True)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None, "_local": None, "_paths": None}
+        return {**self.__dict__, "_env": None, "_pid": -1, "_dbs": None, "_local": None, "_paths": None,
+                "_tree_pid": None}
 
     def source_path(self, index: int) -> str:
         """Record ``index``'s file, relative to the packed folder (``meta("paths")``; packs before it: the
@@ -364,7 +415,8 @@ class PackReader:
         read-around of each fault stays on (turning it off, ``MADV_RANDOM``, read block-shuffled epochs at 0.57-0.69x
         the speed on the H100 machine: ``benchmarks/results/history/bigger_than_ram-e4412f4.md``).
 
-        The span is found and asked for by a background thread (:class:`_Advisor`), so the caller goes on at once.
+        The span is found and asked for by a background thread (:class:`_Advisor`), so the caller goes on at once;
+        with a process's first request it also asks for the B-tree's own pages (:meth:`_read_tree_ahead`).
         ``populate``: also map the span into this process's page tables once read (``MADV_POPULATE_READ``, Linux
         5.14+), for a process that reads the records itself (no loader workers). Returns whether a read was asked
         for (not on other systems, nor for an empty span); the thread skips a span it cannot find or over 1 GiB."""
@@ -373,6 +425,36 @@ class PackReader:
             return False
         _advisor().queue.put((self, lo, hi, bool(populate)))
         return True
+
+    def _read_tree_ahead(self) -> int:
+        """Once per process: ask for the records' B-tree pages (:func:`tree_pages`), each alone
+        (``POSIX_FADV_WILLNEED``). Every lookup walks them and they lie outside the blocks asked for: on a cold
+        cache, each first touch was a fault that read the kernel's read-around (8 MiB on the H100 machine) in the
+        reading thread, the first windows of a block-shuffled pass 4-8x slower than the rest
+        (``benchmarks/diagnostics/block_pass_windows.py``). Returns the pages asked for."""
+        if self.__dict__.get("_tree_pid") == _PID[0] or not hasattr(os, "posix_fadvise"):
+            return 0
+        self._tree_pid = _PID[0]
+        env = self._open()
+        with env.begin(buffers=False) as txn:  # the main database: the records database's own record
+            record = txn.get(RECORDS)
+        page_size = env.stat()["psize"]
+        pages = sorted(tree_pages(self.path, record, page_size)) if record is not None else []
+        if not pages:
+            return 0
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            start = prev = pages[0]
+            for pgno in pages[1:] + [None]:  # runs of consecutive pages, one request each
+                if pgno is not None and pgno == prev + 1:
+                    prev = pgno
+                    continue
+                os.posix_fadvise(fd, start * page_size, (prev - start + 1) * page_size, os.POSIX_FADV_WILLNEED)
+                if pgno is not None:
+                    start = prev = pgno
+        finally:
+            os.close(fd)
+        return len(pages)
 
     def _span(self, lo: int, hi: int) -> tuple[int, int, int] | None:
         """The page-aligned start, the end and the readahead chunk of records ``lo .. hi - 1`` in this process's

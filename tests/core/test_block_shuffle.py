@@ -313,3 +313,42 @@ def test_a_failing_read_ahead_never_stops_the_epoch():
     order = block_order(20, 3, 2, seed=0, epoch=0)
     with pytest.warns(UserWarning, match="Reading blocks ahead failed"):
         assert list(read_ahead_windows(order, 3, 2, broken, 20)) == order
+
+
+def test_the_b_tree_pages_are_named_and_asked_for_once(tmp_path, monkeypatch):
+    """tree_pages names every branch and leaf page of the records' B-tree (LMDB's own count), none of the values'
+    pages; a reader asks for them once per process, in runs of consecutive pages."""
+    import os
+    import struct
+
+    from lightning_gpu_boost.core import lmdb_reader
+    from lightning_gpu_boost.core.lmdb_writer import pack_dataset
+
+    class Tiny:
+        def __len__(self) -> int:
+            return 60_000  # a three-level tree
+
+        def __getitem__(self, i: int):
+            return (b"x" * 16, i % 7)
+
+    pack = pack_dataset(Tiny(), tmp_path / "tiny.lmdb", progress=False)
+    reader = lmdb_reader.open_pack(pack)
+    env = reader._open()
+    with env.begin() as txn:
+        stat, record = txn.stat(reader._dbs[b"records"]), txn.get(b"records")
+    pages = lmdb_reader.tree_pages(str(pack), record, stat["psize"])
+    assert stat["depth"] == 3 and len(pages) == len(set(pages)) == stat["branch_pages"] + stat["leaf_pages"]
+    with open(pack, "rb") as f:
+        flags = []
+        for pgno in pages:
+            f.seek(pgno * stat["psize"])
+            flags.append(struct.unpack_from("<QHHHH", f.read(16))[2])
+    assert flags.count(1) == stat["branch_pages"] and flags.count(2) == stat["leaf_pages"]  # P_BRANCH, P_LEAF
+    assert lmdb_reader.tree_pages(str(pack), b"\0" * 10, stat["psize"]) == []  # not a database record
+    if not hasattr(os, "posix_fadvise"):
+        return
+    asked = []
+    monkeypatch.setattr(lmdb_reader.os, "posix_fadvise", lambda fd, off, n, advice: asked.append((off, n, advice)))
+    assert reader._read_tree_ahead() == len(pages) and reader._read_tree_ahead() == 0
+    covered = {off // stat["psize"] + k for off, n, _ in asked for k in range(n // stat["psize"])}
+    assert covered == set(pages) and {a for *_, a in asked} == {os.POSIX_FADV_WILLNEED}
