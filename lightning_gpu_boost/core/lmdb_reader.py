@@ -74,7 +74,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_WILLNEED, _MADV_POPULATE_READ = 3, 22  # POPULATE_READ: Linux 5.14+ (EINVAL before: then left out)
 
 
-_P_BRANCH, _P_LEAF = 0x01, 0x02  # LMDB page flags (lmdb.h / mdb.c, format 0.9)
+_P_BRANCH = 0x01  # an LMDB branch page's flag (mdb.c, format 0.9; leaves are 0x02)
 _PAGE_HEADER = struct.Struct("<QHHHH")  # pgno, pad, flags, lower, upper: 16 bytes
 _DB_RECORD = struct.Struct("<IHHQQQQQ")  # MDB_db: pad, flags, depth, branch, leaf, overflow pages, entries, root
 
