@@ -1,14 +1,18 @@
 """Diagnosis: where a cold block-shuffled pass read one record at a time (bigger_than_ram.py's
-``block_one_at_a_time`` cell) waits, window by window, by how far ahead blocks are asked for, whether the CRCs are
-checked, and whether the pack's B-tree was read beforehand:
+``block_one_at_a_time`` cell) waits, window by window, by whether the CRCs are checked and how, and what the reader
+knows of the pack's B-tree:
 
-- ``ahead``: windows asked for ahead of the one being read (``read_ahead_windows`` asks 1), each block mapped ahead
-  (``populate``, as without loader workers);
-- ``crc``: ``reader`` (every record checked by ``read``) or ``off`` (``check_crc=False``: the bound);
-- ``tree``: ``ahead`` (the reader asks for the B-tree's branch and leaf pages once, with its first block:
-  ``PackReader._read_tree_ahead``, the default since 2026-11-25) or ``none`` (that turned off: before).
-- per pass: MB/s, the reading thread's major page faults (``RUSAGE_THREAD``), each window's time (the median and
-  the first ten: the first windows of a cold pass are the slow ones), and a warm pass with and without the check.
+- blocks asked for a window ahead (``read_ahead_windows``), each block mapped ahead (``populate``, as without
+  loader workers);
+- ``crc``: ``isal`` (every record checked by ``read`` with ISA-L's CRC-32: ``lmdb_format.crc32``, the default where
+  python-isal is installed, since 2026-11-25), ``zlib`` (the same with ``zlib.crc32``: before) or ``off``
+  (``check_crc=False``: the bound);
+- ``tree``: ``extents`` (the reader asks for the B-tree's branch and leaf pages once, with its first block, and
+  reads from the leaf pages where every record lies, so a block's span is found without touching it:
+  ``PackReader._read_tree_ahead``, the default since 2026-11-25), ``pages`` (the pages asked for, each block's span
+  found by looking up its first and last records, which faults on them: bbf9a81) or ``none`` (neither: before);
+- per pass: MB/s, the reading thread's major page faults (``RUSAGE_THREAD``), each window's time (the median, the
+  first ten and those over 100 ms), and warm passes with each check.
 
 Walking every key first with the kernel's read-around off (3df9982, replaced by the tree read-ahead) faulted on
 each value's first page too: 64,400 faults, 2.5-2.9 s for the pack, 637-757 MB/s in all
@@ -18,6 +22,7 @@ and more faults in the reading thread (398 and 351 against 219 and 234): the one
 (``benchmarks/results/history/block_pass_windows-2026-11-25-h100-eebc196.md``).
 
     cd benchmarks/diagnostics && python block_pass_windows.py --pack /tmp/demo/jpeg-8000-x8-shuffled.lmdb
+    python block_pass_windows.py --rounds 4 --variants zlib_pages isal_extents   # main before and after
 """
 
 from __future__ import annotations
@@ -26,24 +31,40 @@ import argparse
 import resource
 import statistics
 import time
+import zlib
 from pathlib import Path
 
 from _common import drop_cache
+from isal import isal_zlib
 
-from lightning_gpu_boost.core import lmdb_reader
+from lightning_gpu_boost.core import lmdb_format, lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import block_order, block_size_for
 from lightning_gpu_boost.core.results import write_result
 
-VARIANTS = {"ahead1_crc_no_tree": (1, "reader", "none"), "ahead1_crc": (1, "reader", "ahead"),
-            "ahead1_no_crc_no_tree": (1, "off", "none"), "ahead1_no_crc": (1, "off", "ahead")}  # fmt: skip
+VARIANTS = {f"{crc}_{tree}": (crc, tree) for crc in ("isal", "zlib", "off") for tree in ("extents", "pages", "none")}
 
 
-def one_pass(pack: str, ahead: int, crc: str, tree: str, window_blocks: int = 16) -> dict:
+def use_crc(crc: str) -> None:
+    """The CRC-32 ``read`` checks records with: ISA-L's or zlib's."""
+    lmdb_format._CRC32[:] = [zlib.crc32 if crc == "zlib" else isal_zlib.crc32]
+
+
+def one_pass(pack: str, crc: str, tree: str, window_blocks: int = 16, ahead: int = 1) -> dict:
     lmdb_reader.close_readers(pack)
     drop_cache([pack])
+    use_crc(crc)
     reader = lmdb_reader.open_pack(pack, check_crc=crc != "off")
     if tree == "none":
         reader._read_tree_ahead = lambda: 0
+    elif tree == "pages":  # the tree's pages asked for, the blocks' spans found by lookups (bbf9a81)
+        read_tree = reader._read_tree_ahead
+
+        def pages_only() -> int:
+            asked = read_tree()
+            reader._extents = None
+            return asked
+
+        reader._read_tree_ahead = pages_only
     n = len(reader)
     block = block_size_for(n, Path(pack).stat().st_size, 4 << 20)
     order, window = block_order(n, block, window_blocks, 0, 0), block * window_blocks
@@ -65,29 +86,33 @@ def one_pass(pack: str, ahead: int, crc: str, tree: str, window_blocks: int = 16
     took = time.perf_counter() - start
     return {"MB_s": nbytes / took / 1e6, "major_faults": resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults,
             "window_ms_median": 1000 * statistics.median(windows),
-            "window_ms_first10": [round(1000 * w) for w in windows[:10]], "windows": len(windows)}  # fmt: skip
+            "window_ms_first10": [round(1000 * w) for w in windows[:10]], "windows": len(windows),
+            "window_ms_over_100": [round(1000 * w) for w in windows if w > 0.1]}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pack", default="/tmp/demo/jpeg-8000-x8-shuffled.lmdb")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", default=["zlib_pages", "zlib_extents", "isal_extents", "off_extents"],
+                        choices=list(VARIANTS))  # fmt: skip
     parser.add_argument("--out", default=None, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
     lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0
-    runs: dict = {name: [] for name in VARIANTS}
+    runs: dict = {name: [] for name in args.variants}
     for _ in range(args.rounds):
-        for name, (ahead, crc, tree) in VARIANTS.items():
-            runs[name].append(r := one_pass(args.pack, ahead, crc, tree))
+        for name in args.variants:
+            runs[name].append(r := one_pass(args.pack, *VARIANTS[name]))
             print(f"{name:20s} {r['MB_s']:7,.0f} MB/s  faults {r['major_faults']:4d}  window {r['window_ms_median']:5.1f} ms"
                   f"  first {r['window_ms_first10']}", flush=True)  # fmt: skip
     warm = {}
-    for check in (True, False):  # the pack is in the page cache after the last pass
+    for crc in ("isal", "zlib", "off"):  # the pack is in the page cache after the last pass
         lmdb_reader.close_readers(args.pack)
-        reader = lmdb_reader.open_pack(args.pack, check_crc=check)
+        use_crc(crc)
+        reader = lmdb_reader.open_pack(args.pack, check_crc=crc != "off")
         start = time.perf_counter()
         nbytes = sum(reader.read(i, lambda r: len(r.payload)) for i in range(0, len(reader), 3))
-        warm["crc" if check else "no_crc"] = nbytes / (time.perf_counter() - start) / 1e6
+        warm[crc] = nbytes / (time.perf_counter() - start) / 1e6
     print(f"warm, one at a time: {warm}")
     median = {name: statistics.median(r["MB_s"] for r in rs) for name, rs in runs.items()}
     figures = {"config": vars(args), "median_MB_s": median, "warm_MB_s": warm, "runs": runs}

@@ -45,6 +45,24 @@ CODEC_NAMES = {v: k for k, v in CODECS.items()}
 RECORDS, META = b"records", b"meta"
 
 
+_CRC32: list[Any] = []
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """The CRC-32 of ``data`` (zlib's polynomial, ``zlib.crc32``'s arguments and result), computed by ISA-L where
+    ``isal`` (python-isal, in the ``lmdb`` extra) is installed: with the CPU's carry-less multiply it checks a record
+    about 13x faster than zlib (64 against 4.8 GB/s on 77 KB values on the CPU CI machine), and one record at a time,
+    zlib's check was most of a warm read (1,846 MB/s with it, 9,449 without, on the H100 machine). zlib elsewhere."""
+    if not _CRC32:
+        try:
+            from isal import isal_zlib
+
+            _CRC32.append(isal_zlib.crc32)
+        except ImportError:
+            _CRC32.append(zlib.crc32)
+    return _CRC32[0](data, value)
+
+
 class IncompletePackError(RuntimeError):
     """The pack was interrupted before it completed."""
 
@@ -58,8 +76,8 @@ def record_crc(value: bytes | bytearray | memoryview, version: int = SCHEMA_VERS
     the payload alone (version 1)."""
     view = memoryview(value)
     if version == 1:
-        return zlib.crc32(view[HEADER.size :])
-    return zlib.crc32(view[HEADER.size :], zlib.crc32(view[:CRC_PREFIX]))
+        return crc32(view[HEADER.size :])
+    return crc32(view[HEADER.size :], crc32(view[:CRC_PREFIX]))
 
 
 def encode_record(payload: bytes | memoryview, label: int = -1, codec: str = "raw") -> bytes:
