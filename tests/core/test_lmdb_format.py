@@ -401,3 +401,24 @@ def test_pack_max_side_resizes_large_images_upright_and_keeps_small_ones(tmp_pat
     assert len(unusual) == 6
     with pytest.raises(ValueError, match="max_side"):
         lf.pack_image_folder(root, tmp_path / "q.lmdb", max_side=0)
+
+
+def test_crc32_is_zlibs_whichever_computes_it(tmp_path, monkeypatch):
+    """lmdb_format.crc32 (ISA-L's where python-isal is installed) gives zlib.crc32's values, so a pack written with
+    one reads with the other, and a flipped byte is caught by both."""
+    import zlib
+
+    data = np.random.default_rng(0).integers(0, 256, 100_003, dtype=np.uint8).tobytes()
+    for view in (data, memoryview(data)[7:], bytearray(data[:5])):
+        assert lf.crc32(view) == zlib.crc32(view) and lf.crc32(view, 12345) == zlib.crc32(view, 12345)
+    samples = [(bytes([i]) * (5_000 + i), i % 3) for i in range(20)]
+    pack = lw.pack_dataset(samples, tmp_path / "p.lmdb", progress=False)
+    monkeypatch.setattr(lf, "_CRC32", [zlib.crc32])  # read back with zlib's
+    reader = lf.open_pack(pack)
+    assert all(reader.read(i, lambda r: len(r.payload)) > 5_000 for i in range(20))  # each CRC checked, none raised
+    value = bytearray(lf.encode_record(b"x" * 100))
+    value[-1] ^= 1
+    for impl in ([zlib.crc32], []):
+        monkeypatch.setattr(lf, "_CRC32", list(impl))
+        with pytest.raises(lf.CorruptRecordError):
+            lf.decode_record(0, bytes(value))
