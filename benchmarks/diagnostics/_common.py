@@ -16,6 +16,10 @@ _spec = importlib.util.spec_from_file_location("_benchmarks_common", Path(__file
 _shared = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shared)
 
+#: the results folder, wherever a script is run from (``write_result``'s own default is relative to the working
+#: directory, and these scripts run from here)
+RESULTS = str(Path(__file__).resolve().parents[1] / "results")
+
 demo_tree = _shared.demo_tree
 drop_cache = _shared.drop_cache
 fit_resnet50 = _shared.fit_resnet50

@@ -51,6 +51,7 @@ WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 sys.path.insert(0, str(WORKLOADS))
 
 import _best  # noqa: E402
+from _common import RESULTS  # noqa: E402
 
 from lightning_gpu_boost.callbacks import GPUBoost  # noqa: E402
 from lightning_gpu_boost.core.results import write_result  # noqa: E402
@@ -247,7 +248,7 @@ def main() -> None:
     parser.add_argument("--data", default="/tmp/wl")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
-    parser.add_argument("--out", default=None, help="the results folder (default: benchmarks/results)")
+    parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
     spec = importlib.util.spec_from_file_location("workloads_main", WORKLOADS / "__main__.py")
     runner = importlib.util.module_from_spec(spec)

@@ -34,7 +34,7 @@ import time
 import zlib
 from pathlib import Path
 
-from _common import drop_cache
+from _common import RESULTS, drop_cache
 from isal import isal_zlib
 
 from lightning_gpu_boost.core import lmdb_format, lmdb_reader
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variants", nargs="+", default=["zlib_pages", "zlib_extents", "isal_extents", "off_extents"],
                         choices=list(VARIANTS))  # fmt: skip
-    parser.add_argument("--out", default=None, help="the results folder (default: benchmarks/results)")
+    parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
     lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0
     runs: dict = {name: [] for name in args.variants}

@@ -27,7 +27,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from _common import drop_cache
+from _common import RESULTS, drop_cache
 
 from lightning_gpu_boost.core import lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--pack", default="/tmp/demo/jpeg-8000-x8-shuffled.lmdb")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
-    parser.add_argument("--out", default=None, help="the results folder (default: benchmarks/results)")
+    parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
     lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0
     runs: dict = {case: {"cold": [], "warm": []} for case in args.cases}

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import drop_cache
+from _common import RESULTS, drop_cache
 
 from lightning_gpu_boost.core.results import write_result
 
@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=4.0)
     parser.add_argument("--files", type=int, default=8000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", default=None, help="the results folder (default: benchmarks/results)")
+    parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
     big, paths = make_data(Path(args.dir), args.gib, args.files)
     out: dict = {"config": vars(args), "queue": queue_settings(big), "file_bytes": sum(p.stat().st_size for p in paths)}

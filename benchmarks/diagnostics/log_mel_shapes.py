@@ -21,6 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _common import RESULTS
+
 from lightning_gpu_boost.core.gpu_transforms import LogMel
 from lightning_gpu_boost.core.results import write_result
 
@@ -55,7 +57,7 @@ def time_case(case: str, batches: int, seed: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=200)
-    parser.add_argument("--out", default=None, help="the results folder (default: benchmarks/results)")
+    parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
     figures = {"config": vars(args)}
     for seed, case in enumerate(CASES):

@@ -18,6 +18,7 @@ import argparse
 import time
 
 import torch
+from _common import RESULTS
 
 from lightning_gpu_boost.core.gpu_transforms import LogMel
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
@@ -95,7 +96,7 @@ def logmel(n: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=200)
-    parser.add_argument("--out", default=None, help="the results folder (default: benchmarks/results)")
+    parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
     figures = {"config": vars(args), "table_us_per_batch": table(args.batches), "logmel": logmel(args.batches)}
     print(figures)
