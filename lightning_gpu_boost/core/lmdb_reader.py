@@ -147,17 +147,16 @@ def record_extents(path: str, leaves: list[int], page_size: int, count: int) -> 
             if k == len(leaves) or leaves[k] != leaves[k - 1] + 1 or k - start >= 256:
                 runs.append((start, k))
                 start = k
-        pages = bytearray()
+        pages = bytearray(len(leaves) * page_size)  # read in place: no second copy
+        view = memoryview(pages)
         for a, b in runs:
-            chunk = os.pread(fd, (b - a) * page_size, leaves[a] * page_size)
-            if len(chunk) != (b - a) * page_size:
+            if os.preadv(fd, [view[a * page_size : b * page_size]], leaves[a] * page_size) != (b - a) * page_size:
                 return None
-            pages += chunk
     except OSError:
         return None
     finally:
         os.close(fd)
-    buf = np.frombuffer(bytes(pages), dtype=np.uint8)
+    buf = np.frombuffer(pages, dtype=np.uint8)
     header = buf.reshape(len(leaves), page_size)[:, : _PAGE_HEADER.size].copy().view("<u2")  # pgno x4, pad, flags, lower, upper
     flags, lower = header[:, 5], header[:, 6].astype(np.int64)
     if ((flags & 0x27) != _P_LEAF).any() or (lower < _PAGE_HEADER.size).any() or (lower > page_size).any():
