@@ -22,5 +22,6 @@ RESULTS = str(Path(__file__).resolve().parents[1] / "results")
 
 demo_tree = _shared.demo_tree
 drop_cache = _shared.drop_cache
+parallel_read = _shared.parallel_read
 fit_resnet50 = _shared.fit_resnet50
 parser_for = _shared.parser_for

@@ -18,7 +18,6 @@ In one run, each cell after a cache drop (root: ``drop_caches``):
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import random
 import subprocess
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import RESULTS, drop_cache
+from _common import RESULTS, drop_cache, parallel_read
 
 from lightning_gpu_boost.core.results import write_result
 
@@ -59,34 +58,6 @@ def dd(path: Path) -> float:
     start = time.perf_counter()
     subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M"], check=True, capture_output=True)
     return path.stat().st_size / (time.perf_counter() - start)
-
-
-def parallel_pread(path: Path, threads: int, direct: bool) -> float:
-    """Bytes/s of ``threads`` threads reading the whole file in 8 MiB chunks, each thread taking the next chunk."""
-    size = path.stat().st_size
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
-    lock = threading.Lock()
-    nxt = [0]
-
-    def work() -> None:
-        buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
-        while True:
-            with lock:
-                off = nxt[0]
-                nxt[0] += CHUNK
-            if off >= size:
-                break
-            os.preadv(fd, [buf], off)
-
-    pool = [threading.Thread(target=work) for _ in range(threads)]
-    start = time.perf_counter()
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    elapsed = time.perf_counter() - start
-    os.close(fd)
-    return size / elapsed
 
 
 def read_files(paths: list[Path], threads: int) -> float:
@@ -151,7 +122,7 @@ def main() -> None:
     cells = {"dd": lambda: dd(big)}
     for mode in ("direct", "buffered"):
         for threads in (1, 4, 16):
-            cells[f"pread_{mode}_{threads}"] = lambda m=mode, t=threads: parallel_pread(big, t, m == "direct")
+            cells[f"pread_{mode}_{threads}"] = lambda m=mode, t=threads: parallel_read(big, t, m == "direct", CHUNK)
     cells["files_one_at_a_time"] = lambda: read_files(paths, 1)
     cells["files_threads_16"] = lambda: read_files(paths, 16)
     for r in range(args.rounds):
