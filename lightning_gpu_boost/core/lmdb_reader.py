@@ -211,10 +211,12 @@ def _map_base(path: str) -> int | None:
 class _Advisor:
     """One daemon thread per process that finds and asks for the spans of :meth:`PackReader.will_need`, so that the
     caller (the loader's sampler, a DALI feeder, a training loop reading one record at a time) never waits on them.
-    Both waited before: finding a block's span reads its first and last records (py-lmdb touches every page of a
+    Both waited before: finding a block's span by lookups reads its first and last records (py-lmdb touches the
     value it returns), from the disk on a cold cache, and a ``WILLNEED`` call allocates the pages and queues their
     reads itself, blocking while the disk's queue is full; in the asking thread, that was half of a cold
-    one-process pass on the H100 machine (``benchmarks/diagnostics/block_read_ahead.py``). Requests waiting together
+    one-process pass on the H100 machine (``benchmarks/diagnostics/block_read_ahead.py``). Spans now come from the
+    records' places (:func:`record_extents`), read once with the B-tree's pages; lookups only where those are
+    unknown. Requests waiting together
     are all queued with the disk (``WILLNEED``) before any is mapped (``POPULATE_READ``, for spans asked with
     ``populate``: this process's page tables filled ahead of its reads)."""
 
@@ -504,7 +506,8 @@ class PackReader:
         the speed on the H100 machine: ``benchmarks/results/history/bigger_than_ram-e4412f4.md``).
 
         The span is found and asked for by a background thread (:class:`_Advisor`), so the caller goes on at once;
-        with a process's first request it also asks for the B-tree's own pages (:meth:`_read_tree_ahead`).
+        with a process's first request it also asks for the B-tree's own pages and reads where every record lies
+        (:meth:`_read_tree_ahead`), so that spans are found without touching the records.
         ``populate``: also map the span into this process's page tables once read (``MADV_POPULATE_READ``, Linux
         5.14+), for a process that reads the records itself (no loader workers). Returns whether a read was asked
         for (not on other systems, nor for an empty span); the thread skips a span it cannot find or over 1 GiB."""
