@@ -55,6 +55,16 @@ def carried_over(path: str | Path, names: list[str], section: str | None = None)
     return {n: {**found[n], "git_commit": found[n].get("git_commit", commit)} for n in names if n in found}
 
 
+def dd_read(path: str | os.PathLike) -> float:
+    """Bytes/s of ``dd`` reading the whole file in 8 MiB blocks (through the page cache, with its read-around)."""
+    import subprocess
+    import time
+
+    start = time.perf_counter()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M"], check=True, capture_output=True)
+    return os.path.getsize(path) / (time.perf_counter() - start)
+
+
 def parallel_read(path: str | os.PathLike, threads: int = 16, direct: bool = True, chunk: int = 8 << 20) -> float:
     """Bytes/s of ``threads`` threads reading the whole file in ``chunk``-byte pieces, each thread taking the next
     piece (``os.preadv``, which lets go of the GIL): with ``direct`` (``O_DIRECT``: no page cache, the device's own

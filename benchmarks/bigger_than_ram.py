@@ -54,14 +54,13 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from _common import carried_over, demo_tree, drop_cache, parallel_read, parser_for
+from _common import carried_over, dd_read, demo_tree, drop_cache, parallel_read, parser_for
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost.core import lmdb_reader
@@ -137,13 +136,6 @@ def timed_read(dataset: Dataset, order: list[int], workers: int) -> dict:
     w = steady_window(times[:end], units[:end], warmup=0, queue=queue)
     return {"bytes_s": pass_s, "items": len(order), "bytes": sum(units), "total_s": total_s,
             "whole_read_bytes_s": sum(units) / total_s, "workers": workers, "window": w.as_dict()}  # fmt: skip
-
-
-def dd_read(path: str) -> float:
-    """Bytes/s of ``dd`` reading the whole file in 8 MiB blocks."""
-    start = time.perf_counter()
-    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M"], check=True, capture_output=True)
-    return os.path.getsize(path) / (time.perf_counter() - start)
 
 
 def warm_up(path: str) -> None:

@@ -21,6 +21,7 @@ _spec.loader.exec_module(_shared)
 RESULTS = str(Path(__file__).resolve().parents[1] / "results")
 
 demo_tree = _shared.demo_tree
+dd_read = _shared.dd_read
 drop_cache = _shared.drop_cache
 parallel_read = _shared.parallel_read
 fit_resnet50 = _shared.fit_resnet50

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import RESULTS, drop_cache, parallel_read
+from _common import RESULTS, dd_read, drop_cache, parallel_read
 
 from lightning_gpu_boost.core.results import write_result
 
@@ -52,12 +52,6 @@ def make_data(root: Path, gib: float, files: int) -> tuple[Path, list[Path]]:
             path.write_bytes(rng.integers(0, 256, int(size), dtype=np.uint8).tobytes())
     os.sync()
     return big, paths
-
-
-def dd(path: Path) -> float:
-    start = time.perf_counter()
-    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M"], check=True, capture_output=True)
-    return path.stat().st_size / (time.perf_counter() - start)
 
 
 def read_files(paths: list[Path], threads: int) -> float:
@@ -119,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     big, paths = make_data(Path(args.dir), args.gib, args.files)
     out: dict = {"config": vars(args), "queue": queue_settings(big), "file_bytes": sum(p.stat().st_size for p in paths)}
-    cells = {"dd": lambda: dd(big)}
+    cells = {"dd": lambda: dd_read(big)}
     for mode in ("direct", "buffered"):
         for threads in (1, 4, 16):
             cells[f"pread_{mode}_{threads}"] = lambda m=mode, t=threads: parallel_read(big, t, m == "direct", CHUNK)

@@ -21,10 +21,10 @@ from lightning_gpu_boost.core.lmdb_format import (
     META,
     RECORDS,
     SCHEMA_VERSION,
-    crc32,
     encode_record,
     meta_crc,
     pack_sample,
+    record_crc,
     shard_path,
 )
 from lightning_gpu_boost.core.lmdb_reader import PackReader
@@ -343,8 +343,8 @@ def _read_record(
 ) -> bytearray | memoryview | tuple[str, str]:
     """The record value of a file of ``size`` bytes (from the fingerprint's ``stat``), built where it is read (a
     reading thread): header space, then the bytes read straight into place, then the header with the CRC32
-    (:func:`~lightning_gpu_boost.core.lmdb_format.crc32`, which lets go of the GIL on large buffers). Plain ``os`` calls: ``open()``'s file object costs more than reading a
-    small file. A file that cannot be read, or fails ``check`` (:func:`~lightning_gpu_boost.core.bad_samples.check_image`),
+    (:func:`~lightning_gpu_boost.core.lmdb_format.record_crc`, which lets go of the GIL on large buffers). Plain
+    ``os`` calls: ``open()``'s file object costs more than reading a small file. A file that cannot be read, or fails ``check`` (:func:`~lightning_gpu_boost.core.bad_samples.check_image`),
     comes back as ``(path, reason)``. With ``resize = (max_side, quality)``, a larger image is stored resized and
     re-encoded (:func:`~lightning_gpu_boost.core.images.shrink_image`), a smaller one unchanged. ``out``: a buffer of
     ``HEADER.size + size`` bytes to build the value in (:class:`_Arenas`), else a new one."""
@@ -392,7 +392,7 @@ def _read_record(
             value = bytearray(HEADER.size) + smaller
             view = memoryview(value)[HEADER.size :]
     HEADER.pack_into(value, 0, SCHEMA_VERSION, CODECS["raw"], label, size, 0)
-    struct.pack_into(">I", value, CRC_PREFIX, crc32(view, crc32(memoryview(value)[:CRC_PREFIX])))
+    struct.pack_into(">I", value, CRC_PREFIX, record_crc(value))
     return value
 
 
