@@ -32,6 +32,7 @@ import resource
 import statistics
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _common import RESULTS, drop_cache
@@ -41,7 +42,9 @@ from lightning_gpu_boost.core import lmdb_format, lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import block_order, block_size_for
 from lightning_gpu_boost.core.results import write_result
 
-VARIANTS = {f"{crc}_{tree}": (crc, tree) for crc in ("isal", "zlib", "off") for tree in ("extents", "pages", "none")}
+VARIANTS = {
+    f"{crc}_{tree}": (crc, tree) for crc in ("isal", "zlib", "off") for tree in ("extents", "pages", "none")
+}
 
 
 def use_crc(crc: str) -> None:
@@ -49,7 +52,9 @@ def use_crc(crc: str) -> None:
     lmdb_format._CRC32[:] = [zlib.crc32 if crc == "zlib" else isal_zlib.crc32]
 
 
-def one_pass(pack: str, crc: str, tree: str, window_blocks: int = 16, ahead: int = 1) -> dict:
+def one_pass(
+    pack: str, crc: str, tree: str, window_blocks: int = 16, ahead: int = 1, threads: int = 1
+) -> dict:
     lmdb_reader.close_readers(pack)
     drop_cache([pack])
     use_crc(crc)
@@ -69,9 +74,24 @@ def one_pass(pack: str, crc: str, tree: str, window_blocks: int = 16, ahead: int
     block = block_size_for(n, Path(pack).stat().st_size, 4 << 20)
     order, window = block_order(n, block, window_blocks, 0, 0), block * window_blocks
 
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+
+    def fetch(lo: int, hi: int) -> None:  # one block by one of the pool's threads: asked for, then mapped
+        with lmdb_reader._CLOSE_LOCK:
+            reader._read_tree_ahead()
+            span = reader._span(lo, hi)
+        if span is not None:
+            start, end, chunk = span
+            for a in range(start, end, chunk):
+                lmdb_reader._MADVISE(a, min(chunk, end - a), lmdb_reader._MADV_WILLNEED)
+            lmdb_reader._MADVISE(start, end - start, lmdb_reader._MADV_POPULATE_READ)
+
     def ask(lo: int) -> None:
         for b in sorted({i // block for i in order[lo : lo + window]}):
-            reader.will_need(b * block, min(n, (b + 1) * block), populate=True)
+            if pool is None:
+                reader.will_need(b * block, min(n, (b + 1) * block), populate=True)
+            else:
+                pool.submit(fetch, b * block, min(n, (b + 1) * block))
 
     faults = resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
     start, nbytes, windows = time.perf_counter(), 0, []
@@ -84,26 +104,42 @@ def one_pass(pack: str, crc: str, tree: str, window_blocks: int = 16, ahead: int
         nbytes += sum(reader.read(i, lambda r: len(r.payload)) for i in order[lo : lo + window])
         windows.append(time.perf_counter() - t)
     took = time.perf_counter() - start
-    return {"MB_s": nbytes / took / 1e6, "major_faults": resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults,
+    if pool is not None:
+        pool.shutdown()
+    return {"ahead": ahead, "threads": threads, "MB_s": nbytes / took / 1e6, "major_faults": resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults,
             "window_ms_median": 1000 * statistics.median(windows),
             "window_ms_first10": [round(1000 * w) for w in windows[:10]], "windows": len(windows),
             "window_ms_over_100": [round(1000 * w) for w in windows if w > 0.1]}  # fmt: skip
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pack", default="/tmp/demo/jpeg-8000-x8-shuffled.lmdb")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variants", nargs="+", default=["zlib_pages", "zlib_extents", "isal_extents", "off_extents"],
                         choices=list(VARIANTS))  # fmt: skip
+    parser.add_argument(
+        "--ahead", type=int, nargs="+", default=[1], help="windows asked for ahead (each a cell)"
+    )
+    parser.add_argument("--threads", type=int, nargs="+", default=[1],
+                        help="1: the reader's one read-ahead thread; N: each block asked for and mapped by one of N "
+                             "threads (each a cell)")  # fmt: skip
     parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
     lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0
-    runs: dict = {name: [] for name in args.variants}
+    cells = [(v, a, t) for v in args.variants for a in args.ahead for t in args.threads]
+    label = {
+        c: c[0] + (f"_ahead{c[1]}" if c[1] != 1 else "") + (f"_threads{c[2]}" if c[2] != 1 else "")
+        for c in cells
+    }
+    runs: dict = {label[c]: [] for c in cells}
     for _ in range(args.rounds):
-        for name in args.variants:
-            runs[name].append(r := one_pass(args.pack, *VARIANTS[name]))
-            print(f"{name:20s} {r['MB_s']:7,.0f} MB/s  faults {r['major_faults']:4d}  window {r['window_ms_median']:5.1f} ms"
+        for cell in cells:
+            name = label[cell]
+            runs[name].append(r := one_pass(args.pack, *VARIANTS[cell[0]], ahead=cell[1], threads=cell[2]))
+            print(f"{name:30s} {r['MB_s']:7,.0f} MB/s  faults {r['major_faults']:4d}  window {r['window_ms_median']:5.1f} ms"
                   f"  first {r['window_ms_first10']}", flush=True)  # fmt: skip
     warm = {}
     for crc in ("isal", "zlib", "off"):  # the pack is in the page cache after the last pass
