@@ -20,6 +20,7 @@ _spec.loader.exec_module(_shared)
 #: directory, and these scripts run from here)
 RESULTS = str(Path(__file__).resolve().parents[1] / "results")
 
+carried_over = _shared.carried_over
 demo_tree = _shared.demo_tree
 dd_read = _shared.dd_read
 drop_cache = _shared.drop_cache
