@@ -2,8 +2,9 @@
 ``block_one_at_a_time`` cell) waits, window by window, by whether the CRCs are checked and how, and what the reader
 knows of the pack's B-tree:
 
-- blocks asked for a window ahead (``read_ahead_windows``), each block mapped ahead (``populate``, as without
-  loader workers);
+- blocks asked for a window ahead (``read_ahead_windows``; ``--ahead``: more windows), each block mapped ahead
+  (``populate``, as without loader workers) by the reader's one read-ahead thread (``--threads N``: each block by
+  one of a pool of N threads);
 - ``crc``: ``isal`` (every record checked by ``read`` with ISA-L's CRC-32: ``lmdb_format.crc32``, the default where
   python-isal is installed, since 2026-11-25), ``zlib`` (the same with ``zlib.crc32``: before) or ``off``
   (``check_crc=False``: the bound);
@@ -23,6 +24,7 @@ and more faults in the reading thread (398 and 351 against 219 and 234): the one
 
     cd benchmarks/diagnostics && python block_pass_windows.py --pack /tmp/demo/jpeg-8000-x8-shuffled.lmdb
     python block_pass_windows.py --rounds 4 --variants zlib_pages isal_extents   # main before and after
+    python block_pass_windows.py --variants isal_extents --ahead 1 2 4 --threads 1 4   # read-ahead depth, a pool
 """
 
 from __future__ import annotations
