@@ -44,9 +44,7 @@ from lightning_gpu_boost.core import lmdb_format, lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import block_order, block_size_for
 from lightning_gpu_boost.core.results import write_result
 
-VARIANTS = {
-    f"{crc}_{tree}": (crc, tree) for crc in ("isal", "zlib", "off") for tree in ("extents", "pages", "none")
-}
+VARIANTS = {f"{crc}_{tree}": (crc, tree) for crc in ("isal", "zlib", "off") for tree in ("extents", "pages", "none")}
 
 
 def use_crc(crc: str) -> None:
@@ -54,9 +52,7 @@ def use_crc(crc: str) -> None:
     lmdb_format._CRC32[:] = [zlib.crc32 if crc == "zlib" else isal_zlib.crc32]
 
 
-def one_pass(
-    pack: str, crc: str, tree: str, window_blocks: int = 16, ahead: int = 1, threads: int = 1
-) -> dict:
+def one_pass(pack: str, crc: str, tree: str, window_blocks: int = 16, ahead: int = 1, threads: int = 1) -> dict:
     lmdb_reader.close_readers(pack)
     drop_cache([pack])
     use_crc(crc)
@@ -108,23 +104,20 @@ def one_pass(
     took = time.perf_counter() - start
     if pool is not None:
         pool.shutdown()
-    return {"ahead": ahead, "threads": threads, "MB_s": nbytes / took / 1e6, "major_faults": resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults,
+    return {"ahead": ahead, "threads": threads, "MB_s": nbytes / took / 1e6,
+            "major_faults": resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults,
             "window_ms_median": 1000 * statistics.median(windows),
             "window_ms_first10": [round(1000 * w) for w in windows[:10]], "windows": len(windows),
             "window_ms_over_100": [round(1000 * w) for w in windows if w > 0.1]}  # fmt: skip
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pack", default="/tmp/demo/jpeg-8000-x8-shuffled.lmdb")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variants", nargs="+", default=["zlib_pages", "zlib_extents", "isal_extents", "off_extents"],
                         choices=list(VARIANTS))  # fmt: skip
-    parser.add_argument(
-        "--ahead", type=int, nargs="+", default=[1], help="windows asked for ahead (each a cell)"
-    )
+    parser.add_argument("--ahead", type=int, nargs="+", default=[1], help="windows asked for ahead (each a cell)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1],
                         help="1: the reader's one read-ahead thread; N: each block asked for and mapped by one of N "
                              "threads (each a cell)")  # fmt: skip
