@@ -144,18 +144,21 @@ def warm_up(path: str) -> None:
             pass
 
 
+def block_sampler(pack: str, workers: int) -> BlockShuffleSampler:
+    """The epoch's block order over ``pack``, asking a window ahead as LMDBDataModule(order="block") does (a reader
+    opened after the cell's cache drop; without workers, the blocks are mapped ahead into this process too)."""
+    n = len(open_pack(pack))
+    sampler = BlockShuffleSampler(range(n), block_size_for(n, os.path.getsize(pack), BLOCK_BYTES), WINDOW_BLOCKS,
+                                  seed=0, num_replicas=1, rank=0)  # fmt: skip
+    sampler.will_need = partial(open_pack(pack).will_need, populate=not workers)
+    return sampler
+
+
 def reads_part(pack: str, files: list[str], workers: int, files_limit: int, suffix: str = "") -> tuple[dict, dict]:
     """The ``reads`` part for one pack and the distinct source files of its records: figures and bars (their names
     end in ``suffix``)."""
     n = len(open_pack(pack))
     block = block_size_for(n, os.path.getsize(pack), BLOCK_BYTES)
-
-    def block_sampler(workers: int) -> BlockShuffleSampler:
-        """The epoch's order, asking a window ahead as LMDBDataModule(order="block") does (a reader opened after the
-        cell's cache drop; without workers, the blocks are mapped ahead into this process too)."""
-        sampler = BlockShuffleSampler(range(n), block, WINDOW_BLOCKS, seed=0, num_replicas=1, rank=0)
-        sampler.will_need = partial(open_pack(pack).will_need, populate=not workers)
-        return sampler
 
     file_order = random.Random(0).sample(range(len(files)), min(len(files), files_limit))
     out: dict = {"records": n, "pack_bytes": os.path.getsize(pack), "block_records": block, "files": len(file_order)}
@@ -167,7 +170,7 @@ def reads_part(pack: str, files: list[str], workers: int, files_limit: int, suff
     for name, w in (("workers", workers), ("one_at_a_time", 0)):
         close_readers(pack)
         drop_cache([pack])
-        out[f"block_{name}"] = timed_read(RawPack(pack), block_sampler(w), w)
+        out[f"block_{name}"] = timed_read(RawPack(pack), block_sampler(pack, w), w)
         close_readers(pack)
         drop_cache([pack])
         out[f"random_pack_{name}"] = timed_read(RawPack(pack), random.Random(1).sample(range(n), len(file_order)), w)

@@ -16,15 +16,13 @@ The cell read 0.85 and 0.88 of ``dd`` in two H100 runs before the reader took bl
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from pathlib import Path
 
 from _common import RESULTS, dd_read, drop_cache
-from bigger_than_ram import BLOCK_BYTES, WINDOW_BLOCKS, RawPack, small_records, timed_read
+from bigger_than_ram import RawPack, block_sampler, small_records, timed_read
 
 from lightning_gpu_boost.core import lmdb_reader
-from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
 from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.results import write_result
 
@@ -41,11 +39,7 @@ def one_pass(pack: str, tree: str, workers: int, cold: bool = True) -> dict:
     elif tree == "none":
         lmdb_reader.PackReader._read_tree_ahead = lambda self: 0
     try:
-        n = len(lmdb_reader.open_pack(pack))
-        block = block_size_for(n, os.path.getsize(pack), BLOCK_BYTES)
-        sampler = BlockShuffleSampler(range(n), block, WINDOW_BLOCKS, seed=0, num_replicas=1, rank=0)
-        sampler.will_need = lmdb_reader.open_pack(pack).will_need
-        return timed_read(RawPack(pack), sampler, workers)
+        return timed_read(RawPack(pack), block_sampler(pack, workers), workers)
     finally:
         lmdb_reader.record_extents, lmdb_reader.PackReader._read_tree_ahead = extents, read_tree
 
