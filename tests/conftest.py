@@ -20,6 +20,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """A child process left behind (a pool's worker still running when its test timed out) must not keep the run
+    from ending: at exit, concurrent.futures joins the workers of every pool it started."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=10)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep the num_workers cache of the tests apart from the user's."""

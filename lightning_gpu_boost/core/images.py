@@ -306,6 +306,9 @@ def _synthetic_jpeg(path: str, seed: int, size_range: tuple[int, int, int, int],
     return os.path.getsize(path)
 
 
+_CHUNK = 32  # images per task of make_jpeg_folder's pool
+
+
 def make_jpeg_folder(
     root: str | os.PathLike,
     n: int = 8000,
@@ -329,7 +332,8 @@ def make_jpeg_folder(
         size_range: ``(min_width, max_width, min_height, max_height)``.
         quality: JPEG quality.
         seed: makes the tree reproducible.
-        workers: processes used to encode (default: all usable CPUs).
+        workers: processes used to encode (default: all usable CPUs), at most one per 32 images; a tree of 32
+            images or fewer is encoded in this process.
         progress: show a progress bar.
 
     Raises:
@@ -360,17 +364,13 @@ def make_jpeg_folder(
         class_dir.mkdir(parents=True, exist_ok=True)
         seed_i = int.from_bytes(hashlib.sha256(f"{seed}/{i}".encode()).digest()[:4], "little")
         jobs.append((str(class_dir / f"img_{i:06d}.jpg"), seed_i))
-    total = 0
-    with ProcessPoolExecutor(max_workers=workers or usable_cpus()) as pool:
-        futures = pool.map(
-            _synthetic_jpeg,
-            [p for p, _ in jobs],
-            [s for _, s in jobs],
-            [tuple(size_range)] * n,
-            [quality] * n,
-            chunksize=32,
-        )
-        for size in tqdm(futures, total=n, desc=f"demo JPEGs -> {root}", disable=not progress, unit="img"):
-            total += size
+    workers = min(workers or usable_cpus(), -(-n // _CHUNK))
+    args = ([p for p, _ in jobs], [s for _, s in jobs], [tuple(size_range)] * n, [quality] * n)
+    bar = {"total": n, "desc": f"demo JPEGs -> {root}", "disable": not progress, "unit": "img"}
+    if workers <= 1:  # a small tree: no pool, and no fork of a process that may be running threads
+        total = sum(tqdm(map(_synthetic_jpeg, *args), **bar))
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            total = sum(tqdm(pool.map(_synthetic_jpeg, *args, chunksize=_CHUNK), **bar))
     marker.write_text(json.dumps({"spec": spec, "bytes": total, "mean_kib": total / n / 1024}))
     return root

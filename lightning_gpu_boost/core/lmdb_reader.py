@@ -34,23 +34,111 @@ _ENVS_LOCK = threading.Lock()  # reader threads (DALI's read-ahead) may open the
 
 _PID = [os.getpid()]  # this process's id, kept current after a fork: readers compare it at each read
 
+#: how long a fork waits for this process's threads to finish the LMDB calls they are in (seconds)
+FORK_WAIT_S = 30.0
+
+
+class _ForkGate:
+    """Counts the LMDB calls this process's threads are in, so that a fork waits for them and starts no new one.
+
+    py-lmdb (3.x) counts each call that runs without the GIL (every ``get``, cursor step, ``stat``) and its
+    ``Environment.close()`` waits for that count to reach 0. A child forked while another thread is inside such a
+    call inherits a count that never drops (the thread is not copied), so closing the inherited environment, which
+    it must do before it can open the file again, waited forever: every DataLoader worker forked while a DALI
+    reading thread or the read-ahead thread read the same pack hung (``tests/core/test_lmdb_fork.py``).
+
+    Entering and leaving are two ``next()`` calls on :class:`itertools.count` (atomic, no lock): a read pays
+    ~0.1 us, not the ~1.4 us of a lock and a condition. Not reentrant: a thread inside must not enter again."""
+
+    def __init__(self) -> None:
+        import itertools
+
+        self.entered, self.left = itertools.count(), itertools.count()
+        self.cond = threading.Condition(threading.Lock())
+        self.forking = False
+
+    def busy(self) -> int:
+        entered, left = (int(repr(c)[6:-1]) for c in (self.entered, self.left))  # "count(N)"; read without a step
+        return entered - left
+
+    def wait_turn(self) -> None:
+        """Entered while a fork waits: step back out, wait for the fork to be done, enter again."""
+        while self.forking:
+            next(self.left)
+            with self.cond:
+                self.cond.notify_all()
+                self.cond.wait_for(lambda: not self.forking)
+            next(self.entered)
+
+    def leave_while_forking(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def __enter__(self) -> None:
+        next(self.entered)
+        if self.forking:
+            self.wait_turn()
+
+    def __exit__(self, *exc: Any) -> None:
+        next(self.left)
+        if self.forking:
+            self.leave_while_forking()
+
+
+_GATE = [_ForkGate()]
+#: ``False`` in a child whose parent forked while a thread was still inside an LMDB call (:data:`FORK_WAIT_S`)
+_QUIET_AT_FORK = [True]
+_INHERITED: list[tuple[Any, dict[bytes, Any]]] = []  # the parent's environments, closed at the first open here
+
+
+def _before_fork() -> None:
+    gate = _GATE[0]
+    with gate.cond:
+        gate.forking = True
+        _QUIET_AT_FORK[0] = gate.cond.wait_for(lambda: not gate.busy(), timeout=FORK_WAIT_S)
+
+
+def _after_fork_in_parent() -> None:
+    gate = _GATE[0]
+    with gate.cond:
+        gate.forking = False
+        gate.cond.notify_all()
+
 
 def _close_inherited() -> None:
-    """After a fork, close the parent's environments in the child (py-lmdb refuses to open a file that is
-    already open in the process, and LMDB handles must not be shared across fork); they reopen on first use."""
-    global _CLOSE_LOCK, _ADVISOR_LOCK
+    """After a fork, in the child: fresh locks, and the parent's environments set aside, to be closed on the first
+    open in this process (py-lmdb refuses to open a file already open in the process, and LMDB handles must not be
+    used across fork). A child that never opens a pack (a pool that encodes images) never touches them."""
+    global _CLOSE_LOCK, _ADVISOR_LOCK, _ENVS_LOCK
     _PID[0] = os.getpid()
+    _GATE[0] = _ForkGate()
     _CLOSE_LOCK, _ADVISOR_LOCK = threading.Lock(), threading.Lock()  # the parent's read-ahead thread may have held one
-    for env, _ in _ENVS.values():
+    _ENVS_LOCK = threading.Lock()
+    _INHERITED.extend(_ENVS.values())
+    _ENVS.clear()
+
+
+def _close_inherited_envs() -> None:
+    """Close the environments inherited from the parent (under ``_ENVS_LOCK``), or say why they cannot be."""
+    if not _INHERITED:
+        return
+    if not _QUIET_AT_FORK[0]:
+        raise RuntimeError(
+            f"This process was forked while another thread of its parent had been inside an LMDB read for over "
+            f"{FORK_WAIT_S:g} s (lmdb_reader.FORK_WAIT_S); the pack it inherited cannot be closed, nor opened again. "
+            "Start the workers with multiprocessing_context='spawn' or 'forkserver' (DataLoader argument), or look "
+            "at the storage: one read should not take that long."
+        )
+    for env, _ in _INHERITED:
         try:
             env.close()
         except Exception:
             pass
-    _ENVS.clear()
+    _INHERITED.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_inherited)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_close_inherited)
 
 
 def _libc_madvise() -> Callable[[int, int, int], int] | None:
@@ -373,7 +461,12 @@ def _shared_env(path: str, readahead: bool) -> tuple[Any, dict[bytes, Any]]:
     lmdb = require("lmdb")
     cache_key = (os.getpid(), os.path.realpath(path))
     with _ENVS_LOCK:
-        return _ENVS.get(cache_key) or _open_env(lmdb, path, readahead, cache_key)
+        entry = _ENVS.get(cache_key)
+        if entry is None:
+            _close_inherited_envs()
+            with _GATE[0]:
+                entry = _open_env(lmdb, path, readahead, cache_key)
+        return entry
 
 
 def _open_env(lmdb: Any, path: str, readahead: bool, cache_key: tuple[int, str]) -> tuple[Any, dict[bytes, Any]]:
@@ -396,7 +489,7 @@ def close_readers(path: str | os.PathLike) -> None:
     _PREFETCHED.discard(os.path.realpath(path))  # opened again, it is asked for again (e.g. after a cache drop)
     entry = _ENVS.pop((os.getpid(), os.path.realpath(path)), None)
     if entry is not None:
-        with _CLOSE_LOCK:  # not under the read-ahead thread's lookup
+        with _CLOSE_LOCK, _GATE[0]:  # not under the read-ahead thread's lookup, nor across a fork
             entry[0].close()
 
 
@@ -417,7 +510,7 @@ class PackReader:
         self._env: Any = None
         self._pid = -1
         self._local = threading.local()
-        with self._begin(META) as txn:
+        with self._begin(META) as txn, _GATE[0]:  # opened first: the gate is not reentrant
             complete, version, length = txn.get(b"complete"), txn.get(b"schema_version"), txn.get(b"length")
             stored_crc = txn.get(b"meta_crc")
             computed_crc = meta_crc(txn.cursor()) if stored_crc is not None else None
@@ -474,7 +567,7 @@ class PackReader:
         return self.length
 
     def meta(self, name: str) -> Any:
-        with self._begin(META) as txn:
+        with self._begin(META) as txn, _GATE[0]:
             value = txn.get(name.encode())
             return None if value is None else require("msgpack").unpackb(bytes(value), raw=False)
 
@@ -492,7 +585,16 @@ class PackReader:
         """Decode record ``index`` (zero-copy payload: a view of the memory map, valid inside ``decode``)."""
         if not 0 <= index < self.length:
             raise IndexError(f"Index {index} is out of range for {self.path!r} with {self.length} records.")
-        value = self._txn().get(KEY.pack(index))
+        txn, gate = self._txn(), _GATE[0]
+        next(gate.entered)  # ``with gate``, inlined: this is the hot path
+        try:
+            if gate.forking:
+                gate.wait_turn()
+            value = txn.get(KEY.pack(index))
+        finally:
+            next(gate.left)
+            if gate.forking:
+                gate.leave_while_forking()
         if value is None:
             raise CorruptRecordError(f"Record {index} is missing from {self.path!r}.")
         return decode(decode_record(index, value, self.check_crc))
@@ -530,9 +632,9 @@ class PackReader:
         self._tree_pid = _PID[0]
         self._extents, self._base = None, None
         env = self._open()
-        with env.begin(buffers=False) as txn:  # the main database: the records database's own record
+        with _GATE[0], env.begin(buffers=False) as txn:  # the main database: the records database's own record
             record = txn.get(RECORDS)
-        page_size = env.stat()["psize"]
+            page_size = env.stat()["psize"]
         branches, leaves = _tree_levels(self.path, record, page_size) if record is not None else ([], [])
         pages = sorted(branches + leaves)
         if not pages:
@@ -563,7 +665,8 @@ class PackReader:
             start, end = self._base + int(extents[lo, 0]), self._base + int(extents[hi - 1].sum())
         else:
             txn = self._txn()
-            first, last = txn.get(KEY.pack(lo)), txn.get(KEY.pack(hi - 1))
+            with _GATE[0]:
+                first, last = txn.get(KEY.pack(lo)), txn.get(KEY.pack(hi - 1))
             if first is None or last is None:
                 return None
             start, end = _address(first), _address(last) + len(last)
@@ -577,8 +680,13 @@ class PackReader:
 
     def iter_records(self, check_crc: bool = True) -> Iterator[Record]:
         with self._begin(RECORDS) as txn:
-            for raw_key, value in txn.cursor():
-                yield decode_record(KEY.unpack(bytes(raw_key))[0], value, check_crc)
+            items = iter(txn.cursor())
+            while True:
+                with _GATE[0]:  # each step, not the whole walk: the caller may fork between records
+                    item = next(items, None)
+                if item is None:
+                    return
+                yield decode_record(KEY.unpack(bytes(item[0]))[0], item[1], check_crc)
 
 
 class ShardedPackReader:
