@@ -48,7 +48,8 @@ class _ForkGate:
     reading thread or the read-ahead thread read the same pack hung (``tests/core/test_lmdb_fork.py``).
 
     Entering and leaving are two ``next()`` calls on :class:`itertools.count` (atomic, no lock): a read pays
-    ~0.1 us, not the ~1.4 us of a lock and a condition. Not reentrant: a thread inside must not enter again."""
+    ~0.3 us, not the ~1.4 us of a lock and a condition (``benchmarks/diagnostics/fork_gate.py``). Not reentrant: a
+    thread inside must not enter again (it would wait for a fork that waits for it, :data:`FORK_WAIT_S`)."""
 
     def __init__(self) -> None:
         import itertools
