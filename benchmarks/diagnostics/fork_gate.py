@@ -26,11 +26,10 @@ from pathlib import Path
 from _common import RESULTS
 from bigger_than_ram import small_records
 
-from lightning_gpu_boost.core.images import make_jpeg_folder
-from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
-
 from lightning_gpu_boost.core import lmdb_reader
+from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.core.lmdb_format import KEY, decode_record
+from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
 from lightning_gpu_boost.core.results import write_result
 
 
