@@ -23,11 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from _common import RESULTS
+from _common import RESULTS, demo_tree
 from bigger_than_ram import small_records
 
 from lightning_gpu_boost.core import lmdb_reader
-from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.core.lmdb_format import KEY, decode_record
 from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
 from lightning_gpu_boost.core.results import write_result
@@ -92,6 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="/tmp/demo")
     parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--images", type=int, default=2000, help="demo JPEGs (100 classes) for the 77 KB cell")
     parser.add_argument("--children", type=int, default=8)
     parser.add_argument("--child-timeout", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=7)
@@ -99,9 +99,9 @@ def main() -> None:
     args = parser.parse_args()
     _, pack = small_records(Path(args.data), args.records)
     gated_us, raw_us = read_us(str(pack), args.rounds, 50_000)
-    jpegs = Path(args.data) / "fork-gate-jpeg-2000.lmdb"
+    jpegs = Path(args.data) / f"fork-gate-jpeg-{args.images}.lmdb"
     if not jpegs.exists():
-        pack_image_folder(make_jpeg_folder(Path(args.data) / "jpeg-2000-20", n=2000, num_classes=20), jpegs)
+        pack_image_folder(demo_tree(args), jpegs)
     gated_77, raw_77 = read_us(str(jpegs), args.rounds, 20_000, copy=True)
     figures = {
         "children": args.children,

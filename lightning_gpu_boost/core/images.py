@@ -367,7 +367,7 @@ def make_jpeg_folder(
     workers = min(workers or usable_cpus(), -(-n // _CHUNK))
     args = ([p for p, _ in jobs], [s for _, s in jobs], [tuple(size_range)] * n, [quality] * n)
     bar = {"total": n, "desc": f"demo JPEGs -> {root}", "disable": not progress, "unit": "img"}
-    if workers <= 1:  # a small tree: no pool, and no fork of a process that may be running threads
+    if workers <= 1:  # one task's worth: a pool would only add a process to start
         total = sum(tqdm(map(_synthetic_jpeg, *args), **bar))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
