@@ -30,6 +30,22 @@ def pytest_sessionfinish(session, exitstatus):
         child.join(timeout=10)
 
 
+_RESUME_LINES: list[str] = []
+
+
+@pytest.fixture
+def resume_report():
+    """Collects the resume harness's counts for pytest's summary."""
+    return _RESUME_LINES.append
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _RESUME_LINES:
+        terminalreporter.section("resume harness")
+        for line in _RESUME_LINES:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep the num_workers cache of the tests apart from the user's."""

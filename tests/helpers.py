@@ -190,6 +190,9 @@ class IdSource:
     def read(self, index: int):
         return self.inner.read(index)[0], index
 
+    def sample_path(self, index: int) -> str:
+        return self.inner.sample_path(index)
+
     def path(self, index: int):  # a folder source lets DALI read the files
         return self.inner.path(index)[0], index
 

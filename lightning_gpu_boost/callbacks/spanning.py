@@ -41,8 +41,9 @@ class SpanEpochs(Callback):
     change per epoch), loaders that are not DataLoaders, and every loader when ``reload_dataloaders_every_n_epochs``
     is set. Caveats (those of ``SpanningLoader``): the next epoch's batches load before ``on_train_epoch_start``
     runs, so a dataset that the main process changes per epoch must not be spanned (pass ``train=False`` or
-    ``GPUBoost(span_epochs=False)``; persistent workers, which worker tuners turn on, do not see such changes either);
-    a run resumed mid-epoch begins that epoch again, as Lightning does for plain loaders.
+    ``GPUBoost(span_epochs=False)``; persistent workers, which worker tuners turn on, do not see such changes either).
+    A run resumed from any checkpoint continues exactly where the uninterrupted run was (the wrapped loader saves
+    its place in Lightning's loop state).
 
     Logged metrics:
         None; an info line per loader it wraps, naming its batches, workers and the estimated share.

@@ -204,6 +204,13 @@ class StreamPrefetch(Callback):
         self._strategy = strategy
         self.active = True
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the epoch the loop goes on with is known now (a checkpoint saved at an epoch's last batch resumes with the
+        # next epoch, and Lightning calls no on_train_epoch_start for it)
+        for prefetcher in list(self._train_prefetchers):
+            resumes = callable(getattr(prefetcher, "state_dict", None))
+            prefetcher.set_epoch(trainer.current_epoch, _batches_done_in_epoch(trainer) if resumes else 0)
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for prefetcher in list(self._train_prefetchers):  # the epoch seeds the transform's draws
             prefetcher.set_epoch(trainer.current_epoch)

@@ -324,63 +324,117 @@ class Refill:
     batch dimension, padding that depends on its samples, shapes that differ between batches) are passed on as
     they came, short ones too, with one warning; re-forming stops for the rest of the iteration.
 
+    Resumable: :meth:`position` says where the iteration stands after the batch it handed out last (the source
+    batch to read again first, how many of its good samples were already handed out, the batches handed out, and at
+    the epoch's end the sizes still owed); an iteration whose source starts at ``position["source"]`` and that is
+    given ``resume=position`` hands out exactly the batches the first one would have handed out next.
+
     Args:
         batches: an iterable of :class:`Counted` batches (anything else passes through).
         batch_size: the samples per full batch.
         expected: how many batches the epoch has (``None``: unknown, e.g. an iterable dataset).
         warn: called once with a message where batches cannot be re-formed.
+        resume: a :meth:`position` of an earlier iteration of the same epoch, whose source begins at its
+            ``"source"`` batch.
     """
 
     def __init__(
-        self, batches: Any, batch_size: int, expected: int | None = None, warn: Callable[[str], Any] | None = None
-    ) -> None:
+        self, batches: Any, batch_size: int, expected: int | None = None, warn: Callable[[str], Any] | None = None,
+        resume: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         self.batches, self.batch_size, self.expected, self.warn = batches, batch_size, expected, warn
+        self.resume = resume
         self._warned = False
         #: batches re-formed in the last iteration (0 where nothing was skipped)
         self.reformed = 0
+        self._at: dict[str, Any] = {"emitted": 0, "source": 0, "drop": 0, "tail": None, "refilling": False,
+                                    "given_up": False}  # fmt: skip
+
+    def position(self) -> dict[str, Any]:
+        """Where the iteration stands after the batch it handed out last (see the class docstring)."""
+        return dict(self._at)
 
     def __iter__(self):
         size, expected = self.batch_size, self.expected
+        resume = self.resume or {}
+        base, drop = int(resume.get("source", 0)), int(resume.get("drop", 0))
+        emitted = int(resume.get("emitted", 0))
+        refilling, given_up = bool(resume.get("refilling")), bool(resume.get("given_up"))
+        tail: list[int] | None = list(resume["tail"]) if resume.get("tail") is not None else None
         self.reformed = 0
-        emitted = received = buffered = 0
+        received = base
+        counts: list[int] = []  # good samples of each source batch received in this iteration (after ``drop``)
         parts: list[Any] = []  # (batch, n) not yet handed out, oldest first
         ready: list[Any] = []  # full batches formed, the last one held back
+        buffered = 0  # samples in parts
         layout: Layout = None
         reference: tuple | None = None  # the signature every batch cut and joined must share
-        refilling = given_up = False
+
+        def mark(sizes: list[int] | None = None) -> None:
+            """Record the place after a batch handed out: the held samples are the last ones received."""
+            held = buffered + size * len(ready)
+            source, first_drop, acc = received, 0, 0
+            i = len(counts)
+            while acc < held and i > 0:
+                i -= 1
+                acc += counts[i]
+            if held:
+                source, first_drop = base + i, acc - held + (drop if i == 0 else 0)
+            self._at = {"emitted": emitted, "source": source, "drop": first_drop, "tail": sizes,
+                        "refilling": refilling, "given_up": given_up}  # fmt: skip
+
+        self._at = {"emitted": emitted, "source": base, "drop": drop, "tail": tail, "refilling": refilling,
+                    "given_up": given_up}  # fmt: skip
         for item in self.batches:
             received += 1
+            if isinstance(item, Counted) and received == base + 1 and drop:
+                # the first source batch read again: its first ``drop`` good samples were handed out before
+                if item.layout is not None:
+                    layout = item.layout
+                n = item.n - min(drop, item.n)
+                item = Counted(_take(item.batch, item.layout, item.n - n, item.n) if n else None, n,
+                               item.layout if n > 1 else None)  # fmt: skip
+            counts.append(item.n if isinstance(item, Counted) else 0)
             if not isinstance(item, Counted):
                 emitted += 1
+                mark()
                 yield item
                 continue
             if item.layout is not None:
                 layout = item.layout
             n = item.n
+            if tail is not None:  # resumed inside the epoch's end: gather what is left, cut it as planned
+                if n > 0:
+                    parts.append((item.batch, n))
+                    buffered += n
+                continue
             cuttable = not given_up and layout is not None and can_refill(layout) and (item.layout is None or n < 2
                                                                                       or can_refill(item.layout))
             if refilling and n > 0 and (
                 not cuttable or (reference is not None and _signature(item.batch, layout) != reference)
             ):
                 # this batch cannot join the others: hand out what is held as it is, then pass batches on
-                for batch in ready:
-                    emitted += 1
-                    yield batch
-                for batch, _ in parts:
-                    emitted += 1
-                    yield batch
+                held = ready + [batch for batch, _ in parts]
                 ready, parts, buffered, refilling, given_up, cuttable = [], [], 0, False, True, False
                 self._warn_once()
+                for k, batch in enumerate(held):
+                    emitted += 1
+                    self._at = {**self._at, "emitted": emitted}
+                    if k == len(held) - 1:
+                        mark()
+                    yield batch
             if not refilling:
                 last = expected is not None and received >= expected
                 if n == size or (last and n > 0):
                     emitted += 1
+                    mark()
                     yield item.batch
                     continue
                 if not cuttable:
                     self._warn_once()
                     if n > 0:
                         emitted += 1
+                        mark()
                         yield item.batch
                     continue
                 refilling = True
@@ -395,21 +449,29 @@ class Refill:
             while len(ready) > 1:
                 emitted += 1
                 self.reformed += 1
-                yield ready.pop(0)
-        if not refilling:
+                batch = ready.pop(0)
+                mark()
+                yield batch
+        if tail is None and not refilling:
             return
         # what is left: the held-back batch and the rest, spread over the batches still owed
         if ready:
             parts.insert(0, (ready.pop(), size))
             buffered += size
-        if not buffered:
-            return
-        owed = max(1, (expected - emitted) if expected is not None else -(-buffered // size))
-        for k in self._sizes(buffered, owed, size):
+        if tail is None:
+            if not buffered:
+                return
+            owed = max(1, (expected - emitted) if expected is not None else -(-buffered // size))
+            tail = self._sizes(buffered, owed, size)
+            if owed > buffered and self.warn is not None:
+                self.warn(f"Too many bad samples: this epoch has {owed - buffered} batch(es) fewer than its length.")
+        for j, k in enumerate(tail):
             self.reformed += 1
-            yield self._cut(parts, k, layout)
-        if owed > buffered and self.warn is not None:
-            self.warn(f"Too many bad samples: this epoch has {owed - buffered} batch(es) fewer than its length.")
+            batch = self._cut(parts, k, layout)
+            buffered -= k
+            emitted += 1
+            mark(tail[j + 1 :])
+            yield batch
 
     def _warn_once(self) -> None:
         if self.warn is not None and not self._warned:

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost.core.resume import ResumableDataLoader
 
 
 def block_order(
@@ -136,7 +137,7 @@ class BlockShuffleSampler(DistributedSampler):
         rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
         self.block_size, self.window_blocks = block_size, window_blocks
-        self._start = 0  # samples of the current epoch already consumed (a mid-epoch resume)
+        self._start: tuple[int, int] | None = None  # (epoch, samples of it already consumed): a mid-epoch resume
         #: ``will_need(lo, hi)`` of the pack (:meth:`~lightning_gpu_boost.core.lmdb_reader.PackReader.will_need`), or
         #: ``None``: where set, iterating asks for the next window's blocks as each window starts
         #: (:func:`read_ahead_windows`); the sampler runs in the loader's main process, ahead of the workers by their
@@ -159,7 +160,8 @@ class BlockShuffleSampler(DistributedSampler):
         self._resolve()
         order = block_order(len(self.dataset), self.block_size, self.window_blocks, self.seed, self.epoch,
                             self.rank, self.num_replicas, self.drop_last)  # fmt: skip
-        start, self._start = self._start, 0
+        start, self._start = self._start, None
+        start = start[1] if start is not None and start[0] == self.epoch else 0
         if self.will_need is not None:
             return read_ahead_windows(order[start:], self.block_size, self.window_blocks, self.will_need,
                                       len(self.dataset))  # fmt: skip
@@ -170,6 +172,11 @@ class BlockShuffleSampler(DistributedSampler):
         it and resumes its own batch index where the checkpoint left it)."""
         self._resolve()
         return self.num_samples
+
+    def start_at(self, epoch: int, samples: int) -> None:
+        """Begin the next iteration ``samples`` into ``epoch``'s order, if that iteration is of ``epoch`` (the epoch
+        Lightning sets after a checkpoint taken at an epoch's last batch is the next one: it starts at its beginning)."""
+        self._start = (int(epoch), int(samples))
 
     def state_dict(self, consumed: int = 0) -> dict[str, int]:
         """Where this rank stands: the epoch and the samples of it already consumed (``consumed``: counted by the
@@ -186,7 +193,7 @@ class BlockShuffleSampler(DistributedSampler):
                     f"{key}={getattr(self, key)!r}: the order would differ. Use the same settings and process count."
                 )
         self.epoch = int(state["epoch"])
-        self._start = int(state["consumed"])
+        self.start_at(self.epoch, int(state["consumed"]))
 
 
 class BlockReadAhead:
@@ -261,28 +268,7 @@ def order_stats(order: Sequence[int], labels: Sequence[int], batch_size: int) ->
             "label_entropy": float(np.mean(entropy)) if entropy else 0.0, "position_corr": corr}  # fmt: skip
 
 
-class BlockShuffleLoader(DataLoader):
-    """A DataLoader over a :class:`BlockShuffleSampler` that resumes mid-epoch: its ``state_dict()`` says how
-    many samples of the epoch were handed out, and after ``load_state_dict()`` the next iteration continues the same
-    epoch's order after them (Lightning saves and restores it with its loops' state). Any other sampler: a plain
-    DataLoader."""
-
-    def __iter__(self):
-        sampler = self.sampler
-        if not isinstance(sampler, BlockShuffleSampler):
-            yield from super().__iter__()
-            return
-        self._consumed = sampler._start
-        for batch in super().__iter__():
-            self._consumed += self.batch_size or 1
-            yield batch
-
-    def state_dict(self) -> dict[str, int]:
-        sampler = self.sampler
-        if not isinstance(sampler, BlockShuffleSampler):
-            return {}
-        return sampler.state_dict(getattr(self, "_consumed", 0))
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state and isinstance(self.sampler, BlockShuffleSampler):
-            self.sampler.load_state_dict(state)
+class BlockShuffleLoader(ResumableDataLoader):
+    """A :class:`~lightning_gpu_boost.core.resume.ResumableDataLoader` over a :class:`BlockShuffleSampler`: its
+    ``state_dict()`` says where the epoch stands, and after ``load_state_dict()`` the next iteration continues the
+    same epoch's order after the batches handed out (the sampler skips them without reading their blocks)."""

@@ -552,6 +552,9 @@ class DALILoader:
         _LIVE.add(self)
         #: batches discarded because an epoch stopped early or another epoch came next (DALI computed them ahead)
         self.discarded = 0
+        self._place: tuple[int | None, int] = (None, 0)  # (epoch, batches of it handed out)
+        self._saved: dict[str, Any] | None = None  # a place to start the next iteration at (load_state_dict)
+        self._refill: Any = None
 
     def __len__(self) -> int:
         return num_batches(len(self.source), self.batch_size, self.world_size, self.drop_last)
@@ -629,8 +632,8 @@ class DALILoader:
         pipe.build()
         return pipe
 
-    def _plan(self, epoch: int) -> None:
-        batches = self.epoch_batches(epoch)
+    def _plan(self, epoch: int, skip: int = 0) -> None:
+        batches = self.epoch_batches(epoch)[skip:]
         for k, feeder in enumerate(self._feeders):  # batch j to pipeline j % P: they decode side by side
             feeder.extend([(epoch, b) for b in batches[k :: self.pipelines]])
         self._stream.append((epoch, len(batches)))
@@ -663,32 +666,77 @@ class DALILoader:
             producer.join()
 
     def __iter__(self):
-        if self.bad_samples != "skip":
-            return self._run()
-        # skipped samples leave batches short: re-form full ones from the samples that follow (on the device)
-        import warnings
+        saved, self._saved = self._saved, None
+        return self._iterate(saved)
 
-        from lightning_gpu_boost.core.bad_samples import Counted, Refill
-
-        counted = (Counted(batch, len(batch[-1]), ["B"] * len(batch)) for batch in self._run())
-        return iter(Refill(counted, self.batch_size, len(self), warn=warnings.warn))
-
-    def _run(self):
-        # The epoch starts at the first ``next()``, not at ``iter()``: Lightning calls ``iter()`` before
-        # ``set_epoch``, and once more during setup.
+    def _next_epoch(self) -> int:
+        """The epoch this iteration hands out. It is decided at the first ``next()``, not at ``iter()``: Lightning
+        calls ``iter()`` before ``set_epoch``, and once more during setup."""
         self._build()
         self._stop_producer()  # the thread of an epoch that was stopped early
         if self._started and not self._epoch_set:
             self.epoch += 1
         self._started, self._epoch_set = True, False
-        epoch = self.epoch
+        return self.epoch
+
+    def _iterate(self, saved: dict[str, Any] | None):
+        from lightning_gpu_boost.core.resume import resume_start
+
+        epoch = self._next_epoch()
+        applies = resume_start(saved, epoch, len(self)) > 0
+        if self.bad_samples != "skip":
+            start = int(saved["batches"]) if applies else 0  # type: ignore[index]
+            self._place = (epoch, start)
+            for batch in self._run(epoch, start):
+                self._place = (epoch, self._place[1] + 1)
+                yield batch
+            return
+        # skipped samples leave batches short: re-form full ones from the samples that follow (on the device)
+        import warnings
+
+        from lightning_gpu_boost.core.bad_samples import Counted, Refill
+
+        resume = saved.get("refill") if applies else None  # type: ignore[union-attr]
+        start = int(resume["source"]) if resume else 0
+        counted = (Counted(batch, len(batch[-1]), ["B"] * len(batch)) for batch in self._run(epoch, start))
+        self._refill = refill = Refill(counted, self.batch_size, len(self), warn=warnings.warn, resume=resume)
+        self._place = (epoch, int(resume["emitted"]) if resume else 0)
+        for batch in refill:
+            self._place = (epoch, self._place[1] + 1)
+            yield batch
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's place: ``{"epoch": e, "batches": k}`` (and where bad samples are skipped, the place in the
+        re-formed batches)."""
+        state: dict[str, Any] = {"epoch": self._place[0], "batches": self._place[1]}
+        if self.bad_samples == "skip" and self._refill is not None:
+            state["refill"] = self._refill.position()
+        return state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the epoch stands (every rank's place where bad samples are skipped: they differ between ranks; a
+        collective under DDP then, which Lightning calls on every rank as it saves). After
+        :meth:`load_state_dict`, the next iteration of that epoch continues after the batches handed out."""
+        from lightning_gpu_boost.core.resume import gather_ranks
+
+        state = self.local_state_dict()
+        return gather_ranks(state) if self.bad_samples == "skip" else state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from lightning_gpu_boost.core.resume import own_rank
+
+        if state:
+            self._saved = dict(own_rank(state))
+
+    def _run(self, epoch: int, skip: int = 0):
+        """The batches of ``epoch`` after its first ``skip`` (a resumed run)."""
         if self._stream and self._pos >= self._stream[0][1]:  # the last epoch ended without a final next()
             self._stream.popleft()
             self._pos = 0
-        if not (self._stream and self._stream[0][0] == epoch and self._pos == 0):
+        if skip or not (self._stream and self._stream[0][0] == epoch and self._pos == 0):
             if self._stream or self._pos:
                 self._restart()
-            self._plan(epoch)
+            self._plan(epoch, skip)
         if len(self._stream) == 1:
             # Plan the epoch Lightning asks for next, so that DALI reads and decodes across the epoch boundary
             # instead of draining and refilling; a different next epoch (or an early stop) discards it.

@@ -450,7 +450,9 @@ class StreamPrefetcher:
         except Exception as err:  # re-raised in order, after the batches fetched before it
             queue.append(("error", err, None))
             return False
-        state = self._loader.state_dict() if isinstance(self, _StatefulStreamPrefetcher) else None  # type: ignore[attr-defined]
+        state = None
+        if isinstance(self, _StatefulStreamPrefetcher):  # a loader whose ranks differ says its own place cheaply
+            state = getattr(self._loader, "local_state_dict", self._loader.state_dict)()  # type: ignore[attr-defined]
         queue.append(("batch", batch, state))
         return True
 
@@ -540,6 +542,10 @@ class _StatefulStreamPrefetcher(StreamPrefetcher):
     def state_dict(self) -> dict[str, Any]:
         """The loader's state from when the batch last handed out was fetched (not the look-ahead's)."""
         if self._iterating and self._state is not None:
+            if callable(getattr(self._loader, "local_state_dict", None)):  # every rank's place, as the loader's own
+                from lightning_gpu_boost.core.resume import gather_ranks
+
+                return gather_ranks(self._state)
             return self._state
         return self._loader.state_dict()  # type: ignore[attr-defined]
 

@@ -20,6 +20,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost.core.resume import resume_start, start_index_sampler, sampler_epoch
 
 
 class _EpochAfterEpoch:
@@ -30,16 +31,23 @@ class _EpochAfterEpoch:
         self.batch_sampler, self.sampler, self.limit = batch_sampler, sampler, limit
         self.epoch: int | None = None  # the epoch the next pass draws; read from the sampler at the first
         self.first = 0  # the first epoch drawn
+        self.skip = 0  # batches of the first epoch drawn already handed out before (a resumed run)
 
     def __iter__(self) -> Iterator[Any]:
         if self.epoch is None:
             self.epoch = self.first = int(getattr(self.sampler, "epoch", 0) or 0)
+        skip, self.skip = self.skip, 0
         while True:
             set_epoch = getattr(self.sampler, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(self.epoch)
-            n = 0
-            for batch in self.batch_sampler:
+            n = skip
+            by_sampler = start_index_sampler(self.batch_sampler, 1, self.epoch, skip)  # its sampler skips itself
+            batches = iter(self.batch_sampler)
+            for _ in range(0 if by_sampler else skip):  # drawn, not loaded
+                next(batches, None)
+            skip = 0
+            for batch in batches:
                 if self.limit is not None and n >= self.limit:
                     break
                 n += 1
@@ -73,8 +81,9 @@ class SpanningLoader:
         augmentation strength set in ``on_train_epoch_start``) must not be used with it. Lightning injects its
         ``DistributedSampler`` only into ``DataLoader`` objects: under DDP give the loader a ``DistributedSampler``
         yourself before wrapping it. Worker tuners (``AutoNumWorkers``, ``GPUBoost``'s) tune the loader you wrap
-        (:attr:`source`): the workers are started from its settings at the first ``iter()``. Not resumable mid-epoch (a restarted run begins the epoch again, as Lightning
-        does for plain loaders). The workers live until :meth:`close` or until the object is collected.
+        (:attr:`source`): the workers are started from its settings at the first ``iter()``. Resumable mid-epoch
+        (``state_dict`` / ``load_state_dict``, as Lightning saves them): a resumed run continues the epoch after the
+        batches already handed out, exactly, where the sampler's order is a function of its epoch. The workers live until :meth:`close` or until the object is collected.
 
     Example::
 
@@ -102,6 +111,8 @@ class SpanningLoader:
         self._iterator: Iterator[Any] | None = None
         self._left = 0  # batches of the current epoch not handed out yet
         self._epochs = 0  # epochs begun by iter() since the chain's first
+        self._place: tuple[int | None, int] = (None, 0)  # (epoch handed out, batches of it handed out)
+        self._saved: dict[str, Any] | None = None  # a place to start at (load_state_dict)
 
     #: marks the wrapper for :func:`~lightning_gpu_boost.core.workers.iter_loaders` (worker tuners reach the source)
     spans_epochs = True
@@ -163,16 +174,38 @@ class SpanningLoader:
         self.source.worker_init_fn = fn
 
     def __iter__(self) -> Iterator[Any]:
+        start = 0
         if self._iterator is None:
+            saved, self._saved = self._saved, None
+            epoch = sampler_epoch(self.source.sampler)
+            start = resume_start(saved, epoch, len(self))
+            self._chain.skip = start  # the chain's first epoch is the sampler's now
             self._iterator = iter(self._build())
             self._left = 0
         for _ in range(self._left):  # the previous epoch was left early: skip what it did not use
             next(self._iterator)
-        self._left = len(self)
+        self._left = len(self) - start
         self._epochs += 1
+        epoch = self._chain.first + self._epochs - 1 if self._chain.epoch is not None else sampler_epoch(self.sampler)
+        self._place = (epoch, start)
         while self._left > 0:
             self._left -= 1
-            yield next(self._iterator)
+            batch = next(self._iterator)
+            if self._place[0] is None and self._chain.epoch is not None:  # the chain read the epoch at its start
+                self._place = (self._chain.first + self._epochs - 1, self._place[1])
+            self._place = (self._place[0], self._place[1] + 1)
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch": e, "batches": k}``: ``k`` batches of epoch ``e`` handed out (as
+        :class:`~lightning_gpu_boost.core.resume.ResumableDataLoader` says it)."""
+        return {"epoch": self._place[0], "batches": self._place[1]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start at ``state`` when the workers next start: the epoch the loop asks for continues after the batches
+        handed out (another epoch, or a finished one, starts at its beginning)."""
+        if state:
+            self._saved = dict(state)
 
     def close(self) -> None:
         """Stop the workers; the next ``iter()`` starts them again at the epoch after the last one handed out
@@ -210,6 +243,8 @@ def span_decision(loader: Any, batches: int | None, min_share: float = RESTART_S
         return False, "an IterableDataset has no epochs of indices"
     if loader.num_workers <= 0:
         return False, "no workers to keep loading"
+    if getattr(loader.collate_fn, "refill", False):
+        return False, "its batches are re-formed after skipped bad samples (bad_samples='skip')"
     if callable(getattr(loader.dataset, "set_epoch", None)):
         return False, "its dataset has set_epoch (it may change per epoch: the next epoch must not load early)"
     try:

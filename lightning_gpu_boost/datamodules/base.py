@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import default_num_workers, processes_per_node
+from lightning_gpu_boost.core.resume import ResumableDataLoader, gather_ranks, own_rank
 from lightning_gpu_boost.core.workers import LowPriorityWorkerInit
 
 Stage = Literal["train", "val", "test", "predict"]
@@ -26,25 +27,51 @@ def _bad_sample_owner(dataset: Any) -> Any:
     return None
 
 
-class RefillDataLoader(DataLoader):
+class RefillDataLoader(ResumableDataLoader):
     """A DataLoader whose batches stay full when bad samples are skipped: with a
     :class:`~lightning_gpu_boost.core.bad_samples.SkipBadCollate` (``refill=True``) as its ``collate_fn``, its
     iterator is wrapped in :class:`~lightning_gpu_boost.core.bad_samples.Refill`, which re-forms the batches that
     skipped samples left short from the samples that follow (each good sample once, in order; as many batches as
-    ``len()``). Any other collate function: a plain DataLoader. Lightning re-creates it like any DataLoader (its
-    ``DistributedSampler`` under DDP)."""
+    ``len()``). Any other collate function: a :class:`~lightning_gpu_boost.core.resume.ResumableDataLoader`.
+    Lightning re-creates it like any DataLoader (its ``DistributedSampler`` under DDP). Resumes exactly mid-epoch:
+    its state holds each rank's place in the re-formed batches (ranks skip different samples)."""
+
+    def _refills(self) -> bool:
+        from lightning_gpu_boost.core.bad_samples import SkipBadCollate
+
+        return isinstance(self.collate_fn, SkipBadCollate) and self.collate_fn.refill and bool(self.batch_size)
 
     def __iter__(self):
-        from lightning_gpu_boost.core.bad_samples import Refill, SkipBadCollate
+        if not self._refills():
+            yield from super().__iter__()
+            return
+        from lightning_gpu_boost.core.bad_samples import Refill
 
-        iterator = super().__iter__()
-        if not (isinstance(self.collate_fn, SkipBadCollate) and self.collate_fn.refill and self.batch_size):
-            return iterator
-        try:
-            expected = len(self)
-        except TypeError:  # an iterable dataset without a length
-            expected = None
-        return iter(Refill(iterator, self.batch_size, expected, warn=rank_zero_warn))
+        saved, epoch = self._take_saved()
+        resume = saved.get("refill") if saved else None
+        self._skip(epoch, int(resume["source"]) if resume else 0)
+        refill = Refill(DataLoader.__iter__(self), self.batch_size, self._length(), warn=rank_zero_warn,
+                        resume=resume)  # fmt: skip
+        self._refill = refill
+        self._place = (epoch, int(resume["emitted"]) if resume else 0)
+        for batch in refill:
+            self._place = (epoch, self._place[1] + 1)
+            yield batch
+
+    def local_state_dict(self) -> dict:
+        """This rank's place (what :meth:`state_dict` gathers from every rank)."""
+        state = super().state_dict()
+        refill = getattr(self, "_refill", None)
+        if self._refills() and refill is not None:
+            state["refill"] = refill.position()
+        return state
+
+    def state_dict(self) -> dict:
+        """Every rank's place (a collective under DDP: Lightning calls it on every rank as it saves)."""
+        return gather_ranks(self.local_state_dict())
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(own_rank(state) if state else state)
 
 
 class BoostDataModule(pl.LightningDataModule):
@@ -230,15 +257,15 @@ class BoostDataModule(pl.LightningDataModule):
         any with a ``bad_sample_tracker``) gets :class:`~lightning_gpu_boost.core.bad_samples.SkipBadCollate`
         around the collate function, a :class:`RefillDataLoader` (full batches: a batch a skipped sample left
         short takes the next samples) and a :class:`~lightning_gpu_boost.callbacks.bad_samples.BadSampleReport`."""
-        from lightning_gpu_boost.core.block_shuffle import BlockShuffleLoader, BlockShuffleSampler
+        from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler
 
         kwargs = self.dataloader_kwargs(dataset, stage)
         if stage == "train" and kwargs.get("shuffle") and kwargs.get("sampler") is None and _sized(dataset):
             kwargs.pop("shuffle")
             seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)  # Lightning's DistributedSampler seed
             kwargs["sampler"] = BlockShuffleSampler(dataset, block_size=1, window_blocks=1, seed=max(0, seed))
-        # a block-shuffled order (a full shuffle is blocks of one record) resumes mid-epoch through its loader
-        loader_class = BlockShuffleLoader if isinstance(kwargs.get("sampler"), BlockShuffleSampler) else DataLoader
+        # the training loader resumes exactly mid-epoch (a full shuffle is a block order of one-record blocks)
+        loader_class = ResumableDataLoader if stage == "train" else DataLoader
         owner = _bad_sample_owner(dataset)
         if owner is not None:
             from lightning_gpu_boost.callbacks.bad_samples import attach

@@ -35,7 +35,8 @@ class DALIDataModule(pl.LightningDataModule):
     runs the same number of steps; the last batch is short (``drop_last=False``) or dropped. Every epoch covers
     the shard exactly once even when Lightning stops an epoch early (``limit_train_batches``, ``max_steps``,
     sanity validation, an exception); batches are copied out of DALI's buffers, so a batch held ahead stays valid.
-    Resuming from a checkpoint restores the epoch (its shuffle order) but not the position inside it.
+    A run resumed from a checkpoint continues the epoch exactly after the batches already handed out (the loader's
+    place is saved in Lightning's loop state).
 
     Extension point: override :meth:`graph` to change decoding and augmentation (it gets the encoded-bytes DALI
     node and returns the image node), or :meth:`source` to read other files.

@@ -1,0 +1,194 @@
+"""Exact resume: a loader that saves where its epoch stands and starts its next iteration there.
+
+A checkpoint records the training loop's place (epoch ``e``, ``k`` batches done); a loader that can say where its
+epoch stands lets the resumed run hand the step exactly the batches the uninterrupted run would have handed it next.
+:class:`ResumableDataLoader` is a ``DataLoader`` whose ``state_dict()`` is ``{"epoch": e, "batches": k}`` (the
+sampler's epoch and the batches of it handed out) and whose next iteration after ``load_state_dict()`` skips the
+first ``k`` index batches of epoch ``e`` without loading them. It starts at the epoch's beginning instead where the
+saved place does not apply: the epoch the loop asks for is not ``e`` (a checkpoint saved at an epoch's last batch:
+the loop goes on with the next epoch), or ``k`` is the whole epoch.
+
+The skip is exact for a sampler whose order is a function of its epoch (``DistributedSampler``, the package's
+``BlockShuffleSampler``, a ``SequentialSampler``); a sampler that draws a new order at each iteration from the
+global random state (``RandomSampler`` without a generator) cannot be resumed exactly by anyone: the loader says so
+once. A sampler with ``start_at(epoch, samples)`` (``BlockShuffleSampler``) skips by itself, so its read-ahead never
+reads the blocks of the skipped part. Framework-free: Lightning calls ``state_dict`` / ``load_state_dict`` from its
+loop state, any other loop can call them too.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+__all__ = ["ResumableDataLoader", "SkipFirst", "resume_start", "sampler_epoch", "start_index_sampler"]
+
+
+def sampler_epoch(sampler: Any) -> int | None:
+    """The epoch ``sampler`` was set to (``set_epoch``), or ``None`` where it has none."""
+    epoch = getattr(sampler, "epoch", None)
+    return int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+def resume_start(saved: dict[str, Any] | None, epoch: int | None, length: int | None) -> int:
+    """The batches of the coming epoch (``epoch``, ``length`` batches) to skip, from a loader's saved place: ``k``
+    where the place is ``k`` batches into this very epoch, else 0 (another epoch, a finished one, or none)."""
+    if not saved:
+        return 0
+    k = int(saved.get("batches", 0))
+    if saved.get("epoch") != epoch or k <= 0 or (length is not None and k >= length):
+        return 0
+    return k
+
+
+class SkipFirst:
+    """An index sampler (a batch sampler, or a sampler) whose next iteration skips its first :attr:`pending`
+    items without anyone loading them; later iterations are the sampler's own. ``len()`` is the sampler's.
+
+    Example::
+
+        >>> from torch.utils.data import BatchSampler, SequentialSampler
+        >>> batches = SkipFirst(BatchSampler(SequentialSampler(range(6)), 2, False))
+        >>> batches.pending = 2
+        >>> list(batches), list(batches)
+        ([[4, 5]], [[0, 1], [2, 3], [4, 5]])
+    """
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.pending = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self.pending = self.pending, 0
+        it = iter(self.sampler)
+        for _ in range(skip):
+            if next(it, StopIteration) is StopIteration:
+                return
+        yield from it
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+def start_index_sampler(index_sampler: Any, batch_size: int | None, epoch: int | None, batches: int) -> bool:
+    """Make the next iteration of ``index_sampler`` (a ``BatchSampler`` or a sampler) begin ``batches`` batches
+    into ``epoch`` where its sampler can do that by itself (``start_at(epoch, samples)``): ``True`` then, ``False``
+    where the caller must skip the index batches itself (:class:`SkipFirst`)."""
+    if batches <= 0:
+        return True
+    if isinstance(index_sampler, BatchSampler) and batch_size:
+        start_at = getattr(index_sampler.sampler, "start_at", None)
+        if callable(start_at) and epoch is not None:
+            start_at(epoch, batches * index_sampler.batch_size)
+            return True
+    return False
+
+
+class ResumableDataLoader(DataLoader):
+    """A ``DataLoader`` that resumes exactly mid-epoch (see the module's docstring): ``state_dict()`` says where
+    the epoch stands, and after ``load_state_dict()`` the next iteration continues the same epoch's order after the
+    batches already handed out, loading none of them again. Lightning saves and restores the state with its loops'.
+
+    Example::
+
+        >>> loader = ResumableDataLoader(list(range(8)), batch_size=2)
+        >>> it = iter(loader); _ = next(it); _ = next(it)
+        >>> state = loader.state_dict(); state
+        {'epoch': None, 'batches': 2}
+        >>> resumed = ResumableDataLoader(list(range(8)), batch_size=2)
+        >>> resumed.load_state_dict(state)
+        >>> [b.tolist() for b in resumed]
+        [[4, 5], [6, 7]]
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._place: tuple[int | None, int] = (None, 0)  # (epoch, batches of it handed out)
+        self._saved: dict[str, Any] | None = None  # a place to start the next iteration at
+        self._skipper: SkipFirst | None = None
+        self._warned = False
+
+    @property
+    def _index_sampler(self) -> Any:  # the iterators read it once: SkipFirst lets each iteration skip its start
+        base = self.batch_sampler if self._auto_collation else self.sampler
+        if getattr(self, "_skipper", None) is None or self._skipper.sampler is not base:
+            self._skipper = SkipFirst(base)
+        return self._skipper
+
+    def _epoch(self) -> int | None:
+        return sampler_epoch(self.sampler)
+
+    def _length(self) -> int | None:
+        try:
+            return len(self)
+        except TypeError:
+            return None
+
+    def _take_saved(self) -> tuple[dict[str, Any] | None, int | None]:
+        """The loaded place, taken once (``None`` where it does not apply to the coming epoch), and that epoch."""
+        saved, self._saved = self._saved, None
+        epoch = self._epoch()
+        return (saved if resume_start(saved, epoch, self._length()) else None), epoch
+
+    def _skip(self, epoch: int | None, batches: int) -> None:
+        """Make the next iteration skip the first ``batches`` index batches of ``epoch`` without loading them."""
+        if batches and not self._warned and isinstance(self.sampler, RandomSampler) and self.sampler.generator is None:
+            self._warned = True
+            warnings.warn(
+                "This DataLoader shuffles with a RandomSampler that draws a new order at every iteration: the resumed "
+                "epoch skips as many batches as were done, but of another order. Give it a seeded generator or use "
+                "a DistributedSampler or BlockShuffleSampler for an exact resume.",
+                stacklevel=3,
+            )
+        if batches and not start_index_sampler(self._index_sampler.sampler, self.batch_size, epoch, batches):
+            self._index_sampler.pending = batches
+
+    def __iter__(self) -> Iterator[Any]:
+        saved, epoch = self._take_saved()
+        start = int(saved["batches"]) if saved else 0
+        self._skip(epoch, start)
+        self._place = (epoch, start)
+        for batch in super().__iter__():
+            self._place = (epoch, self._place[1] + 1)
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch": e, "batches": k}``: ``k`` batches of epoch ``e`` handed out."""
+        return {"epoch": self._place[0], "batches": self._place[1]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next iteration at ``state`` (where it applies: see the module's docstring)."""
+        if state:
+            self._saved = dict(state)
+
+
+def gather_ranks(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` of every DDP rank, for a loader whose place differs between ranks (Lightning saves the checkpoint
+    of rank 0 alone, and collects every rank's loop state for it: this is called on every rank). One process:
+    ``state`` itself."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return state
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, state)
+    return {"ranks": states}
+
+
+def own_rank(state: dict[str, Any]) -> dict[str, Any]:
+    """This rank's part of a :func:`gather_ranks` state (``state`` itself where it holds one process's)."""
+    if "ranks" not in state:
+        return state
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    ranks = state["ranks"]
+    if rank >= len(ranks):
+        raise ValueError(
+            f"The checkpoint's loader state holds {len(ranks)} processes' places and this is rank {rank}: resume "
+            "with the process count that saved it."
+        )
+    return ranks[rank]

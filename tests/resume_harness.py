@@ -1,0 +1,202 @@
+"""The resume harness: train a few epochs with a checkpoint after every step and after every validation, resume from
+each checkpoint, and count the samples the resumed run repeated and skipped against the uninterrupted run.
+
+``CASES`` names every loader the package makes or wraps; each case builds ``(datamodule, callbacks)`` from a folder
+of test data. :func:`resume_counts` runs one case on the CPU (one process, or under DDP when called inside a
+two-process script: every rank records its own batches, and the counts are that rank's).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+from torch.utils.data import Dataset
+
+from tests.helpers import IndexDataset
+
+EPOCHS = 3
+
+
+class IdModel(pl.LightningModule):
+    """Records, for every training step, the sample ids of its batch (the labels) and a checksum of its inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+        self.steps: list[list[int]] = []
+        self.sums: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        inputs, labels = batch[0], batch[-1]
+        self.steps.append([int(i) for i in labels.tolist()])
+        self.sums.append(round(float(inputs.double().sum()), 3))
+        return inputs.float().mean() * self.w
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class WithIds(Dataset):
+    """A dataset whose labels are the sample indices (bad samples pass through as they are)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:  # classes, ignored_files, bad_samples, bad_sample_tracker, ...
+        if name.startswith("__") or name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, i: int):
+        from lightning_gpu_boost.core.bad_samples import BadSample
+
+        item = self.dataset[i]
+        return item if isinstance(item, BadSample) else (item[0], i)
+
+
+def _ids(module_class: type) -> type:
+    class Ids(module_class):
+        def _dataset(self, root, train):
+            return WithIds(super()._dataset(root, train))
+
+    return Ids
+
+
+def _boost(workers: int, n: int = 14):
+    from lightning_gpu_boost.datamodules import BoostDataModule
+
+    class Indexed(BoostDataModule):
+        def train_dataset(self):
+            return IndexDataset(n)
+
+        def val_dataset(self):
+            return IndexDataset(4)
+
+    return Indexed(batch_size=4, num_workers=workers)
+
+
+def _noise(batch):
+    x, y = batch
+    return x + torch.rand(x.shape), y
+
+
+def case(name: str, data: dict[str, Path]) -> tuple[Any, list[Any]]:
+    """``(datamodule, callbacks)`` of case ``name``; ``data`` holds ``tree``, ``broken`` (a tree with broken files)
+    and ``pack`` (an LMDB pack of ``tree``)."""
+    from lightning_gpu_boost.callbacks import GPUBoost, StreamPrefetch
+    from lightning_gpu_boost.datamodules import ImageFolderDataModule, LMDBDataModule
+
+    image = {"image_size": 16, "batch_size": 4, "num_workers": 0, "val_split": 0.2}
+    if name == "boost":
+        return _boost(0), []
+    if name == "boost_workers":
+        return _boost(2), []
+    if name == "gpu_boost":  # SpanEpochs wraps the short-epoch loader
+        return _boost(2), [GPUBoost(auto_workers=False, watchdog=False)]
+    if name == "image_folder":
+        return _ids(ImageFolderDataModule)(str(data["tree"]), **image), []
+    if name == "lmdb_random":
+        return _ids(LMDBDataModule)(str(data["pack"]), **image), []
+    if name == "lmdb_block":
+        return _ids(LMDBDataModule)(str(data["pack"]), order="block", block_bytes=4096, window_blocks=2, **image), []
+    if name == "skip_refill":
+        return _ids(ImageFolderDataModule)(str(data["broken"]), bad_samples="skip", **image), []
+    if name == "transform_seeds":
+        return _boost(0), [StreamPrefetch(transform=_noise)]
+    if name == "dali":
+        from tests.helpers import id_dali_datamodule
+
+        return id_dali_datamodule(str(data["tree"]), str(data["tree"]), image_size=16, batch_size=4,
+                                  device="cpu", num_threads=1, read_threads=1), []  # fmt: skip
+    if name == "dali_skip":
+        from tests.helpers import id_dali_datamodule
+
+        return id_dali_datamodule(str(data["broken"]), image_size=16, batch_size=4, device="cpu", num_threads=1,
+                                  read_threads=1, bad_samples="skip"), []  # fmt: skip
+    raise KeyError(name)
+
+
+#: every loader the package makes or wraps (DALI cases need nvidia-dali)
+CASES = ("boost", "boost_workers", "gpu_boost", "image_folder", "lmdb_random", "lmdb_block", "skip_refill",
+         "transform_seeds", "dali", "dali_skip")  # fmt: skip
+#: cases whose inputs are the same on every resume (no random crops drawn by workers): checksums compared too
+SAME_VALUES = ("boost", "boost_workers", "gpu_boost", "transform_seeds")
+
+
+def _fit(name: str, data: dict[str, Path], root: Path, trainer_kwargs: dict, ckpt: Path | None = None,
+         save: Path | None = None) -> IdModel:  # fmt: skip
+    datamodule, callbacks = case(name, data)
+    if save is not None:
+        callbacks = callbacks + [
+            ModelCheckpoint(dirpath=save, filename="s-{step}", every_n_train_steps=1, save_top_k=-1),
+            ModelCheckpoint(dirpath=save, filename="v-{epoch}-{step}", every_n_epochs=1, save_top_k=-1,
+                            save_on_train_epoch_end=False),
+        ]  # fmt: skip
+    model = IdModel()
+    trainer = pl.Trainer(
+        max_epochs=EPOCHS, callbacks=callbacks, enable_checkpointing=save is not None, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root), num_sanity_val_steps=0,
+        **trainer_kwargs,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=datamodule, ckpt_path=None if ckpt is None else str(ckpt))
+    return model
+
+
+def compare(expected: list[list[int]], resumed: list[list[int]]) -> tuple[int, int]:
+    """Samples the resumed run repeated and skipped against ``expected`` (counted as multisets)."""
+    want = Counter(i for batch in expected for i in batch)
+    got = Counter(i for batch in resumed for i in batch)
+    return sum((got - want).values()), sum((want - got).values())
+
+
+def resume_counts(name: str, data: dict[str, Path], root: Path, **trainer_kwargs: Any) -> dict[str, Any]:
+    """Run case ``name`` uninterrupted with checkpoints, then resume from every checkpoint. Returns the totals
+    (``resumes``, ``repeated``, ``skipped``, ``wrong_order``, ``wrong_values``) and the failing checkpoints."""
+    ckpt_dir = root / f"{name}-ckpt"
+    whole = _fit(name, data, root / f"{name}-whole", trainer_kwargs, save=ckpt_dir)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    out = {"case": name, "resumes": 0, "repeated": 0, "skipped": 0, "wrong_order": 0, "wrong_values": 0,
+           "failures": []}  # fmt: skip
+    for path in sorted(ckpt_dir.glob("*.ckpt")):
+        step = int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+        resumed = _fit(name, data, root / f"{name}-resume", trainer_kwargs, ckpt=path)
+        expected = whole.steps[step:]
+        repeated, skipped = compare(expected, resumed.steps)
+        wrong_order = int(resumed.steps != expected and not (repeated or skipped))
+        wrong_values = int(name in SAME_VALUES and resumed.sums != whole.sums[step:])
+        out["resumes"] += 1
+        for key, value in (("repeated", repeated), ("skipped", skipped), ("wrong_order", wrong_order),
+                           ("wrong_values", wrong_values)):  # fmt: skip
+            out[key] += value
+        if repeated or skipped or wrong_order or wrong_values:
+            out["failures"].append({"ckpt": path.name, "step": step, "repeated": repeated, "skipped": skipped,
+                                    "expected": expected, "resumed": resumed.steps})  # fmt: skip
+    return out
+
+
+def make_data(root: Path) -> dict[str, Path]:
+    """The harness's data: a 20-image tree, the same tree with broken files, and an LMDB pack of the tree."""
+    from lightning_gpu_boost.core.bad_samples import add_broken_files
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+
+    tree = make_jpeg_folder(root / "tree", n=20, num_classes=2, size_range=(40, 56, 32, 48), progress=False)
+    broken = make_jpeg_folder(root / "broken", n=40, num_classes=2, size_range=(40, 56, 32, 48), progress=False)
+    add_broken_files(broken)
+    pack = pack_image_folder(tree, root / "tree.lmdb", progress=False)
+    return {"tree": Path(tree), "broken": Path(broken), "pack": Path(pack)}

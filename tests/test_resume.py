@@ -1,0 +1,62 @@
+"""Exact resume: every loader the package makes or wraps, resumed from a checkpoint after every step and after every
+validation of a 3-epoch run, repeats and skips no sample, on one process and under 2-process DDP (gloo).
+
+The counts are printed in pytest's summary ("resume harness")."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.resume_harness import CASES, EPOCHS, make_data, resume_counts
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*bad (train|val) samples", "ignore:.*across ranks is zero")
+
+HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+
+
+@pytest.fixture(scope="module")
+def resume_data(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("resume-data"))
+
+
+def _check(out: dict, report) -> None:
+    report(f"{out['case']}: {out['resumes']} resumes, {out['repeated']} repeated, {out['skipped']} skipped, "
+           f"{out['wrong_order']} in another order, {out['wrong_values']} with other values")  # fmt: skip
+    assert out["resumes"] >= 3 * EPOCHS, out
+    assert (out["repeated"], out["skipped"], out["wrong_order"], out["wrong_values"]) == (0, 0, 0, 0), out["failures"][:2]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_run_resumed_from_any_step_sees_exactly_the_uninterrupted_batches(name, resume_data, tmp_path,
+                                                                            resume_report):  # fmt: skip
+    if name.startswith("dali") and not HAS_DALI:
+        pytest.skip("needs nvidia-dali")
+    _check(resume_counts(name, resume_data, tmp_path, accelerator="cpu", devices=1), resume_report)
+
+
+def test_ddp_runs_resumed_from_any_step_see_exactly_the_uninterrupted_batches(resume_data, tmp_path, resume_report):
+    from tests.helpers import run_ddp
+
+    cases = [c for c in CASES if HAS_DALI or not c.startswith("dali")]
+    data = {k: str(v) for k, v in resume_data.items()}
+    script = f"""
+        import logging, warnings
+        from tests.resume_harness import resume_counts
+        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore")
+        data = {{k: Path(v) for k, v in {data!r}.items()}}
+        results = []
+        for name in {cases!r}:
+            out = resume_counts(name, data, OUT / "work", accelerator="cpu", devices=NPROCS, strategy="ddp")
+            results.append(out)
+        import torch.distributed as dist
+        (OUT / f"rank{{dist.get_rank()}}.json").write_text(json.dumps(results))
+        """
+    ranks = run_ddp(script, tmp_path, timeout=900)
+    for rank, results in enumerate(ranks):
+        for out in results:
+            out["case"] = f"{out['case']} (DDP rank {rank})"
+            _check(out, resume_report)
