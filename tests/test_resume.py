@@ -6,7 +6,6 @@ The counts are printed in pytest's summary ("resume harness")."""
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 

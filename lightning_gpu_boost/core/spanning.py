@@ -20,7 +20,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.core.resume import resume_start, start_index_sampler, sampler_epoch
+from lightning_gpu_boost.core.resume import resume_start, sampler_epoch, start_index_sampler
 
 
 class _EpochAfterEpoch:
