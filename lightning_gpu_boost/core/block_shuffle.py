@@ -33,7 +33,6 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.core.resume import ResumableDataLoader
 
 
 def block_order(
@@ -266,9 +265,3 @@ def order_stats(order: Sequence[int], labels: Sequence[int], batch_size: int) ->
     corr = float(abs(np.corrcoef(pos, idx)[0, 1])) if len(idx) > 1 else 0.0
     return {"labels_per_batch": float(np.mean(distinct)) if distinct else 0.0,
             "label_entropy": float(np.mean(entropy)) if entropy else 0.0, "position_corr": corr}  # fmt: skip
-
-
-class BlockShuffleLoader(ResumableDataLoader):
-    """A :class:`~lightning_gpu_boost.core.resume.ResumableDataLoader` over a :class:`BlockShuffleSampler`: its
-    ``state_dict()`` says where the epoch stands, and after ``load_state_dict()`` the next iteration continues the
-    same epoch's order after the batches handed out (the sampler skips them without reading their blocks)."""

@@ -90,7 +90,7 @@ class BoostDataModule(pl.LightningDataModule):
     training loader draws its order from a :class:`~lightning_gpu_boost.core.block_shuffle.BlockShuffleSampler`
     with blocks of one record (a full shuffle, a new one each epoch, seeded by Lightning's ``seed_everything`` seed
     or 0): a ``DistributedSampler`` that Lightning keeps under DDP (each rank a contiguous share), and whose loader
-    (:class:`~lightning_gpu_boost.core.block_shuffle.BlockShuffleLoader`) saves where the epoch stands, so a run
+    (:class:`~lightning_gpu_boost.core.resume.ResumableDataLoader`) saves where the epoch stands, so a run
     resumed from a mid-epoch checkpoint neither repeats nor skips a batch. Other loaders get Lightning's
     ``DistributedSampler`` under DDP as usual.
 

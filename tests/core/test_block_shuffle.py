@@ -10,12 +10,12 @@ import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_gpu_boost.core.block_shuffle import (
-    BlockShuffleLoader,
     BlockShuffleSampler,
     block_order,
     block_size_for,
     order_stats,
 )
+from lightning_gpu_boost.core.resume import ResumableDataLoader
 from tests.helpers import IndexDataset, RecordingModel, run_ddp
 
 
@@ -80,7 +80,7 @@ def test_block_size_from_bytes_and_order_stats():
 
 def test_a_trainer_resumes_mid_epoch_without_repeating_or_skipping(tmp_path, trainer_kwargs):
     def loader():
-        return BlockShuffleLoader(IndexDataset(24), batch_size=4,
+        return ResumableDataLoader(IndexDataset(24), batch_size=4,
                                   sampler=BlockShuffleSampler(IndexDataset(24), block_size=3, window_blocks=2))  # fmt: skip
 
     first = RecordingModel()
@@ -107,7 +107,7 @@ def test_lmdb_datamodule_reads_its_pack_in_block_order(tmp_path):
                         window_blocks=2)  # fmt: skip
     dm.setup("fit")
     loader = dm.train_dataloader()
-    assert isinstance(loader, BlockShuffleLoader) and isinstance(loader.sampler, BlockShuffleSampler)
+    assert isinstance(loader, ResumableDataLoader) and isinstance(loader.sampler, BlockShuffleSampler)
     assert 1 <= loader.sampler.block_size <= 4 and sum(len(b[1]) for b in loader) == 24
     with pytest.raises(ValueError, match="order"):
         LMDBDataModule(str(pack), order="blocks")
@@ -117,12 +117,13 @@ def test_ddp_ranks_read_disjoint_blocks_that_cover_the_epoch(tmp_path):
     results = run_ddp(
         """
         import lightning.pytorch as pl
-        from lightning_gpu_boost.core.block_shuffle import BlockShuffleLoader, BlockShuffleSampler
+        from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler
+        from lightning_gpu_boost.core.resume import ResumableDataLoader
         model = RecordingModel()
         trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp", max_epochs=2, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
         data = IndexDataset(48)
-        trainer.fit(model, BlockShuffleLoader(data, batch_size=4, sampler=BlockShuffleSampler(data, 6, 2)))
+        trainer.fit(model, ResumableDataLoader(data, batch_size=4, sampler=BlockShuffleSampler(data, 6, 2)))
         epochs = [sum(model.seen["train"][:6], []), sum(model.seen["train"][6:], [])]
         (OUT / f"rank{trainer.global_rank}.json").write_text(json.dumps(epochs))
         """,
