@@ -71,6 +71,10 @@ class CorruptRecordError(RuntimeError):
     """A record's CRC32 does not match what it holds (label, codec, length or payload)."""
 
 
+class StalePackError(RuntimeError):
+    """The file at a pack's path was replaced (removed and packed again, copied over) after a reader opened it."""
+
+
 def record_crc(value: bytes | bytearray | memoryview, version: int = SCHEMA_VERSION) -> int:
     """The CRC32 a record of ``version`` stores: of the header's first 18 bytes and the payload (version 2), or of
     the payload alone (version 1)."""

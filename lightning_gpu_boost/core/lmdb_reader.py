@@ -3,6 +3,7 @@ checksum checked on every read, one environment per file and process), :class:`S
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import threading
@@ -20,6 +21,7 @@ from lightning_gpu_boost.core.lmdb_format import (
     CorruptRecordError,
     IncompletePackError,
     Record,
+    StalePackError,
     decode_record,
     is_manifest,
     meta_crc,
@@ -28,11 +30,17 @@ from lightning_gpu_boost.core.lmdb_format import (
 # -------------------------------------------------------------------------------------------------- reader
 
 
-_ENVS: dict[tuple[int, str], tuple[Any, dict[bytes, Any]]] = {}
+#: (pid, real path) -> (environment, its databases, the identity of the file it maps: :func:`file_identity`)
+_ENVS: dict[tuple[int, str], tuple[Any, dict[bytes, Any], tuple[int, ...]]] = {}
+#: environments of files replaced at their path while open (kept open: readers of the old file may still read it)
+_REPLACED: list[Any] = []
 _ENVS_LOCK = threading.Lock()  # reader threads (DALI's read-ahead) may open the same file at once
 
 
 _PID = [os.getpid()]  # this process's id, kept current after a fork: readers compare it at each read
+
+#: a reader checks every this many reads that its pack is still the file at its path (one ``stat``)
+CHECK_EVERY = 4096
 
 #: how long a fork waits for this process's threads to finish the LMDB calls they are in (seconds)
 FORK_WAIT_S = 30.0
@@ -130,7 +138,7 @@ def _close_inherited_envs() -> None:
             "Start the workers with multiprocessing_context='spawn' or 'forkserver' (DataLoader argument), or look "
             "at the storage: one read should not take that long."
         )
-    for env, _ in _INHERITED:
+    for env, *_ in _INHERITED:
         try:
             env.close()
         except Exception:
@@ -457,20 +465,46 @@ def _prefetch_if_small(path: str) -> None:
         threading.Thread(target=_read_whole, args=(path, size), name="lgb-pack-prefetch", daemon=True).start()
 
 
-def _shared_env(path: str, readahead: bool) -> tuple[Any, dict[bytes, Any]]:
-    """One read-only environment per file and process (py-lmdb refuses a second open of the same file)."""
+def file_identity(path: str | os.PathLike) -> tuple[int, int, int, int]:
+    """What tells a file from another put at the same path: device, inode, size and modification time (ns)."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _shared_env(path: str, readahead: bool) -> tuple[Any, dict[bytes, Any], tuple[int, ...]]:
+    """One read-only environment per file and process (py-lmdb refuses a second open of the same file), keyed by
+    the file's identity: a pack replaced at the same path (removed and packed again) is opened afresh, never
+    served from the environment of the file it replaced."""
     lmdb = require("lmdb")
-    cache_key = (os.getpid(), os.path.realpath(path))
+    real = os.path.realpath(path)
+    cache_key = (os.getpid(), real)
     with _ENVS_LOCK:
+        identity = file_identity(real)
         entry = _ENVS.get(cache_key)
-        if entry is None:
+        replaced = None
+        if entry is not None and entry[2] != identity:
+            replaced = _ENVS.pop(cache_key)[0]  # another file now (or the same one rewritten in place)
+            _PREFETCHED.discard(real)
+        if entry is None or entry[2] != identity:
             _close_inherited_envs()
             with _GATE[0]:
-                entry = _open_env(lmdb, path, readahead, cache_key)
+                try:
+                    entry = _open_env(lmdb, path, readahead, cache_key, identity)
+                except lmdb.Error:
+                    if replaced is None:
+                        raise
+                    # the same inode rewritten in place: LMDB opens a file once per process, and the old map's
+                    # contents changed under it anyway; its readers raise StalePackError at their next check
+                    replaced.close()
+                    replaced = None
+                    entry = _open_env(lmdb, path, readahead, cache_key, identity)
+            if replaced is not None:
+                _REPLACED.append(replaced)  # a new file at the path: the old one's readers keep their map
         return entry
 
 
-def _open_env(lmdb: Any, path: str, readahead: bool, cache_key: tuple[int, str]) -> tuple[Any, dict[bytes, Any]]:
+def _open_env(lmdb: Any, path: str, readahead: bool, cache_key: tuple[int, str],
+              identity: tuple[int, ...]) -> tuple[Any, dict[bytes, Any], tuple[int, ...]]:  # fmt: skip
     env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=readahead, max_dbs=2,
                     max_readers=1024)  # fmt: skip
     needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
@@ -481,7 +515,7 @@ def _open_env(lmdb: Any, path: str, readahead: bool, cache_key: tuple[int, str])
         raise CorruptRecordError(
             f"{path!r} is truncated: {os.path.getsize(path)} bytes, its pages need {needed}. Copy it again or repack."
         )
-    _ENVS[cache_key] = (env, {name: env.open_db(name, create=False) for name in (RECORDS, META)})
+    _ENVS[cache_key] = (env, {name: env.open_db(name, create=False) for name in (RECORDS, META)}, identity)
     return _ENVS[cache_key]
 
 
@@ -511,6 +545,7 @@ class PackReader:
         self._env: Any = None
         self._pid = -1
         self._local = threading.local()
+        self._reads = itertools.count(1)
         with self._begin(META) as txn, _GATE[0]:  # opened first: the gate is not reentrant
             complete, version, length = txn.get(b"complete"), txn.get(b"schema_version"), txn.get(b"length")
             stored_crc = txn.get(b"meta_crc")
@@ -543,10 +578,30 @@ class PackReader:
                 partial = f"{self.path}.partial"
                 hint = f"; {partial!r} is an interrupted pack: resume it with `lightning-gpu-boost pack SRC {self.path} --resume`" if os.path.exists(partial) else ""  # fmt: skip
                 raise FileNotFoundError(f"No LMDB pack at {self.path!r}{hint}.")
-            self._env, self._dbs = _shared_env(self.path, self.readahead)
+            env, dbs, identity = _shared_env(self.path, self.readahead)
+            known = self.__dict__.get("identity")
+            if known is not None and identity != known:
+                raise self._stale("another file is at that path now")
+            self._env, self._dbs, self.identity = env, dbs, identity
             self._pid = _PID[0]
             self._local = threading.local()  # read transactions of this process's threads (none from a parent)
         return self._env
+
+    def _stale(self, what: str) -> StalePackError:
+        return StalePackError(
+            f"The pack {self.path!r} was replaced after this reader opened it ({what}): its metadata and records "
+            "would no longer agree. Build the dataset or DataModule again to read the new pack."
+        )
+
+    def check_current(self) -> None:
+        """Raise :class:`StalePackError` where the file at the pack's path is no longer the one this reader maps
+        (checked on opening in each process, and every :data:`CHECK_EVERY` reads)."""
+        try:
+            identity = file_identity(self.path)
+        except FileNotFoundError:
+            raise self._stale("the file was removed") from None
+        if self.__dict__.get("identity") is not None and identity != self.identity:
+            raise self._stale("another file is at that path now")
 
     def _begin(self, name: bytes) -> Any:
         env = self._open()
@@ -587,6 +642,8 @@ class PackReader:
         if not 0 <= index < self.length:
             raise IndexError(f"Index {index} is out of range for {self.path!r} with {self.length} records.")
         txn, gate = self._txn(), _GATE[0]
+        if not next(self._reads) % CHECK_EVERY:  # a file replaced under a long-lived reader raises, naming it
+            self.check_current()
         next(gate.entered)  # ``with gate``, inlined: this is the hot path
         try:
             if gate.forking:
