@@ -45,14 +45,16 @@ class StreamPrefetch(Callback):
 
     Args:
         normalize: ``(mean, std)`` per channel in [0, 1] units applied on the GPU to uint8 image tensors
-            ``(N, C, H, W)``; ``None`` leaves batches unchanged.
+            ``(N, C, H, W)`` (without CUDA, on the CPU: the step gets the same values); ``None`` leaves batches
+            unchanged, but for loaders of the package's DataModules, which say their own ``normalize``.
         image_key: which tensor to normalize: a dict key or a tuple position; ``None`` normalizes every
             4-dimensional uint8 tensor of the batch.
         dtype: dtype of normalized images.
         channels_last: return normalized images in ``channels_last`` memory format (faster convolutions).
         depth: batches copied ahead, ``>= 1``.
         cpu_lookahead: without CUDA, still wrap the loaders and look ahead (no copy), e.g. to test that a
-            pipeline behaves the same with the wrapper; by default the callback is a no-op without CUDA.
+            pipeline behaves the same with the wrapper; by default the callback does nothing without CUDA but
+            normalize (``normalize``) and transform (``transform``), so that the step gets what a GPU run gets.
         move_normalize: where a loader's dataset is a torchvision dataset whose ``transform`` ends in
             ``ToTensor(), Normalize(mean, std)`` (or the v2 ``ToImage(), ToDtype(torch.float32, scale=True),
             Normalize(...)``), drop those two from the workers' transform and do them on the GPU instead: the
@@ -121,6 +123,7 @@ class StreamPrefetch(Callback):
             mean, std = check_normalize(normalize)
             self.normalize = GPUNormalize(mean, std, dtype=dtype, channels_last=channels_last, key=image_key)
         self.depth = depth
+        self.dtype = dtype
         self.cpu_lookahead = cpu_lookahead
         self.move_normalize = move_normalize
         self.channels_last = channels_last
@@ -145,8 +148,11 @@ class StreamPrefetch(Callback):
         device = trainer.strategy.root_device
         transforms = self.transform is not None or self.val_transform is not None
         if device.type != "cuda" and not self.cpu_lookahead and not transforms:
-            rank_zero_info("StreamPrefetch: no CUDA device in use, batches are loaded as usual (no-op).")
-            return
+            if self.normalize is None:
+                rank_zero_info("StreamPrefetch: no CUDA device in use, batches are loaded as usual (no-op).")
+                return
+            rank_zero_info("StreamPrefetch: no CUDA device in use; uint8 images are normalized on the CPU, one batch "
+                           "ahead, so the step gets the values a GPU run gets.")  # fmt: skip
         if device.type != "cuda" and transforms:  # never train on batches that skipped the user's transform
             rank_zero_info("StreamPrefetch: no CUDA device in use; the batch transforms run on the CPU, one batch "
                            "ahead.")  # fmt: skip
@@ -185,6 +191,9 @@ class StreamPrefetch(Callback):
                 source.pin_memory = True
                 rank_zero_info(f"StreamPrefetch: set pin_memory=True on the {stage or ''} loader.")
             normalize = self._moved.get(source, self.normalize) if isinstance(source, DataLoader) else self.normalize
+            stats = getattr(source, "normalize", None)  # a DataModule's loader says how its uint8 images normalize
+            if normalize is None and isinstance(stats, tuple) and len(stats) == 2:
+                normalize = GPUNormalize(*stats, dtype=self.dtype, channels_last=self.channels_last)
             seed = self.transform_seed
             if seed is None:
                 seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)

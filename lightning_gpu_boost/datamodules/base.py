@@ -107,8 +107,10 @@ class BoostDataModule(pl.LightningDataModule):
         collate_fn: custom collate function (default: PyTorch's ``default_collate``).
         prefetch: copy batches to the GPU on a side CUDA stream while the previous step computes
             (see :class:`~lightning_gpu_boost.callbacks.StreamPrefetch`); a no-op without CUDA.
-        normalize: ``(mean, std)`` per channel in ``[0, 1]`` units, applied on the GPU to uint8 image tensors when
-            ``prefetch=True``.
+        normalize: ``(mean, std)`` per channel in ``[0, 1]`` units: uint8 image tensors ``(N, C, H, W)`` reach the
+            step normalized (float32): on the GPU's side stream by ``StreamPrefetch`` (``prefetch=True`` or
+            ``GPUBoost``), else after the batch's transfer, on its device (the CPU in a CPU run: the same values).
+            ``None``: batches reach the step as the dataset makes them.
         auto_budget_s: time budget of one ``num_workers="auto"`` probe in seconds.
         worker_niceness: run workers this much nicer than the training process (0 = same priority), for when
             the training process needs CPU time that busy workers would take; Lightning's worker seeding still
@@ -178,6 +180,7 @@ class BoostDataModule(pl.LightningDataModule):
         self.prefetch = prefetch
         self.normalize = normalize
         self._prefetch_hook: Any = None
+        self._normalizer: Any = None
         #: stage -> what ``num_workers="auto"`` measured
         self.auto_probes: dict[str, Any] = {}
         self.auto_budget_s = auto_budget_s
@@ -266,6 +269,8 @@ class BoostDataModule(pl.LightningDataModule):
             kwargs["sampler"] = BlockShuffleSampler(dataset, block_size=1, window_blocks=1, seed=max(0, seed))
         # the training loader resumes exactly mid-epoch (a full shuffle is a block order of one-record blocks)
         loader_class = ResumableDataLoader if stage == "train" else DataLoader
+        if self.normalize is not None:
+            kwargs.setdefault("normalize", self.normalize)
         owner = _bad_sample_owner(dataset)
         if owner is not None:
             from lightning_gpu_boost.callbacks.bad_samples import attach
@@ -273,8 +278,13 @@ class BoostDataModule(pl.LightningDataModule):
 
             kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"), refill=True)
             attach(self.trainer, {stage: owner})
-            return RefillDataLoader(dataset, **kwargs)
-        return loader_class(dataset, **kwargs)
+            loader_class = RefillDataLoader
+        normalize = kwargs.pop("normalize", None)
+        loader = loader_class(dataset, **kwargs)
+        #: how this loader's uint8 images are normalized (StreamPrefetch does it on the GPU's side stream; else
+        #: :meth:`on_after_batch_transfer`, on whatever device the batch is on)
+        loader.normalize = normalize
+        return loader
 
     # -- LightningDataModule hooks ----------------------------------------------------------------------------
     def _loader(self, stage: Stage) -> DataLoader | list:
@@ -299,15 +309,28 @@ class BoostDataModule(pl.LightningDataModule):
     def predict_dataloader(self) -> DataLoader | list:
         return self._loader("predict")
 
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """uint8 images ``(N, C, H, W)`` normalized with ``normalize`` where nothing did it before (the prefetcher
+        does it on the GPU's side stream), on the device the batch is on: a CPU run hands the step the same
+        normalized floats as a GPU run."""
+        if self.normalize is None:
+            return batch
+        if self._normalizer is None:
+            from lightning_gpu_boost.core.prefetch import GPUNormalize
+
+            self._normalizer = GPUNormalize(*self.normalize)
+        return self._normalizer(batch)
+
     def setup(self, stage: str) -> None:
         if self.prefetch and self.trainer is not None and self._prefetch_hook is None:
             from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
 
             self._prefetch_hook = StreamPrefetch(normalize=self.normalize)
             self._prefetch_hook.setup(self.trainer, self.trainer.lightning_module, stage)
-            rank_zero_info(
-                f"{type(self).__name__}: prefetch=True, batches are copied to the GPU on a side stream."
-            )
+            if self._prefetch_hook.active and self.trainer.strategy.root_device.type == "cuda":
+                rank_zero_info(
+                    f"{type(self).__name__}: prefetch=True, batches are copied to the GPU on a side stream."
+                )
 
     def teardown(self, stage: str) -> None:
         if self._prefetch_hook is not None and self.trainer is not None:
