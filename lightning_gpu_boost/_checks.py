@@ -108,16 +108,74 @@ def check_existing_path(name: str, value: Any, allow_none: bool = False) -> None
 
 
 def check_writable_file(name: str, value: Any, allow_none: bool = True) -> None:
-    """An output file whose folder exists and is writable (the file itself need not exist yet)."""
+    """An output file whose folder exists and takes a new file (tried: a temporary file is made and removed there),
+    and that is not a folder itself."""
     if value is None and allow_none:
         return
     check_str(name, value)
-    folder = Path(value).expanduser().resolve().parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise ValueError(
-            f"{name} must be a file in an existing, writable folder, got {str(value)!r} ({str(folder)!r} "
-            f"{'is not writable' if folder.is_dir() else 'does not exist'})."
-        )
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{name} must be a file, got {str(value)!r} (a folder).")
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise ValueError(f"{name} must be a file in an existing, writable folder, got {str(value)!r} ({str(folder)!r} "
+                         "does not exist).")  # fmt: skip
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".lgb-write-check-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"{name} must be a file in an existing, writable folder, got {str(value)!r} ({str(folder)!r} "
+                         f"takes no new file: {err.strerror or err}).") from None  # fmt: skip
+
+
+def check_image_folder(name: str, value: Any, allow_none: bool = False) -> None:
+    """A class-per-folder image tree: an existing folder with at least one class folder (``root/<class>/<image>``);
+    the images themselves are listed when the dataset is built."""
+    if value is None and allow_none:
+        return
+    check_existing_path(name, value)
+    if not os.path.isdir(value):
+        raise ValueError(f"{name} must be a class-per-folder image tree (root/<class>/<image>), got {str(value)!r} "
+                         "(a file; an LMDB pack goes to LMDBDataModule).")  # fmt: skip
+    if not any(e.is_dir() and not e.name.startswith(".") for e in os.scandir(value)):
+        raise ValueError(f"{name} must be a class-per-folder image tree (root/<class>/<image>), got {str(value)!r} "
+                         "(it holds no class folder).")  # fmt: skip
+
+
+def check_pack(name: str, value: Any, allow_none: bool = False) -> None:
+    """A complete LMDB pack written by ``lightning-gpu-boost pack`` (a pack file or a shard manifest), opened to see
+    that it is one (its metadata only)."""
+    if value is None and allow_none:
+        return
+    check_str(name, value)
+    if not os.path.exists(value) and os.path.exists(f"{value}.partial"):
+        raise FileNotFoundError(f"{name} must be a complete LMDB pack, got {str(value)!r}: only {str(value)!r}.partial "
+                                f"exists, an interrupted pack; resume it with `lightning-gpu-boost pack SRC {value} "
+                                "--resume`.")  # fmt: skip
+    check_existing_path(name, value)
+    if os.path.isdir(value):
+        raise ValueError(f"{name} must be an LMDB pack file, got {str(value)!r} (a folder: pack it with "
+                         f"`lightning-gpu-boost pack {value} OUT.lmdb`, or use ImageFolderDataModule).")  # fmt: skip
+    from lightning_gpu_boost.core.lmdb_reader import open_pack
+
+    try:
+        open_pack(value)
+    except Exception as err:  # not LMDB, interrupted, damaged metadata: say which argument and why
+        raise ValueError(f"{name} must be a complete LMDB pack written by `lightning-gpu-boost pack`, got "
+                         f"{str(value)!r}: {err}") from None  # fmt: skip
+
+
+def check_image_source(name: str, value: Any, allow_none: bool = False) -> None:
+    """An image folder (:func:`check_image_folder`) or an LMDB image pack (:func:`check_pack`)."""
+    if value is None and allow_none:
+        return
+    check_str(name, value)
+    if os.path.isdir(value):
+        check_image_folder(name, value)
+    else:
+        check_pack(name, value)
 
 
 def check_callable(name: str, value: Any, allow_none: bool = True) -> None:

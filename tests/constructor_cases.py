@@ -15,7 +15,7 @@ NAN, INF = math.nan, math.inf
 
 #: wrong values by kind of argument
 WRONG: dict[str, list[Any]] = {
-    "bool": ["no", "yes", "True", 0, 1, 1.0, None, [True]],
+    "bool": ["no", "yes", "True", 0, 1, 2, 1.0, None, [True]],
     "bool?": ["no", "false", 0, 1, 2.5, [None]],
     "int>=0": [-1, 2.5, "3", True, NAN, INF, None, [1]],
     "int>=0?": [-1, 2.5, "3", True, NAN, [1]],
@@ -35,7 +35,10 @@ WRONG: dict[str, list[Any]] = {
     "dtype": ["float64", "fp16", 16, None, True],
     "path": ["/no/such/path/anywhere", 3, ""],
     "path?": ["/no/such/path/anywhere", 3],
-    "writable?": ["/no/such/folder/out.png", 3],
+    "writable?": ["/no/such/folder/out.png", 3, "/proc/out.png"],
+    "backend?": ["bogus", 3, True, ""],
+    "compression": ["fp32", "float16", 16, None, True],
+    "timeout?": [5, "30", 1.5],
     "callable?": [3, "collate"],
     "dict?": ["a=1", [("a", 1)], {1: 2}],
     "key?": [2.5, True, [0]],
@@ -62,8 +65,10 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
     from lightning_gpu_boost.datamodules.dali import DALIDataModule
     from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataset
     from lightning_gpu_boost.datamodules.lmdb import LMDBDataModule, LMDBImageDataset, LMDBSampleDataset
+    from lightning_gpu_boost.strategies.presets import DDPBoostStrategy
 
     tree, lmdb = str(jpeg_tree), str(pack)
+    wrong_values = {**WRONG, **wrong_paths(jpeg_tree, pack)}
     boost = {"batch_size": "int>=1", "num_workers": "int>=0?", "pin_memory": "bool?", "persistent_workers": "bool",
              "prefetch_factor": "int>=1", "drop_last": "bool", "shuffle": "bool", "collate_fn": "callable?",
              "prefetch": "bool", "normalize": "normalize", "auto_budget_s": "float>0", "worker_niceness": "nice"}
@@ -90,13 +95,18 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (SpanEpochs, {}, {"train": "bool", "val": "bool", "min_restart_share": "unit_open"}),
         (ThroughputMeter, {}, {"warmup": "int>=0", "steps": "int>=1?", "sample_gpu_util": "bool"}),
         (BoostDataModule, {}, boost),
-        (ImageFolderDataset, {"root": tree}, {"root": "path", **image}),
-        (ImageFolderDataModule, {"train_root": tree}, {"train_root": "path", **folder_dm}),
-        (LMDBImageDataset, {"path": lmdb}, {"path": "path", **image, "check_crc": "bool"}),
-        (LMDBSampleDataset, {"path": lmdb}, {"path": "path", "decode": "callable?", "check_crc": "bool"}),
-        (LMDBDataModule, {"train_root": lmdb}, {"train_root": "path", "check_crc": "bool", **folder_dm,
-                                                 "val_root": "path?", "order": "dtype", "block_bytes": "int>=1",
+        (ImageFolderDataset, {"root": tree}, {"root": "image_root", **image}),
+        (ImageFolderDataModule, {"train_root": tree}, {"train_root": "image_root", **folder_dm,
+                                                       "val_root": "image_root?"}),
+        (LMDBImageDataset, {"path": lmdb}, {"path": "pack", **image, "check_crc": "bool"}),
+        (LMDBSampleDataset, {"path": lmdb}, {"path": "pack", "decode": "callable?", "check_crc": "bool"}),
+        (LMDBDataModule, {"train_root": lmdb}, {"train_root": "pack", "check_crc": "bool", **folder_dm,
+                                                 "val_root": "pack?", "order": "dtype", "block_bytes": "int>=1",
                                                  "window_blocks": "int>=1"}),
+        (DDPBoostStrategy, {}, {"process_group_backend": "backend?", "timeout": "timeout?", "start_method": "dtype",
+                                "gradient_as_bucket_view": "bool", "broadcast_buffers": "bool",
+                                "bucket_cap_mb": "float>0", "static_graph": "bool", "find_unused_parameters": "bool",
+                                "gradient_compression": "compression"}),
         (RandomResizedCropFlip, {}, {"size": "int>=1", "scale": "pair01", "ratio": "pair>0", "flip": "bool",
                                      "normalize": "normalize", "antialias": "bool"}),
         (JointAugment, {}, {"degrees": "float>=0", "scale": "pair>0", "flip": "bool", "jitter": "unit_open",
@@ -107,7 +117,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (SpanningLoader, {"loader": DataLoader(list(range(8)))}, {"batches_per_epoch": "int>=1?"}),
         (BlockShuffleSampler, {"dataset": range(8), "block_size": 4},
          {"block_size": "int>=1", "window_blocks": "int>=1", "seed": "int>=0", "drop_last": "bool"}),
-        (DALIDataModule, {"train_root": tree}, {"train_root": "path", "val_root": "path?", "batch_size": "int>=1",
+        (DALIDataModule, {"train_root": tree}, {"train_root": "source", "val_root": "source?", "batch_size": "int>=1",
                                                 "val_batch_size": "int>=1?", "image_size": "int>=1",
                                                 "val_resize": "int>=1?", "scale": "pair01", "ratio": "pair>0",
                                                 "flip": "bool", "normalize": "normalize", "dtype": "dtype",
@@ -122,10 +132,47 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
     ]  # fmt: skip
     for cls, valid, args in specs:
         for arg, kind in args.items():
-            for wrong in WRONG[kind]:
+            for wrong in wrong_values[kind]:
                 if cls is GPUUtilWatchdog and arg == "window" and wrong == 1:
                     continue  # 1 is wrong here too (window >= 2), but listed once under int>=1
                 yield cls, valid, arg, wrong
+
+
+def wrong_paths(jpeg_tree: Any, pack: Any) -> dict[str, list[Any]]:
+    """Wrong paths made next to ``jpeg_tree``: a file where a folder must be, an empty folder, a folder of another
+    tree's classes, a file that is no pack, an LMDB file that is not a complete pack, an interrupted pack."""
+    import shutil
+    from pathlib import Path
+
+    import lmdb
+
+    from lightning_gpu_boost.core.lmdb_format import META
+
+    root = Path(jpeg_tree).parent / "wrong-paths"
+    root.mkdir(exist_ok=True)
+    empty, text, incomplete = root / "empty", root / "notes.txt", root / "incomplete.lmdb"
+    empty.mkdir(exist_ok=True)
+    text.write_text("not an LMDB pack\n")
+    other_classes = root / "other"
+    for name in ("cats", "dogs", "owls"):
+        (other_classes / name).mkdir(parents=True, exist_ok=True)
+    if not incomplete.exists():
+        env = lmdb.open(str(incomplete), subdir=False, max_dbs=2)
+        with env.begin(write=True, db=env.open_db(META)) as txn:
+            txn.put(b"schema_version", b"2")
+        env.close()
+        shutil.copy(incomplete, root / "interrupted.lmdb.partial")
+    interrupted = str(root / "interrupted.lmdb")
+    missing = "/no/such/path/anywhere"
+    packs = [str(jpeg_tree), str(text), str(incomplete), interrupted, str(empty), missing, 3, ""]
+    folders = [str(pack), str(text), str(empty), missing, 3, ""]
+    return {
+        "image_root": folders, "image_root?": [*folders[:-1], str(other_classes)],
+        "pack": packs, "pack?": packs[:-1],
+        "source": [str(text), str(incomplete), interrupted, str(empty), missing, 3, ""],
+        "source?": [str(text), str(incomplete), str(empty), str(other_classes), missing, 3],
+        "writable?": [*WRONG["writable?"], str(root)],
+    }  # fmt: skip
 
 
 def outcome(cls: Callable[..., Any], valid: dict[str, Any], arg: str, wrong: Any) -> str:

@@ -213,6 +213,31 @@ def walk_files(top: str | os.PathLike, visited: set[tuple[int, int]], skipped: l
             yield entry.path
 
 
+def image_classes(root: str | os.PathLike) -> list[str]:
+    """The class names of an image tree (its class folders, sorted, as :func:`scan_image_folder` lists them) or of
+    an LMDB image pack (its metadata), without listing a single image."""
+    if os.path.isdir(root):
+        return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    from lightning_gpu_boost.core.lmdb_reader import open_pack
+
+    return list(open_pack(root).meta("classes") or [])
+
+
+def check_same_classes(train_root: str | os.PathLike, val_root: str | os.PathLike | None) -> None:
+    """Raise ``ValueError`` naming ``val_root`` where its classes differ from ``train_root``'s (labels would not
+    match)."""
+    if val_root is None:
+        return
+    train, val = image_classes(train_root), image_classes(val_root)
+    if train != val:
+        differing = sorted(set(train) ^ set(val))
+        raise ValueError(
+            f"val_root's classes differ from train_root's: {len(val)} against {len(train)} (differing: "
+            f"{differing[:5]}{' ...' if len(differing) > 5 else ''}); labels would not match. Give val_root the "
+            "class folders of train_root."
+        )
+
+
 def scan_image_folder(
     root: str | os.PathLike, stats: dict[str, os.stat_result] | None = None
 ) -> tuple[list[tuple[str, int]], list[str], int]:

@@ -13,7 +13,7 @@ from lightning_gpu_boost._imports import require
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.dali import DTYPES, DALILoader, Dtype, classification_graph, open_source
-from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD
+from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD, check_same_classes
 
 #: ``decoder_device="auto"`` decodes on the CPU from this many DALI threads per process (H100, ResNet-50: ~6 cores
 #: decoded 3,960 img/s of ~71 KiB JPEGs)
@@ -142,7 +142,7 @@ class DALIDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         checks.check_choice("bad_samples", bad_samples, ("raise", "skip"))
-        checks.check_existing_path("train_root", train_root)
+        checks.check_image_source("train_root", train_root)
         checks.check_choice("order", order, ("random", "block"))
         checks.check_int("block_bytes", block_bytes, low=1)
         checks.check_int("window_blocks", window_blocks, low=1)
@@ -151,7 +151,8 @@ class DALIDataModule(pl.LightningDataModule):
                 f"order='block' reads runs of consecutive records of an LMDB pack; {str(train_root)!r} is a folder. "
                 "Pack it (`lightning-gpu-boost pack --shuffle-seed 0 SRC DST`) or keep order='random'."
             )
-        checks.check_existing_path("val_root", val_root, allow_none=True)
+        checks.check_image_source("val_root", val_root, allow_none=True)
+        check_same_classes(train_root, val_root)
         checks.check_int("val_resize", val_resize, low=1, allow_none=True)
         checks.check_pair("scale", scale, low=0.0, high=1.0)
         checks.check_pair("ratio", ratio, low=0.0)
@@ -304,6 +305,13 @@ class DALIDataModule(pl.LightningDataModule):
         return [] if self.val_root is None else self._loader("val")
 
     def teardown(self, stage: str) -> None:
-        for loader in self._loaders.values():
+        """Stop the pipelines' threads and free them; the next stage builds new loaders."""
+        loaders, self._loaders = list(self._loaders.values()), {}
+        for loader in loaders:
             loader.close()
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A fit that ends with an exception (a bad sample, Ctrl-C) stops the pipelines' threads too (Lightning
+        calls no ``teardown`` then)."""
+        self.teardown("fit")
         self._loaders.clear()

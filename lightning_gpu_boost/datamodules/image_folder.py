@@ -16,6 +16,7 @@ from lightning_gpu_boost.core.bad_samples import POLICIES, BadSample, BadSampleT
 from lightning_gpu_boost.core.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
+    check_same_classes,
     decode_center_crop,
     decode_random_resized_crop,
     scan_image_folder,
@@ -61,7 +62,7 @@ class ImageFolderDataset(Dataset):
         scale: tuple[float, float] = (0.08, 1.0),
         bad_samples: Literal["raise", "skip"] = "raise",
     ) -> None:
-        checks.check_existing_path("root", root)
+        checks.check_image_folder("root", root)
         check_image_args(image_size, train, val_resize, scale, bad_samples)
         self.root = str(root)
         self.samples, self.classes, self.ignored_files = scan_image_folder(root)
@@ -158,8 +159,8 @@ class ImageFolderDataModule(BoostDataModule):
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = (IMAGENET_MEAN, IMAGENET_STD),
         **kwargs,
     ) -> None:
-        checks.check_existing_path("train_root", train_root)
-        checks.check_existing_path("val_root", val_root, allow_none=True)
+        self._check_root("train_root", train_root)
+        self._check_root("val_root", val_root, allow_none=True)
         checks.check_number("val_split", val_split, low=0.0, high=1.0, high_open=True)
         checks.check_int("image_size", image_size, low=1)
         checks.check_int("val_resize", val_resize, low=1, allow_none=True)
@@ -168,7 +169,9 @@ class ImageFolderDataModule(BoostDataModule):
         checks.check_int("split_seed", split_seed, low=0)
         super().__init__(normalize=normalize, **kwargs)
         if val_root is not None and val_split:
-            raise ValueError("Give either val_root or val_split, not both.")
+            raise ValueError(f"Give either val_root or val_split, not both (val_root={val_root!r}, "
+                             f"val_split={val_split!r}).")  # fmt: skip
+        check_same_classes(train_root, val_root)
         self.train_root = str(train_root)
         self.val_root = None if val_root is None else str(val_root)
         self.val_split = val_split
@@ -178,6 +181,9 @@ class ImageFolderDataModule(BoostDataModule):
         self.bad_samples = bad_samples
         self.split_seed = split_seed
         self._datasets: dict[str, Dataset] = {}
+
+    #: what ``train_root`` and ``val_root`` must be (LMDBDataModule: packs)
+    _check_root = staticmethod(checks.check_image_folder)
 
     def _dataset(self, root: str, train: bool) -> ImageFolderDataset:
         return ImageFolderDataset(

@@ -41,7 +41,7 @@ class LMDBImageDataset(ImageFolderDataset):
         bad_samples: Literal["raise", "skip"] = "raise",
         check_crc: bool = True,
     ) -> None:
-        checks.check_existing_path("path", path)
+        checks.check_pack("path", path)
         check_image_args(image_size, train, val_resize, scale, bad_samples)
         checks.check_bool("check_crc", check_crc)
         self.reader = open_pack(path, check_crc=check_crc)
@@ -80,7 +80,7 @@ class LMDBSampleDataset(Dataset):
     def __init__(
         self, path: str | os.PathLike, decode: Callable[[Any], Any] | None = None, check_crc: bool = True
     ):
-        checks.check_existing_path("path", path)
+        checks.check_pack("path", path)
         checks.check_callable("decode", decode)
         checks.check_bool("check_crc", check_crc)
         self.reader = open_pack(path, check_crc=check_crc)
@@ -146,6 +146,8 @@ class LMDBDataModule(ImageFolderDataModule):
         super().__init__(train_root, val_root, **kwargs)
         self.check_crc = check_crc
         self.order, self.block_bytes, self.window_blocks = order, block_bytes, window_blocks
+
+    _check_root = staticmethod(checks.check_pack)
 
     def dataloader_kwargs(self, dataset: Any, stage: Any) -> dict[str, Any]:
         """With ``order="block"``, the training loader reads in block-shuffled order (resumable mid-epoch)."""

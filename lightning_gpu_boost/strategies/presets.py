@@ -10,6 +10,8 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
+from lightning_gpu_boost import _checks as checks
+
 log = logging.getLogger(__name__)
 
 Compression = Literal["none", "bf16", "fp16"]
@@ -82,12 +84,18 @@ class DDPBoostStrategy(DDPStrategy):
         gradient_compression: Compression = "none",
         **kwargs: Any,
     ) -> None:
-        if gradient_compression not in ("none", "bf16", "fp16"):
-            raise ValueError(
-                f"gradient_compression must be 'none', 'bf16' or 'fp16', got {gradient_compression!r}."
-            )
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}.")
+        checks.check_choice("gradient_compression", gradient_compression, ("none", "bf16", "fp16"))
+        checks.check_number("bucket_cap_mb", bucket_cap_mb, low=0.0, low_open=True)
+        for name, value in (("gradient_as_bucket_view", gradient_as_bucket_view), ("broadcast_buffers", broadcast_buffers),
+                            ("static_graph", static_graph), ("find_unused_parameters", find_unused_parameters)):  # fmt: skip
+            checks.check_bool(name, value)
+        checks.check_choice("start_method", start_method, ("popen", "spawn", "fork", "forkserver"))
+        if process_group_backend is not None:
+            known = getattr(torch.distributed.Backend, "backend_list", ("gloo", "nccl", "mpi", "ucc"))
+            backends = tuple(b for b in known if b not in ("undefined", "fake"))
+            checks.check_choice("process_group_backend", process_group_backend, backends)
+        if timeout is not None and not isinstance(timeout, timedelta):
+            raise ValueError(f"timeout must be a datetime.timedelta or None, got {timeout!r}.")
         kwargs.setdefault("ddp_comm_hook", _compression_hook(gradient_compression))  # registered on CUDA only
         super().__init__(
             accelerator=accelerator,

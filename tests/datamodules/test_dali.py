@@ -223,3 +223,48 @@ def test_block_order_of_a_pack_in_a_trainer(jpeg_tree, tmp_path, trainer_kwargs)
         assert seen == block_order(n, block, 2, seed=0, epoch=epoch)
     with pytest.raises(ValueError, match="order='block' reads runs of consecutive records"):
         DALIDataModule(str(jpeg_tree), order="block")
+
+
+def test_val_classes_are_checked_against_train_at_construction(jpeg_tree, tmp_path):
+    import shutil
+
+    from lightning_gpu_boost.datamodules.dali import DALIDataModule
+
+    val = tmp_path / "val"
+    shutil.copytree(jpeg_tree, val)
+    shutil.rmtree(val / "class_002")
+    with pytest.raises(ValueError, match="val_root's classes differ from train_root's"):
+        DALIDataModule(str(jpeg_tree), val_root=str(val), device="cpu")
+
+
+def test_a_fit_that_ends_with_an_exception_stops_the_dali_threads(jpeg_tree, tmp_path):
+    """Lightning calls no teardown when fit raises: on_exception stops the pipelines' threads."""
+    import threading
+
+    import lightning.pytorch as pl
+
+    from lightning_gpu_boost.datamodules.dali import DALIDataModule
+    from tests.helpers import ImageIdModel
+
+    class Fails(ImageIdModel):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    before = {t.ident for t in threading.enumerate()}
+    dm = DALIDataModule(str(jpeg_tree), image_size=16, batch_size=4, device="cpu", num_threads=1, read_threads=2)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Fails(), datamodule=dm)
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith(("dali", "lgb"))]
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left, left
+    assert not dm._loaders and trainer is not None  # the Trainer is alive: the threads went with the exception

@@ -31,9 +31,8 @@ def test_val_root_must_match_classes(jpeg_tree, tmp_path):
     val = tmp_path / "val"
     shutil.copytree(jpeg_tree, val)
     shutil.rmtree(val / "class_002")
-    dm = ImageFolderDataModule(str(jpeg_tree), val_root=str(val), num_workers=0)
-    with pytest.raises(ValueError, match="Class folders differ"):
-        dm.train_dataset()
+    with pytest.raises(ValueError, match=r"val_root's classes differ from train_root's: 2 against 3 .*class_002"):
+        ImageFolderDataModule(str(jpeg_tree), val_root=str(val), num_workers=0)  # at construction
 
 
 @pytest.mark.parametrize(
@@ -70,5 +69,5 @@ def test_unreadable_image_raises_or_is_skipped(jpeg_tree, tmp_path):
 
 
 def test_empty_tree_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="has no class folders"):
-        ImageFolderDataModule(str(tmp_path), num_workers=0).train_dataset()
+    with pytest.raises(ValueError, match="train_root must be a class-per-folder image tree .*holds no class folder"):
+        ImageFolderDataModule(str(tmp_path), num_workers=0)  # at construction

@@ -31,10 +31,16 @@ def test_registered_names_resolve(name):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="gradient_compression must be 'none', 'bf16' or 'fp16', got 'int8'"):
+    with pytest.raises(ValueError, match="gradient_compression must be one of 'none', 'bf16', 'fp16', got 'int8'"):
         DDPBoostStrategy(gradient_compression="int8")
-    with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
+    with pytest.raises(ValueError, match="bucket_cap_mb must be a number > 0, got 0"):
         DDPBoostStrategy(bucket_cap_mb=0)
+    with pytest.raises(ValueError, match="bucket_cap_mb must be a number > 0, got '25'"):
+        DDPBoostStrategy(bucket_cap_mb="25")
+    with pytest.raises(ValueError, match="broadcast_buffers must be True or False, got 2"):
+        DDPBoostStrategy(broadcast_buffers=2)
+    with pytest.raises(ValueError, match="process_group_backend must be one of .*'gloo'.*got 'bogus'"):
+        DDPBoostStrategy(process_group_backend="bogus")
 
 
 def test_recommended_precision_on_cpu():
