@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import stat as stat_module
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -238,11 +239,21 @@ def check_same_classes(train_root: str | os.PathLike, val_root: str | os.PathLik
         )
 
 
+def describe_paths(paths: list[str], most: int = 5) -> str:
+    """The first ``most`` paths, escaped (``repr``: a name that is not UTF-8 shows its bytes), and how many more."""
+    shown = ", ".join(repr(p) for p in paths[:most])
+    return shown + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
 def scan_image_folder(
-    root: str | os.PathLike, stats: dict[str, os.stat_result] | None = None
+    root: str | os.PathLike, stats: dict[str, os.stat_result] | None = None, special: list[str] | None = None
 ) -> tuple[list[tuple[str, int]], list[str], int]:
     """List ``root/<class>/<image>`` files in a deterministic order (``stats``: filled with each listed file's
     ``os.stat`` result, which the scan takes anyway, for a caller that needs sizes or times).
+
+    Only regular files are listed: a FIFO, a device (a link to ``/dev/zero``) or a socket named like an image is
+    never opened (a FIFO would block the reader for ever); such files are appended to ``special`` where given (the
+    caller lists them, as ``pack`` lists broken files), else named in one warning.
 
     Links are followed, but every real directory is visited once (by device and inode): a link back into an
     ancestor, into itself, or into another class folder is skipped with one warning naming the links, so no file
@@ -271,6 +282,7 @@ def scan_image_folder(
     samples: list[tuple[str, int]] = []
     ignored = 0
     skipped: list[str] = []
+    not_regular: list[str] = special if special is not None else []
     # the root and every class folder count as visited from the start: a link into them is never followed
     reserved = {(s.st_dev, s.st_ino) for s in (os.stat(p) for p in [root, *(root / c for c in classes)])}
     seen_files: set[tuple[int, int]] = set()
@@ -286,6 +298,9 @@ def scan_image_folder(
                     key = (stat.st_dev, stat.st_ino)
                 except OSError:  # a dangling link: listed, so that the pack names it
                     key = None
+                if key is not None and not stat_module.S_ISREG(stat.st_mode):
+                    not_regular.append(path)
+                    continue
                 if key is not None and key in seen_files:
                     skipped.append(path)
                     continue
@@ -303,8 +318,14 @@ def scan_image_folder(
                 f"Class folder {str(root / name)!r} holds no image (extensions {', '.join(IMG_EXTENSIONS)}). "
                 "Remove the folder or add images, so that class indices stay what you expect."
             )
+    if not_regular and special is None:
+        warnings.warn(
+            f"{str(root)!r}: {len(not_regular)} files named like images are not regular files (a FIFO, a device, a "
+            f"socket) and are left out, never opened: {describe_paths(not_regular)}.",
+            stacklevel=2,
+        )
     if skipped:
-        shown = ", ".join(repr(p) for p in skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        shown = describe_paths(skipped)
         warnings.warn(
             f"{str(root)!r}: {len(skipped)} links lead to a directory or file already listed (a loop, an ancestor, "
             f"another class folder, or a second link to one file) and were not followed: {shown}.",

@@ -553,9 +553,15 @@ class PackReader:
             complete, version, length = (None if v is None else bytes(v) for v in (complete, version, length))
             stored_crc = None if stored_crc is None else bytes(stored_crc)
         if complete is None:
+            if not self.path.endswith(".partial"):  # a pack gets its name only once complete: this one was damaged
+                raise CorruptRecordError(
+                    f"{self.path!r} is damaged: its metadata reads as an unfinished pack, but `pack` names a file only "
+                    "once it is complete (damaged LMDB meta pages, or a copy of a pack's .partial file). Repack the "
+                    "source or restore the file."
+                )
             raise IncompletePackError(
                 f"{self.path!r} is an incomplete pack (interrupted); resume it with "
-                "`lightning-gpu-boost pack SRC DST --resume`."
+                f"`lightning-gpu-boost pack SRC {self.path[: -len('.partial')]} --resume`."
             )
         if version is None or not version.isdigit() or int(version) not in READABLE_VERSIONS:
             raise CorruptRecordError(

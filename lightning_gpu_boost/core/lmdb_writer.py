@@ -5,6 +5,7 @@ bad files skipped and listed, shards)."""
 from __future__ import annotations
 
 import os
+import stat as stat_module
 import struct
 import sys
 from collections.abc import Callable
@@ -463,21 +464,33 @@ def pack_image_folder(
         return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size, on_bad, check, resize,
                             shuffle_seed)  # fmt: skip
     stats: dict[str, os.stat_result] = {}
-    samples, classes, ignored = _scan(src, shuffle_seed, stats)
+    unread: list[dict[str, str]] = []
+    samples, classes, ignored = _scan(src, shuffle_seed, stats, unread)
     return _pack_files(
         src, dst, samples, _image_meta(classes, ignored, resize, shuffle_seed), resume, workers, commit_every,
-        progress, on_bad, check, resize, stats,
+        progress, on_bad, check, resize, stats, unread,
     )  # fmt: skip
 
 
 def _scan(
-    src: str | os.PathLike, shuffle_seed: int | None, stats: dict[str, os.stat_result] | None = None
-) -> tuple[list, list[str], int]:
+    src: str | os.PathLike, shuffle_seed: int | None, stats: dict[str, os.stat_result] | None = None,
+    unread: list[dict[str, str]] | None = None,
+) -> tuple[list, list[str], int]:  # fmt: skip
     """The tree's ``(path, label)`` samples (in a random order by ``shuffle_seed``, else class by class); ``stats``
-    is filled with the files' ``os.stat`` results."""
+    is filled with the files' ``os.stat`` results, ``unread`` with the files named like images that are not regular
+    files (never opened), as bad-sample entries."""
     from lightning_gpu_boost.core.images import scan_image_folder
 
-    samples, classes, ignored = scan_image_folder(src, stats)
+    special: list[str] = []
+    samples, classes, ignored = scan_image_folder(src, stats, special)
+    if unread is not None:
+        for path in special:
+            try:
+                mode = os.stat(path).st_mode
+                kind = "a FIFO" if stat_module.S_ISFIFO(mode) else "a socket" if stat_module.S_ISSOCK(mode) else "a device" if stat_module.S_ISCHR(mode) or stat_module.S_ISBLK(mode) else "not a file"  # fmt: skip
+            except OSError:
+                kind = "not a file"
+            unread.append({"path": _relative(path, src), "reason": f"not a regular file ({kind}): never read"})
     if shuffle_seed is not None:
         import numpy as np
 
@@ -488,6 +501,7 @@ def _scan(
 def _image_meta(
     classes: list[str], ignored: int, resize: tuple[int, int] | None = None, shuffle_seed: int | None = None
 ) -> dict[str, Any]:
+    classes = [_text(name) for name in classes]  # a class folder whose name is not UTF-8 packs, escaped
     meta = {
         "kind": "image_folder",
         "classes": classes,
@@ -510,8 +524,13 @@ def _rel_path(path: str, root: str | os.PathLike, prefix: str | None = None) -> 
 
 
 def _relative(path: str, root: str | os.PathLike, prefix: str | None = None) -> str:
-    """:func:`_rel_path` as UTF-8 text, for messages and metadata (non-UTF-8 names replaced)."""
-    return _rel_path(path, root, prefix).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    """:func:`_rel_path` as UTF-8 text, for messages and metadata."""
+    return _text(_rel_path(path, root, prefix))
+
+
+def _text(name: str) -> str:
+    """A file or folder name as UTF-8 text: bytes that are not UTF-8 escaped (``\\xe9``), so two names stay two."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def bad_samples_report_path(dst: str | os.PathLike) -> Path:
@@ -532,6 +551,7 @@ def _pack_files(
     check: str = "structure",
     resize: tuple[int, int] | None = None,
     stats: dict[str, os.stat_result] | None = None,
+    unread: list[dict[str, str]] | None = None,
 ) -> Path:
     """Pack the files of ``samples`` (path, label) into ``dst``: read by threads in windows of at most
     ``commit_every`` records and :data:`WINDOW_BYTES` bytes into two reused buffers, one commit per window, so memory
@@ -550,7 +570,13 @@ def _pack_files(
     threads = pack_workers([s for s in sizes if s >= 0]) if workers is None else workers
     writer = PackWriter(dst, fingerprint, resume, commit_every, reserve=_pack_bytes([max(0, s) for s in sizes]))
     start = int(writer.state.get("source_next", writer.next_index))
-    bad: list[dict[str, str]] = list(writer.state.get("bad", []))
+    bad: list[dict[str, Any]] = list(writer.state.get("bad", []))
+    if not writer.state and unread:  # files that are no regular files were never read: listed first
+        if on_bad == "fail":
+            writer.close()
+            raise BadSampleError(f"Bad file {unread[0]['path']!r} in {str(src)!r}: {unread[0]['reason']}. Remove it "
+                                 "and pack again, or pack with --on-bad skip to leave such files out and list them.")  # fmt: skip
+        bad += unread
     level = None if check == "none" else check
     try:
         with (
@@ -577,20 +603,24 @@ def _pack_files(
                 ]
 
             ahead = submit(*windows[0]) if windows else []
-            for k, (_, hi) in enumerate(windows):
+            for k, (lo, hi) in enumerate(windows):
                 current, ahead = ahead, (submit(*windows[k + 1]) if k + 1 < len(windows) else [])
                 done = 0
                 for future in current:  # the next window is read while this one is stored and committed
                     values = future.result()
                     good = [v for v in values if not isinstance(v, tuple)]
-                    for path, reason in (v for v in values if isinstance(v, tuple)):
+                    for j, value in enumerate(values):
+                        if not isinstance(value, tuple):
+                            continue
+                        path, reason = value
                         if on_bad == "fail":
                             raise BadSampleError(
                                 f"Bad file {path!r}: {reason}. Fix or remove it and pack again (delete "
                                 f"{str(dst)!r}.partial first: the source changed), or pack with --on-bad skip to "
                                 "leave such files out and list them."
                             )
-                        bad.append({"path": _relative(path, src), "reason": reason})
+                        # the source index keeps each record's name its own (two names can read alike as text)
+                        bad.append({"path": _relative(path, src), "reason": reason, "index": lo + done + j})
                     writer.add_values(good, auto_commit=False)  # one commit per window, with its state
                     done += len(values)
                 writer.state = {"source_next": hi, "bad": bad}
@@ -599,9 +629,11 @@ def _pack_files(
     except BaseException:
         writer.close()
         raise
-    skipped = {entry["path"] for entry in bad}
+    skipped = {entry["index"] for entry in bad if "index" in entry}
+    named = {entry["path"] for entry in bad if "index" not in entry and entry not in (unread or [])}  # older state
     prefix = os.path.join(str(src), "")
-    paths = [rel for rel in (_relative(p, src, prefix) for p, _ in samples) if rel not in skipped]
+    paths = [rel for i, rel in enumerate(_relative(p, src, prefix) for p, _ in samples)
+             if i not in skipped and rel not in named]  # fmt: skip
     report = bad_samples_report_path(dst)
     if bad:
         report.write_text(json.dumps({"pack": str(dst), "source": str(src), "bad_samples": bad}, indent=1))
@@ -621,8 +653,14 @@ def _pack_shards(
     if dst.exists():
         raise FileExistsError(f"{str(dst)!r} already exists; remove it or choose another destination.")
     stats: dict[str, os.stat_result] = {}
-    samples, classes, ignored = _scan(src, shuffle_seed, stats)
-    shards, bad, offset = [], [], 0
+    unread: list[dict[str, str]] = []
+    samples, classes, ignored = _scan(src, shuffle_seed, stats, unread)
+    if unread and on_bad == "fail":
+        from lightning_gpu_boost.core.bad_samples import BadSampleError
+
+        raise BadSampleError(f"Bad file {unread[0]['path']!r} in {str(src)!r}: {unread[0]['reason']}. Remove it and "
+                             "pack again, or pack with --on-bad skip to leave such files out and list them.")  # fmt: skip
+    shards, bad, offset = [], list(unread), 0
     for k, lo in enumerate(range(0, len(samples), shard_size)):
         part, chunk = shard_path(dst, k), samples[lo : lo + shard_size]
         if not part.exists():  # finished shards are kept on resume
