@@ -59,3 +59,23 @@ def test_ddp_runs_resumed_from_any_step_see_exactly_the_uninterrupted_batches(re
         for out in results:
             out["case"] = f"{out['case']} (DDP rank {rank})"
             _check(out, resume_report)
+
+
+def test_an_iterable_dataset_says_once_that_its_epoch_restarts():
+    import torch
+    from torch.utils.data import IterableDataset
+
+    from lightning_gpu_boost.core.resume import ResumableDataLoader
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(8))
+
+        def __len__(self):
+            return 8
+
+    loader = ResumableDataLoader(Stream(), batch_size=2)
+    loader.load_state_dict({"epoch": None, "batches": 2})
+    with pytest.warns(UserWarning, match="cannot be started where the checkpoint was"):
+        batches = [b.tolist() for b in loader]
+    assert batches[0] == [0, 1] and len(batches) == 4

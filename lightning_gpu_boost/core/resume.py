@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 __all__ = ["ResumableDataLoader", "SkipFirst", "resume_start", "sampler_epoch", "start_index_sampler"]
 
@@ -131,6 +131,15 @@ class ResumableDataLoader(DataLoader):
         """The loaded place, taken once (``None`` where it does not apply to the coming epoch), and that epoch."""
         saved, self._saved = self._saved, None
         epoch = self._epoch()
+        if saved and isinstance(self.dataset, IterableDataset):  # its stream is its own: no index to skip to
+            if resume_start(saved, epoch, self._length()):
+                warnings.warn(
+                    f"Resuming {saved['batches']} batches into epoch {epoch} of an IterableDataset: its stream cannot "
+                    "be started where the checkpoint was, so this epoch restarts at its beginning (samples of it "
+                    "are seen again). Save and restore the dataset's own state for an exact resume.",
+                    stacklevel=3,
+                )
+            return None, epoch
         return (saved if resume_start(saved, epoch, self._length()) else None), epoch
 
     def _skip(self, epoch: int | None, batches: int) -> None:
