@@ -10,7 +10,7 @@ the block order's effect on the loss of a short run, in one run.
 A pack larger than the machine's memory cannot be made on a 64 GiB disk beside 128 GiB of RAM, so "bigger than RAM"
 is emulated: caches are dropped before every cold cell (``echo 3 > /proc/sys/vm/drop_caches``, else
 ``posix_fadvise(DONTNEED)`` per file; the JSON says which), and the readers' whole-pack prefetch at open
-(``lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION``, which reads packs up to a quarter of the available memory in one
+(``page_cache.WHOLE_PACK_PREFETCH_FRACTION``, which reads packs up to a quarter of the available memory in one
 pass) is turned off, as it is for a pack that does not fit. The pack holds the demo JPEGs (``--images``, ~70 KiB
 each) ``--copies`` times over (copies in the source tree, so the pack has ``images x copies`` records, each read
 from disk), packed in a shuffled order (``pack --shuffle-seed 0``, as docs/block_shuffle.md advises).
@@ -63,11 +63,9 @@ import torch
 from _common import carried_over, dd_read, demo_tree, drop_cache, parallel_read, parser_for
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_gpu_boost.core import lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
 from lightning_gpu_boost.core.cpus import usable_cpus
-from lightning_gpu_boost.core.lmdb_reader import close_readers, open_pack
-from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+from lightning_gpu_boost.core.lmdb import close_readers, open_pack, pack_image_folder, page_cache
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.core.steady import steady_window, worst_halves_diff
 
@@ -357,7 +355,7 @@ def main() -> None:
     parser.add_argument("--keep", help="an earlier bigger_than_ram result (JSON): the parts --parts does not re-run "
                         "are carried over, each with the commit it was measured at")  # fmt: skip
     args = parser.parse_args()
-    lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0  # read as a pack that does not fit in memory is read
+    page_cache.WHOLE_PACK_PREFETCH_FRACTION = 0  # read as a pack that does not fit in memory is read
     data = Path(args.data)
     figures: dict = {"config": vars(args), "usable_cpus": usable_cpus()}
     bars: dict = {}

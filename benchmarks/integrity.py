@@ -31,12 +31,13 @@ import struct
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from lightning_gpu_boost.core import lmdb_format as lf
+from lightning_gpu_boost.core import lmdb as lf
 from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.datamodules.lmdb import LMDBImageDataset, LMDBSampleDataset
@@ -241,7 +242,7 @@ def checksum_cost(pack: Path) -> dict:
     for _ in range(5):
         start = time.perf_counter()
         for v in values:
-            lf.zlib.crc32(v)
+            zlib.crc32(v)
         crc = min(crc, (time.perf_counter() - start) / len(values))
     return {"read_decode_s": off, "read_decode_checked_s": on, "crc_s": crc, "crc_fraction": crc / off,
             "mean_record_bytes": sum(map(len, values)) / len(values)}  # fmt: skip

@@ -43,7 +43,7 @@ from pathlib import Path
 from _common import demo_tree, drop_cache, parser_for
 
 from lightning_gpu_boost.core.cpus import usable_cpus
-from lightning_gpu_boost.core.lmdb_format import PackReader, close_readers, pack_image_folder
+from lightning_gpu_boost.core.lmdb import PackReader, close_readers, pack_image_folder
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.core.steady import SteadyRate, worst_halves_diff
 from lightning_gpu_boost.core.workers import clone_loader, measure_loader

@@ -170,7 +170,7 @@ def main() -> None:
     cases = [c for c in CASES if not args.only or c in args.only]
     if module_available("lmdb"):
         if not pack.exists() and {"lmdb", "dali_lmdb"} & set(cases):
-            from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+            from lightning_gpu_boost.core.lmdb import pack_image_folder
 
             pack_image_folder(root, pack, progress=False)
     else:

@@ -9,7 +9,7 @@ import torch
 
 from lightning_gpu_boost.core.bad_samples import add_broken_files
 from lightning_gpu_boost.core.images import make_jpeg_folder
-from lightning_gpu_boost.core.lmdb_format import open_pack, pack_image_folder
+from lightning_gpu_boost.core.lmdb import open_pack, pack_image_folder
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
 
 

@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch import Trainer
 
 from lightning_gpu_boost.core.images import make_jpeg_folder
-from lightning_gpu_boost.core.lmdb_format import pack_image_folder, verify
+from lightning_gpu_boost.core.lmdb import pack_image_folder, verify
 from lightning_gpu_boost.datamodules import LMDBDataModule
 from lightning_gpu_boost.models import ImageClassifier
 

@@ -158,7 +158,7 @@ def check_pack(name: str, value: Any, allow_none: bool = False) -> None:
     if os.path.isdir(value):
         raise ValueError(f"{name} must be an LMDB pack file, got {str(value)!r} (a folder: pack it with "
                          f"`lightning-gpu-boost pack {value} OUT.lmdb`, or use ImageFolderDataModule).")  # fmt: skip
-    from lightning_gpu_boost.core.lmdb_reader import open_pack
+    from lightning_gpu_boost.core.lmdb import open_pack
 
     try:
         open_pack(value)

@@ -146,7 +146,7 @@ def wrong_paths(jpeg_tree: Any, pack: Any) -> dict[str, list[Any]]:
 
     import lmdb
 
-    from lightning_gpu_boost.core.lmdb_format import META
+    from lightning_gpu_boost.core.lmdb import META
 
     root = Path(jpeg_tree).parent / "wrong-paths"
     root.mkdir(exist_ok=True)

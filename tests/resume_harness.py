@@ -193,7 +193,7 @@ def make_data(root: Path) -> dict[str, Path]:
     """The harness's data: a 20-image tree, the same tree with broken files, and an LMDB pack of the tree."""
     from lightning_gpu_boost.core.bad_samples import add_broken_files
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     tree = make_jpeg_folder(root / "tree", n=20, num_classes=2, size_range=(40, 56, 32, 48), progress=False)
     broken = make_jpeg_folder(root / "broken", n=40, num_classes=2, size_range=(40, 56, 32, 48), progress=False)

@@ -13,8 +13,7 @@ import torch
 from PIL import Image, ImageOps
 
 from lightning_gpu_boost.cli import main
-from lightning_gpu_boost.core import lmdb_format as lf
-from lightning_gpu_boost.core import lmdb_writer as lw
+from lightning_gpu_boost.core import lmdb as lf
 from lightning_gpu_boost.core.bad_samples import (
     BROKEN_KINDS,
     BadSampleError,
@@ -23,6 +22,7 @@ from lightning_gpu_boost.core.bad_samples import (
     check_image,
 )
 from lightning_gpu_boost.core.images import decode_center_crop, make_jpeg_folder
+from lightning_gpu_boost.core.lmdb import pack as lw
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
 
 GOOD = 294  # + 6 broken files (one per kind) = 2 % broken

@@ -12,7 +12,7 @@ from tests.constructor_cases import cases, outcome
 @pytest.fixture(scope="module")
 def all_cases(tmp_path_factory):
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     root = tmp_path_factory.mktemp("constructors")
     tree = make_jpeg_folder(root / "src", n=8, num_classes=2, size_range=(40, 60, 40, 60), workers=1, progress=False)

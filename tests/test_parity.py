@@ -52,7 +52,7 @@ def _expected(datamodule) -> list[torch.Tensor]:
 
 @pytest.fixture
 def pack(jpeg_tree, tmp_path):
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     return str(pack_image_folder(jpeg_tree, tmp_path / "tree.lmdb", progress=False))
 

@@ -40,8 +40,10 @@ from pathlib import Path
 from _common import RESULTS, drop_cache
 from isal import isal_zlib
 
-from lightning_gpu_boost.core import lmdb_format, lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import block_order, block_size_for
+from lightning_gpu_boost.core.lmdb import format as lmdb_format
+from lightning_gpu_boost.core.lmdb import page_cache, sharded
+from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
 from lightning_gpu_boost.core.results import write_result
 
 VARIANTS = {f"{crc}_{tree}": (crc, tree) for crc in ("isal", "zlib", "off") for tree in ("extents", "pages", "none")}
@@ -56,7 +58,7 @@ def one_pass(pack: str, crc: str, tree: str, window_blocks: int = 16, ahead: int
     lmdb_reader.close_readers(pack)
     drop_cache([pack])
     use_crc(crc)
-    reader = lmdb_reader.open_pack(pack, check_crc=crc != "off")
+    reader = sharded.open_pack(pack, check_crc=crc != "off")
     if tree == "none":
         reader._read_tree_ahead = lambda: 0
     elif tree == "pages":  # the tree's pages asked for, the blocks' spans found by lookups (bbf9a81)
@@ -123,7 +125,7 @@ def main() -> None:
                              "threads (each a cell)")  # fmt: skip
     parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
-    lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0
+    page_cache.WHOLE_PACK_PREFETCH_FRACTION = 0
     cells = [(v, a, t) for v in args.variants for a in args.ahead for t in args.threads]
     label = {
         c: c[0] + (f"_ahead{c[1]}" if c[1] != 1 else "") + (f"_threads{c[2]}" if c[2] != 1 else "")
@@ -140,7 +142,7 @@ def main() -> None:
     for crc in ("isal", "zlib", "off"):  # the pack is in the page cache after the last pass
         lmdb_reader.close_readers(args.pack)
         use_crc(crc)
-        reader = lmdb_reader.open_pack(args.pack, check_crc=crc != "off")
+        reader = sharded.open_pack(args.pack, check_crc=crc != "off")
         start = time.perf_counter()
         nbytes = sum(reader.read(i, lambda r: len(r.payload)) for i in range(0, len(reader), 3))
         warm[crc] = nbytes / (time.perf_counter() - start) / 1e6

@@ -29,8 +29,9 @@ from pathlib import Path
 
 from _common import RESULTS, drop_cache
 
-from lightning_gpu_boost.core import lmdb_reader
 from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler, block_size_for
+from lightning_gpu_boost.core.lmdb import page_cache, sharded
+from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
 from lightning_gpu_boost.core.results import write_result
 
 CASES = ("none", "inline", "thread", "thread_populate", "thread_populate_random")
@@ -55,7 +56,7 @@ def one_pass(pack: str, case: str, cold: bool) -> dict:
     lmdb_reader.close_readers(pack)
     if cold:
         drop_cache([pack])
-    reader = lmdb_reader.open_pack(pack, readahead=case != "thread_populate_random")
+    reader = sharded.open_pack(pack, readahead=case != "thread_populate_random")
     n = len(reader)
     block = block_size_for(n, Path(pack).stat().st_size, 4 << 20)
     sampler = BlockShuffleSampler(range(n), block, 16, seed=0, num_replicas=1, rank=0)
@@ -89,7 +90,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
-    lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0
+    page_cache.WHOLE_PACK_PREFETCH_FRACTION = 0
     runs: dict = {case: {"cold": [], "warm": []} for case in args.cases}
     for _ in range(args.rounds):
         for case in args.cases:
@@ -101,7 +102,7 @@ def main() -> None:
     summary = {case: {temp: statistics.median(r["bytes_s"] for r in rs) for temp, rs in v.items()}
                for case, v in runs.items()}  # fmt: skip
     print(json.dumps(summary, indent=1))
-    figures = {"config": vars(args), "records": len(lmdb_reader.open_pack(args.pack)), "median_bytes_s": summary,
+    figures = {"config": vars(args), "records": len(sharded.open_pack(args.pack)), "median_bytes_s": summary,
                "runs": runs}  # fmt: skip
     print(f"wrote {write_result('block_read_ahead', figures, {}, args.out)}")
 

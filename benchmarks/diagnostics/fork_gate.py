@@ -1,5 +1,5 @@
 """Diagnosis: forking a process whose other threads read an LMDB pack (DALI's reading threads, the read-ahead
-thread), and what the fork gate of ``core/lmdb_reader.py`` costs a read.
+thread), and what the fork gate of ``core/lmdb/reader.py`` costs a read.
 
 py-lmdb's ``Environment.close()`` waits for the calls other threads are in; a forked child inherits them
 unfinished, so a worker that closed its parent's environment (it must, to open the file again) waited for ever.
@@ -26,14 +26,12 @@ from pathlib import Path
 from _common import RESULTS, demo_tree
 from bigger_than_ram import small_records
 
-from lightning_gpu_boost.core import lmdb_reader
-from lightning_gpu_boost.core.lmdb_format import KEY, decode_record
-from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+from lightning_gpu_boost.core.lmdb import KEY, decode_record, pack_image_folder, sharded
 from lightning_gpu_boost.core.results import write_result
 
 
 def hung_children(pack: str, n: int, timeout: float, gated: bool) -> int:
-    reader, stop = lmdb_reader.open_pack(pack), threading.Event()
+    reader, stop = sharded.open_pack(pack), threading.Event()
     reader.read(0)
 
     def spin() -> None:
@@ -54,7 +52,7 @@ def hung_children(pack: str, n: int, timeout: float, gated: bool) -> int:
     for k in range(n):
         pid = os.fork()
         if pid == 0:
-            lmdb_reader.open_pack(pack).read(k % len(reader))
+            sharded.open_pack(pack).read(k % len(reader))
             os._exit(0)
         deadline = time.monotonic() + timeout
         while not os.waitpid(pid, os.WNOHANG)[0]:
@@ -71,7 +69,7 @@ def hung_children(pack: str, n: int, timeout: float, gated: bool) -> int:
 
 
 def read_us(pack: str, rounds: int, reads: int, copy: bool = False) -> tuple[float, float]:
-    reader = lmdb_reader.open_pack(pack)
+    reader = sharded.open_pack(pack)
     n, nothing = len(reader), (lambda r: bytes(r.payload)) if copy else (lambda r: None)
     txn = reader._txn()
     gated = raw = float("inf")

@@ -19,7 +19,7 @@ from pathlib import Path
 from _common import parser_for
 from lmdb_read import make_tree
 
-from lightning_gpu_boost.core import lmdb_format as lf
+from lightning_gpu_boost.core import lmdb as lf
 from lightning_gpu_boost.core.results import write_result
 
 SPENT = {"commit_s": 0.0, "finish_s": 0.0}

@@ -22,8 +22,9 @@ from pathlib import Path
 from _common import RESULTS, dd_read, drop_cache
 from bigger_than_ram import RawPack, block_sampler, small_records, timed_read
 
-from lightning_gpu_boost.core import lmdb_reader
 from lightning_gpu_boost.core.cpus import usable_cpus
+from lightning_gpu_boost.core.lmdb import page_cache
+from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
 from lightning_gpu_boost.core.results import write_result
 
 TREES = ("extents", "pages", "none")
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=RESULTS, help="the results folder (default: benchmarks/results)")
     args = parser.parse_args()
-    lmdb_reader.WHOLE_PACK_PREFETCH_FRACTION = 0
+    page_cache.WHOLE_PACK_PREFETCH_FRACTION = 0
     _, pack = small_records(Path(args.data), args.records)
     pack, workers = str(pack), max(1, usable_cpus() - 1)
     runs: dict = {"dd": [], **{t: [] for t in TREES}, "warm": []}

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors that a user's input causes (a missing file, a wrong value, a damaged or interrupted pack)."""
     from lightning_gpu_boost.core.bad_samples import BadSampleError
-    from lightning_gpu_boost.core.lmdb_format import CorruptRecordError, IncompletePackError
+    from lightning_gpu_boost.core.lmdb import CorruptRecordError, IncompletePackError
 
     return (OSError, ValueError, KeyError, ImportError, IncompletePackError, CorruptRecordError, BadSampleError)
 

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     case("boosted_cpu", ImageFolderDataModule(str(root), **boosted), fast, steps)
     pack = None
     if module_available("lmdb"):
-        from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+        from lightning_gpu_boost.core.lmdb import pack_image_folder
         from lightning_gpu_boost.datamodules.lmdb import LMDBDataModule
 
         pack = Path(f"{root}.lmdb")

@@ -49,12 +49,11 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_pack(args: argparse.Namespace) -> int:
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     if args.commit_every < 1:
         raise SystemExit(f"--commit-every must be >= 1, got {args.commit_every}.")
-    from lightning_gpu_boost.core.lmdb_reader import open_pack
-    from lightning_gpu_boost.core.lmdb_writer import bad_samples_report_path
+    from lightning_gpu_boost.core.lmdb import bad_samples_report_path, open_pack
 
     path = pack_image_folder(args.src, args.dst, resume=args.resume, workers=args.workers,
                              commit_every=args.commit_every, shard_size=args.shard_size, on_bad=args.on_bad,
@@ -72,7 +71,7 @@ def run_pack(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from lightning_gpu_boost.core.lmdb_verify import verify
+    from lightning_gpu_boost.core.lmdb import verify
 
     summary = verify(args.file, decode=args.decode)
     print(json.dumps(summary, indent=1))

@@ -137,7 +137,7 @@ class BlockShuffleSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
         self.block_size, self.window_blocks = block_size, window_blocks
         self._start: tuple[int, int] | None = None  # (epoch, samples of it already consumed): a mid-epoch resume
-        #: ``will_need(lo, hi)`` of the pack (:meth:`~lightning_gpu_boost.core.lmdb_reader.PackReader.will_need`), or
+        #: ``will_need(lo, hi)`` of the pack (:meth:`~lightning_gpu_boost.core.lmdb.reader.PackReader.will_need`), or
         #: ``None``: where set, iterating asks for the next window's blocks as each window starts
         #: (:func:`read_ahead_windows`); the sampler runs in the loader's main process, ahead of the workers by their
         #: queue, and the page cache it fills serves them
@@ -198,7 +198,7 @@ class BlockShuffleSampler(DistributedSampler):
 class BlockReadAhead:
     """Reads a block ahead of use: the first time a record of a block is asked for (in this process), the whole
     block is asked for in one large background read (``reader.will_need(lo, hi)``:
-    :meth:`~lightning_gpu_boost.core.lmdb_reader.PackReader.will_need`), so the block's other records, which the
+    :meth:`~lightning_gpu_boost.core.lmdb.reader.PackReader.will_need`), so the block's other records, which the
     window hands out soon after, come from memory instead of one disk read each. Call it with each index before
     reading the record; it remembers the last ``remember`` blocks. Cheap where the pack is in the page cache.
 

@@ -130,7 +130,7 @@ class PackSource:
     """Encoded images of an LMDB image pack (a pack file or a shard manifest), opened lazily in each process."""
 
     def __init__(self, path: str | os.PathLike, check_crc: bool = True) -> None:
-        from lightning_gpu_boost.core.lmdb_reader import open_pack
+        from lightning_gpu_boost.core.lmdb import open_pack
 
         self.root = str(path)
         self.reader = open_pack(path, check_crc=check_crc)
@@ -196,7 +196,7 @@ class _Feeder:
             check_image,
             describe,
         )
-        from lightning_gpu_boost.core.lmdb_format import CorruptRecordError
+        from lightning_gpu_boost.core.lmdb import CorruptRecordError
 
         items, bad = [], []
         check = check_image if self._check is _CHECK_IMAGE else self._check

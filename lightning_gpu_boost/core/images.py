@@ -219,7 +219,7 @@ def image_classes(root: str | os.PathLike) -> list[str]:
     an LMDB image pack (its metadata), without listing a single image."""
     if os.path.isdir(root):
         return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    from lightning_gpu_boost.core.lmdb_reader import open_pack
+    from lightning_gpu_boost.core.lmdb import open_pack
 
     return list(open_pack(root).meta("classes") or [])
 

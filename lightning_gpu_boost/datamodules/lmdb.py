@@ -14,8 +14,7 @@ from torch.utils.data import Dataset
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.bad_samples import BadSampleTracker
-from lightning_gpu_boost.core.lmdb_format import CorruptRecordError, Record, unpack_sample
-from lightning_gpu_boost.core.lmdb_reader import open_pack
+from lightning_gpu_boost.core.lmdb import CorruptRecordError, Record, open_pack, unpack_sample
 from lightning_gpu_boost.datamodules.image_folder import (
     ImageFolderDataModule,
     ImageFolderDataset,
@@ -120,7 +119,7 @@ class LMDBDataModule(ImageFolderDataModule):
 
         >>> import tempfile
         >>> from lightning_gpu_boost.core.images import make_jpeg_folder
-        >>> from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+        >>> from lightning_gpu_boost.core.lmdb import pack_image_folder
         >>> tmp = tempfile.mkdtemp()
         >>> root = make_jpeg_folder(f"{tmp}/src", n=8, num_classes=2, size_range=(64, 80, 48, 64), progress=False)
         >>> pack = pack_image_folder(root, f"{tmp}/train.lmdb", progress=False)

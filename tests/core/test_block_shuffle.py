@@ -15,6 +15,7 @@ from lightning_gpu_boost.core.block_shuffle import (
     block_size_for,
     order_stats,
 )
+from lightning_gpu_boost.core.lmdb import pages as lmdb_pages
 from lightning_gpu_boost.core.resume import ResumableDataLoader
 from tests.helpers import IndexDataset, RecordingModel, run_ddp
 
@@ -98,7 +99,7 @@ def test_a_trainer_resumes_mid_epoch_without_repeating_or_skipping(tmp_path, tra
 
 def test_lmdb_datamodule_reads_its_pack_in_block_order(tmp_path):
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
     from lightning_gpu_boost.datamodules import LMDBDataModule
 
     root = make_jpeg_folder(tmp_path / "src", n=24, num_classes=2, size_range=(64, 80, 48, 64), progress=False)
@@ -139,8 +140,7 @@ def test_ddp_ranks_read_disjoint_blocks_that_cover_the_epoch(tmp_path):
 
 def test_a_pack_written_in_shuffled_order_mixes_classes_in_block_order(tmp_path):
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb_reader import open_pack
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import open_pack, pack_image_folder
 
     root = make_jpeg_folder(tmp_path / "src", n=40, num_classes=4, size_range=(32, 40, 32, 40), progress=False)
     plain = open_pack(pack_image_folder(root, tmp_path / "plain.lmdb", progress=False))
@@ -157,8 +157,7 @@ def test_a_pack_written_in_shuffled_order_mixes_classes_in_block_order(tmp_path)
 def test_a_block_is_asked_for_in_one_read_the_first_time_one_of_its_records_is_read(tmp_path):
     from lightning_gpu_boost.core.block_shuffle import BlockReadAhead
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb_reader import open_pack
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import open_pack, pack_image_folder
 
     root = make_jpeg_folder(tmp_path / "src", n=30, num_classes=3, size_range=(64, 80, 48, 64), progress=False)
     reader = open_pack(pack_image_folder(root, tmp_path / "train.lmdb", progress=False))
@@ -187,7 +186,7 @@ def test_a_block_is_asked_for_in_one_read_the_first_time_one_of_its_records_is_r
 
 def test_the_lmdb_datamodule_reads_blocks_a_window_ahead(tmp_path):
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
     from lightning_gpu_boost.datamodules import LMDBDataModule
 
     root = make_jpeg_folder(tmp_path / "src", n=24, num_classes=2, size_range=(64, 80, 48, 64), progress=False)
@@ -210,9 +209,10 @@ def test_the_lmdb_datamodule_reads_blocks_a_window_ahead(tmp_path):
 
 
 def _ask_in_child(pack: str, out) -> None:
-    from lightning_gpu_boost.core import lmdb_reader
+    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
+    from lightning_gpu_boost.core.lmdb import sharded
 
-    reader = lmdb_reader.open_pack(pack)
+    reader = sharded.open_pack(pack)
     asked = reader.will_need(0, 10)
     lmdb_reader.wait_for_read_ahead()  # a thread of its own (the parent's did not survive the fork)
     label = reader.read(3, lambda r: r.label)
@@ -226,15 +226,15 @@ def test_reading_ahead_goes_on_in_a_forked_child_while_the_parent_reads_ahead(tm
     import multiprocessing
     import sys
 
-    from lightning_gpu_boost.core import lmdb_reader
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder, sharded
+    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
 
     if not sys.platform.startswith("linux"):
         pytest.skip("fork and madvise are Linux's here")
     root = make_jpeg_folder(tmp_path / "src", n=30, num_classes=3, size_range=(64, 80, 48, 64), progress=False)
     pack = str(pack_image_folder(root, tmp_path / "train.lmdb", progress=False))
-    reader = lmdb_reader.open_pack(pack)
+    reader = sharded.open_pack(pack)
     for lo in range(0, 30, 2):  # the parent's thread busy while the child is forked
         reader.will_need(lo, lo + 2)
     ctx = multiprocessing.get_context("fork")
@@ -253,11 +253,11 @@ def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
     asked for in chunks (the rest would silently not be read)."""
     import sys
 
-    from lightning_gpu_boost.core import lmdb_reader
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder, page_cache, sharded
+    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
 
-    chunk = lmdb_reader.readahead_chunk(str(tmp_path))
+    chunk = page_cache.readahead_chunk(str(tmp_path))
     assert chunk >= 128 << 10 and chunk % 1024 == 0
     if not sys.platform.startswith("linux"):
         pytest.skip("madvise and posix_fadvise are Linux's")
@@ -266,8 +266,9 @@ def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
     asked, advised = [], []
     monkeypatch.setattr(lmdb_reader, "_MADVISE", lambda addr, length, advice: asked.append((addr, length, advice)) or 0)
     monkeypatch.setattr(lmdb_reader, "readahead_chunk", lambda path: 16384)
-    monkeypatch.setattr(lmdb_reader, "WHOLE_PACK_PREFETCH_FRACTION", 0)  # no prefetch thread beside the test's calls
-    reader = lmdb_reader.open_pack(pack)
+    monkeypatch.setattr(page_cache, "readahead_chunk", lambda path: 16384)
+    monkeypatch.setattr(page_cache, "WHOLE_PACK_PREFETCH_FRACTION", 0)  # no prefetch thread beside the test's calls
+    reader = sharded.open_pack(pack)
     assert reader.will_need(0, 40)
     lmdb_reader.wait_for_read_ahead()  # the calls are made by a background thread
     willneed = list(asked)
@@ -284,7 +285,7 @@ def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
     assert asked[-1][:2] == (willneed[0][0], sum(n for _, n, _ in willneed))
     monkeypatch.setattr(lmdb_reader.os, "posix_fadvise", lambda fd, off, n, advice: advised.append((off, n)))
     lmdb_reader.close_readers(pack)
-    lmdb_reader._read_whole(str(pack), pack.stat().st_size)
+    page_cache._read_whole(str(pack), pack.stat().st_size)
     assert sum(n for _, n in advised) == pack.stat().st_size and max(n for _, n in advised) <= 16384
 
 
@@ -324,8 +325,8 @@ def test_the_b_tree_pages_are_named_and_asked_for_once(tmp_path, monkeypatch):
     import os
     import struct
 
-    from lightning_gpu_boost.core import lmdb_reader
-    from lightning_gpu_boost.core.lmdb_writer import pack_dataset
+    from lightning_gpu_boost.core.lmdb import pack_dataset, sharded
+    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
 
     class Tiny:
         def __len__(self) -> int:
@@ -334,12 +335,15 @@ def test_the_b_tree_pages_are_named_and_asked_for_once(tmp_path, monkeypatch):
         def __getitem__(self, i: int):
             return (b"x" * 16, i % 7)
 
+    from lightning_gpu_boost.core.lmdb import page_cache
+
+    monkeypatch.setattr(page_cache, "WHOLE_PACK_PREFETCH_FRACTION", 0)  # no prefetch thread beside the test's calls
     pack = pack_dataset(Tiny(), tmp_path / "tiny.lmdb", progress=False)
-    reader = lmdb_reader.open_pack(pack)
+    reader = sharded.open_pack(pack)
     env = reader._open()
     with env.begin() as txn:
         stat, record = txn.stat(reader._dbs[b"records"]), txn.get(b"records")
-    pages = lmdb_reader.tree_pages(str(pack), record, stat["psize"])
+    pages = lmdb_pages.tree_pages(str(pack), record, stat["psize"])
     assert stat["depth"] == 3 and len(pages) == len(set(pages)) == stat["branch_pages"] + stat["leaf_pages"]
     with open(pack, "rb") as f:
         flags = []
@@ -347,7 +351,7 @@ def test_the_b_tree_pages_are_named_and_asked_for_once(tmp_path, monkeypatch):
             f.seek(pgno * stat["psize"])
             flags.append(struct.unpack_from("<QHHHH", f.read(16))[2])
     assert flags.count(1) == stat["branch_pages"] and flags.count(2) == stat["leaf_pages"]  # P_BRANCH, P_LEAF
-    assert lmdb_reader.tree_pages(str(pack), b"\0" * 10, stat["psize"]) == []  # not a database record
+    assert lmdb_pages.tree_pages(str(pack), b"\0" * 10, stat["psize"]) == []  # not a database record
     if not hasattr(os, "posix_fadvise"):
         return
     asked = []
@@ -378,17 +382,16 @@ def test_record_extents_name_where_every_record_lies(tmp_path, count, size):
     block's span is the one a lookup of its first and last records gives."""
     import sys
 
-    from lightning_gpu_boost.core import lmdb_reader
-    from lightning_gpu_boost.core.lmdb_format import KEY
-    from lightning_gpu_boost.core.lmdb_writer import pack_dataset
+    from lightning_gpu_boost.core.lmdb import KEY, pack_dataset, sharded
+    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
 
     if not sys.platform.startswith("linux"):
         pytest.skip("/proc/self/maps and posix_fadvise are Linux's")
     pack = pack_dataset(_Payloads(count, size), tmp_path / "p.lmdb", progress=False)
-    reader = lmdb_reader.open_pack(pack)
+    reader = sharded.open_pack(pack)
     assert reader._read_tree_ahead() > 0
     extents = reader._extents
-    assert extents.shape == (count, 2) and reader._base == lmdb_reader._map_base(str(pack))
+    assert extents.shape == (count, 2) and reader._base == lmdb_pages._map_base(str(pack))
     txn = reader._txn()
     for i in sorted({0, count - 1, *range(0, count, max(1, count // 300))}):
         value = txn.get(KEY.pack(i))
@@ -403,17 +406,16 @@ def test_record_extents_name_where_every_record_lies(tmp_path, count, size):
 def test_record_extents_refuse_what_they_do_not_expect(tmp_path):
     """Anything not as expected gives None (spans are then found by lookups): leaf pages out of key order, a count
     that is not the pack's, no leaves, branch pages given as leaves."""
-    from lightning_gpu_boost.core import lmdb_reader
-    from lightning_gpu_boost.core.lmdb_writer import pack_dataset
+    from lightning_gpu_boost.core.lmdb import pack_dataset, sharded
 
     pack = pack_dataset(_Payloads(60_000, 16), tmp_path / "p.lmdb", progress=False)
-    reader = lmdb_reader.open_pack(pack)
+    reader = sharded.open_pack(pack)
     env = reader._open()
     with env.begin() as txn:
         record, psize = txn.get(b"records"), env.stat()["psize"]
-    branches, leaves = lmdb_reader._tree_levels(str(pack), record, psize)
-    assert lmdb_reader.record_extents(str(pack), leaves, psize, 60_000) is not None
-    assert lmdb_reader.record_extents(str(pack), leaves[::-1], psize, 60_000) is None
-    assert lmdb_reader.record_extents(str(pack), leaves, psize, 59_999) is None
-    assert lmdb_reader.record_extents(str(pack), [], psize, 60_000) is None
-    assert lmdb_reader.record_extents(str(pack), branches, psize, 60_000) is None
+    branches, leaves = lmdb_pages._tree_levels(str(pack), record, psize)
+    assert lmdb_pages.record_extents(str(pack), leaves, psize, 60_000) is not None
+    assert lmdb_pages.record_extents(str(pack), leaves[::-1], psize, 60_000) is None
+    assert lmdb_pages.record_extents(str(pack), leaves, psize, 59_999) is None
+    assert lmdb_pages.record_extents(str(pack), [], psize, 60_000) is None
+    assert lmdb_pages.record_extents(str(pack), branches, psize, 60_000) is None

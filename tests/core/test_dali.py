@@ -124,7 +124,7 @@ def test_validation_graph_is_deterministic(jpeg_tree):
 
 def test_pack_source_reads_the_same_bytes(jpeg_tree, tmp_path):
     pytest.importorskip("lmdb")
-    from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     pack = pack_image_folder(jpeg_tree, tmp_path / "train.lmdb", progress=False)
     folder, packed = FolderSource(jpeg_tree), open_source(pack)
@@ -192,7 +192,7 @@ def test_several_pipelines_keep_the_order_exact_epochs_and_early_stops(jpeg_tree
 def test_block_order_reads_a_pack_in_runs_of_records_exactly_once_per_epoch(jpeg_tree, tmp_path):
     pytest.importorskip("lmdb")
     from lightning_gpu_boost.core.block_shuffle import BlockReadAhead, block_order
-    from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     pack = pack_image_folder(jpeg_tree, tmp_path / "train.lmdb", progress=False)
     graph = functools.partial(classification_graph, train=True, gpu=False, image_size=16)

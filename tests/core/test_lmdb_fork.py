@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fo
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     root = tmp_path_factory.mktemp("fork")
     src = make_jpeg_folder(root / "src", n=24, num_classes=2, size_range=(64, 80, 48, 64), progress=False)
@@ -24,7 +24,7 @@ def pack(tmp_path_factory):
 
 
 def _read_label(pack: str, index: int, out) -> None:
-    from lightning_gpu_boost.core.lmdb_reader import open_pack
+    from lightning_gpu_boost.core.lmdb import open_pack
 
     try:
         out.put(open_pack(pack).read(index, lambda r: r.label))
@@ -51,7 +51,7 @@ def _run_children(pack: str, n: int, target=_read_label) -> list:
 def test_children_forked_while_another_thread_reads_the_same_pack_read_it(pack):
     """py-lmdb's close waits for the calls other threads are in; a child inherits them unfinished. Before the fork
     gate, every one of 100 children forked beside a reading thread hung when it opened the pack."""
-    from lightning_gpu_boost.core.lmdb_reader import open_pack
+    from lightning_gpu_boost.core.lmdb import open_pack
 
     reader = open_pack(pack)
     expected = [reader.read(i % 24, lambda r: r.label) for i in range(12)]
@@ -76,13 +76,13 @@ def test_children_forked_while_another_thread_reads_the_same_pack_read_it(pack):
 
 
 def _report_inherited(pack: str, index: int, out) -> None:
-    from lightning_gpu_boost.core import lmdb_reader
+    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
 
     out.put((len(lmdb_reader._INHERITED), len(lmdb_reader._ENVS)))
 
 
 def test_a_child_that_never_reads_leaves_the_inherited_environments_alone(pack):
-    from lightning_gpu_boost.core.lmdb_reader import open_pack
+    from lightning_gpu_boost.core.lmdb import open_pack
 
     open_pack(pack).read(0)
     inherited, opened = _run_children(pack, 1, target=_report_inherited)[0]
@@ -92,9 +92,10 @@ def test_a_child_that_never_reads_leaves_the_inherited_environments_alone(pack):
 def test_a_fork_that_cannot_wait_for_a_read_says_so_in_the_child(pack, monkeypatch):
     """A thread stuck inside an LMDB call (a storage stall): the fork goes on after FORK_WAIT_S, and the child's
     first read raises an error that names the way out instead of hanging."""
-    from lightning_gpu_boost.core import lmdb_reader
+    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
+    from lightning_gpu_boost.core.lmdb import sharded
 
-    lmdb_reader.open_pack(pack).read(0)
+    sharded.open_pack(pack).read(0)
     monkeypatch.setattr(lmdb_reader, "FORK_WAIT_S", 0.2)
     inside, leave = threading.Event(), threading.Event()
 
@@ -114,4 +115,4 @@ def test_a_fork_that_cannot_wait_for_a_read_says_so_in_the_child(pack, monkeypat
     finally:
         leave.set()
         t.join()
-    assert _run_children(pack, 1) == [lmdb_reader.open_pack(pack).read(0, lambda r: r.label)]  # quiet again
+    assert _run_children(pack, 1) == [sharded.open_pack(pack).read(0, lambda r: r.label)]  # quiet again

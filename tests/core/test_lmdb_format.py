@@ -17,9 +17,9 @@ pytest.importorskip("lmdb")
 pytest.importorskip("msgpack")
 
 from lightning_gpu_boost.cli import main
-from lightning_gpu_boost.core import lmdb_format as lf
-from lightning_gpu_boost.core import lmdb_writer as lw
+from lightning_gpu_boost.core import lmdb as lf
 from lightning_gpu_boost.core.images import make_jpeg_folder, scan_image_folder
+from lightning_gpu_boost.core.lmdb import pack as lw
 from tests.helpers import ROOT
 
 
@@ -108,7 +108,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_pack(tree, tmp_path):
     script = f"""
 import sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from lightning_gpu_boost.core import lmdb_format as lf
+from lightning_gpu_boost.core import lmdb as lf
 commit = lf.PackWriter.commit
 def slow(self):
     commit(self)
@@ -245,11 +245,11 @@ def test_reading_threads_follow_the_file_size():
 def test_a_file_that_grows_while_packed_is_an_error(tree, tmp_path):
     path = next(p for p in sorted(tree.rglob("*.jpg")))
     size = path.stat().st_size
-    assert len(lf._read_record(str(path), 3, size)) == lf.HEADER.size + size
+    assert len(lw._read_record(str(path), 3, size)) == lf.HEADER.size + size
     with open(path, "ab") as f:
         f.write(b"more")
     with pytest.raises(OSError, match="changed while it was packed"):
-        lf._read_record(str(path), 3, size)
+        lw._read_record(str(path), 3, size)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fallocate is Linux's")
@@ -283,7 +283,9 @@ def test_threads_read_through_their_own_transactions(tree, tmp_path):
 
 def test_each_commit_starts_the_writeback(tree, tmp_path, monkeypatch):
     started = []
-    monkeypatch.setattr(lw, "_writeback", lambda: started.append)
+    from lightning_gpu_boost.core.lmdb import writer
+
+    monkeypatch.setattr(writer, "_writeback", lambda: started.append)
     lf.pack_image_folder(tree, tmp_path / "pack.lmdb", commit_every=5, progress=False)
     assert len(started) == -(-len(scan_image_folder(tree)[0]) // 5) and all(fd >= 0 for fd in started)
 
@@ -413,12 +415,14 @@ def test_crc32_is_zlibs_whichever_computes_it(tmp_path, monkeypatch):
         assert lf.crc32(view) == zlib.crc32(view) and lf.crc32(view, 12345) == zlib.crc32(view, 12345)
     samples = [(bytes([i]) * (5_000 + i), i % 3) for i in range(20)]
     pack = lw.pack_dataset(samples, tmp_path / "p.lmdb", progress=False)
-    monkeypatch.setattr(lf, "_CRC32", [zlib.crc32])  # read back with zlib's
+    from lightning_gpu_boost.core.lmdb import format as lmdb_format
+
+    monkeypatch.setattr(lmdb_format, "_CRC32", [zlib.crc32])  # read back with zlib's
     reader = lf.open_pack(pack)
     assert all(reader.read(i, lambda r: len(r.payload)) > 5_000 for i in range(20))  # each CRC checked, none raised
     value = bytearray(lf.encode_record(b"x" * 100))
     value[-1] ^= 1
     for impl in ([zlib.crc32], []):
-        monkeypatch.setattr(lf, "_CRC32", list(impl))
+        monkeypatch.setattr(lmdb_format, "_CRC32", list(impl))
         with pytest.raises(lf.CorruptRecordError):
             lf.decode_record(0, bytes(value))

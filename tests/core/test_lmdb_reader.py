@@ -9,8 +9,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.core.images import make_jpeg_folder
-from lightning_gpu_boost.core.lmdb_format import StalePackError
-from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+from lightning_gpu_boost.core.lmdb import StalePackError, pack_image_folder
 from lightning_gpu_boost.datamodules import LMDBDataModule
 
 
@@ -48,11 +47,12 @@ def test_workers_of_a_reader_opened_before_the_rebuild_raise_naming_the_pack(two
 
 
 def test_a_long_lived_reader_raises_once_its_file_is_replaced(two_trees, tmp_path, monkeypatch):
-    from lightning_gpu_boost.core import lmdb_reader
+    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
+    from lightning_gpu_boost.core.lmdb import sharded
 
     monkeypatch.setattr(lmdb_reader, "CHECK_EVERY", 2)
     pack = pack_image_folder(two_trees[0], tmp_path / "p.lmdb", progress=False)
-    reader = lmdb_reader.open_pack(pack)
+    reader = sharded.open_pack(pack)
     reader.read(0)
     _repack(two_trees[1], pack)
     with pytest.raises(StalePackError, match="was replaced"):

@@ -9,9 +9,7 @@ import threading
 import pytest
 
 from lightning_gpu_boost.core.images import make_jpeg_folder, scan_image_folder
-from lightning_gpu_boost.core.lmdb_reader import PackReader
-from lightning_gpu_boost.core.lmdb_verify import verify
-from lightning_gpu_boost.core.lmdb_writer import pack_image_folder
+from lightning_gpu_boost.core.lmdb import PackReader, pack_image_folder, verify
 
 
 @pytest.fixture

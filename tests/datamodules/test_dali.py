@@ -68,7 +68,7 @@ def test_decode_options_reach_the_pipeline(jpeg_tree, options):
 
 def test_lmdb_source_in_a_trainer(jpeg_tree, tmp_path, trainer_kwargs):
     pytest.importorskip("lmdb")
-    from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     pack = pack_image_folder(jpeg_tree, tmp_path / "train.lmdb", progress=False)
     model = ImageIdModel()
@@ -207,7 +207,7 @@ def test_gpu_dtypes_and_channels_last_in_a_trainer(jpeg_tree, trainer_kwargs, dt
 def test_block_order_of_a_pack_in_a_trainer(jpeg_tree, tmp_path, trainer_kwargs):
     pytest.importorskip("lmdb")
     from lightning_gpu_boost.core.block_shuffle import block_order
-    from lightning_gpu_boost.core.lmdb_format import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     pack = pack_image_folder(jpeg_tree, tmp_path / "train.lmdb", progress=False)
     n = len(DALIDataModule(str(pack)).source(str(pack)))

@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("lmdb")
 
-from lightning_gpu_boost.core.lmdb_format import pack_dataset, pack_image_folder
+from lightning_gpu_boost.core.lmdb import pack_dataset, pack_image_folder
 from lightning_gpu_boost.datamodules import ImageFolderDataModule, LMDBDataModule, LMDBSampleDataset
 from lightning_gpu_boost.models import ImageClassifier
 from tests.helpers import run_ddp

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_gpu_boost._imports import require
-from lightning_gpu_boost.core.lmdb_format import KEY, RECORDS, is_manifest
-from lightning_gpu_boost.core.lmdb_reader import PackReader, ShardedPackReader
+from lightning_gpu_boost.core.lmdb.format import KEY, RECORDS, is_manifest
+from lightning_gpu_boost.core.lmdb.reader import PackReader
+from lightning_gpu_boost.core.lmdb.sharded import ShardedPackReader
 
 
 def verify(path: str | os.PathLike, decode: bool = False) -> dict[str, Any]:

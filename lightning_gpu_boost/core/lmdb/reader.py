@@ -1,20 +1,18 @@
-"""Reading LMDB packs (the format of :mod:`~lightning_gpu_boost.core.lmdb_format`): :class:`PackReader` (records by key,
-checksum checked on every read, one environment per file and process), :class:`ShardedPackReader` and :func:`open_pack`."""
+"""Reading LMDB packs (the format of :mod:`~lightning_gpu_boost.core.lmdb.format`): :class:`PackReader` (records by
+key, checksum checked on every read, one environment per file and process, keyed by the file's identity), the
+fork gate that keeps forked workers from hanging, and the block read-ahead."""
 
 from __future__ import annotations
 
 import itertools
 import os
-import struct
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from lightning_gpu_boost._imports import require
-from lightning_gpu_boost.core.lmdb_format import (
+from lightning_gpu_boost.core.lmdb.format import (
     KEY,
-    MANIFEST_FORMAT,
     META,
     READABLE_VERSIONS,
     RECORDS,
@@ -23,9 +21,12 @@ from lightning_gpu_boost.core.lmdb_format import (
     Record,
     StalePackError,
     decode_record,
-    is_manifest,
     meta_crc,
 )
+from lightning_gpu_boost.core.lmdb.page_cache import _PREFETCHED, _prefetch_if_small, readahead_chunk
+from lightning_gpu_boost.core.lmdb.pages import _map_base, _tree_levels, record_extents
+
+__all__ = ['CHECK_EVERY', 'FORK_WAIT_S', 'PackReader', 'close_readers', 'file_identity', 'wait_for_read_ahead']
 
 # -------------------------------------------------------------------------------------------------- reader
 
@@ -171,140 +172,6 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_WILLNEED, _MADV_POPULATE_READ = 3, 22  # POPULATE_READ: Linux 5.14+ (EINVAL before: then left out)
 
 
-_P_BRANCH, _P_LEAF = 0x01, 0x02  # LMDB's page flags (mdb.c, format 0.9)
-_F_BIGDATA = 0x01  # a leaf node whose value lies on overflow pages (its first page's number stored in the node)
-_PAGE_HEADER = struct.Struct("<QHHHH")  # pgno, pad, flags, lower, upper: 16 bytes
-_DB_RECORD = struct.Struct("<IHHQQQQQ")  # MDB_db: pad, flags, depth, branch, leaf, overflow pages, entries, root
-
-
-def _tree_levels(path: str, db_record: bytes, page_size: int, limit: int = 1 << 20) -> tuple[list[int], list[int]]:
-    """One database's B-tree in an LMDB file: its branch pages and its leaf pages in key order (not the overflow
-    pages that hold large values). ``db_record`` is the database's record in the main database (its name's value
-    there, LMDB's ``MDB_db``: depth and root page); the branch pages are read with ``pread`` (nothing mapped, so no
-    read-around), the leaf pages only named by their parents. LMDB 0.9's format with 64-bit page numbers;
-    ``([], [])`` where anything is not as expected (reading ahead only saves time)."""
-    try:
-        _, _, depth, branches, leaves, _, _, root = _DB_RECORD.unpack(bytes(db_record))
-    except struct.error:
-        return [], []
-    if depth < 1 or branches + leaves > limit:
-        return [], []
-    found, level = [], [root]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for _ in range(depth - 1):  # branch levels: read each page, name its children (in key order)
-            children = []
-            for pgno in level:
-                page = os.pread(fd, page_size, pgno * page_size)
-                if len(page) < _PAGE_HEADER.size:
-                    return [], []
-                _, _, flags, lower, _ = _PAGE_HEADER.unpack_from(page)
-                if not flags & _P_BRANCH or not _PAGE_HEADER.size <= lower <= page_size:
-                    return [], []
-                for k in range((lower - _PAGE_HEADER.size) // 2):
-                    (offset,) = struct.unpack_from("<H", page, _PAGE_HEADER.size + 2 * k)
-                    if offset + 8 > page_size:
-                        return [], []
-                    lo, hi, high = struct.unpack_from("<HHH", page, offset)  # a branch node: its child's number
-                    children.append(lo | hi << 16 | high << 32)
-            found += level
-            level = children
-            if len(found) + len(level) > limit:
-                return [], []
-    except OSError:
-        return [], []
-    finally:
-        os.close(fd)
-    return found, level
-
-
-def tree_pages(path: str, db_record: bytes, page_size: int, limit: int = 1 << 20) -> list[int]:
-    """The page numbers of one database's B-tree in an LMDB file (:func:`_tree_levels`): branch pages, then leaf
-    pages; ``[]`` where anything is not as expected."""
-    branches, leaves = _tree_levels(path, db_record, page_size, limit)
-    return branches + leaves
-
-
-def record_extents(path: str, leaves: list[int], page_size: int, count: int) -> Any:
-    """Where records ``0 .. count - 1`` of a pack lie in its file, read from the records database's leaf pages
-    (:func:`_tree_levels`, in key order) with ``pread``: an ``(count, 2)`` int64 array of each value's byte offset
-    and length (a large value's overflow pages, a small one's place in its leaf page), so that a block's span is
-    found without touching its records (a lookup through the memory map faults on the value's first page, and on a
-    cold cache that fault reads the kernel's read-around in the asking thread). LMDB 0.9's format; ``None`` where
-    anything is not as expected (keys other than ``0 .. count - 1`` in order, duplicate or sub-databases, a short
-    read): then spans are found by lookups."""
-    import numpy as np
-
-    if not leaves or count <= 0:
-        return None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        runs, start = [], 0  # runs of consecutive leaf pages, one pread each
-        for k in range(1, len(leaves) + 1):
-            if k == len(leaves) or leaves[k] != leaves[k - 1] + 1 or k - start >= 256:
-                runs.append((start, k))
-                start = k
-        pages = bytearray(len(leaves) * page_size)  # read in place: no second copy
-        view = memoryview(pages)
-        for a, b in runs:
-            if os.preadv(fd, [view[a * page_size : b * page_size]], leaves[a] * page_size) != (b - a) * page_size:
-                return None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    buf = np.frombuffer(pages, dtype=np.uint8)
-    header = buf.reshape(len(leaves), page_size)[:, : _PAGE_HEADER.size].copy().view("<u2")  # pgno x4, pad, flags, lower, upper
-    flags, lower = header[:, 5], header[:, 6].astype(np.int64)
-    if ((flags & 0x27) != _P_LEAF).any() or (lower < _PAGE_HEADER.size).any() or (lower > page_size).any():
-        return None  # each a plain leaf page (not a branch, overflow or LEAF2 page)
-    nodes = (lower - _PAGE_HEADER.size) // 2
-    if int(nodes.sum()) != count:
-        return None
-    u16 = buf.view("<u2")
-    node_at = np.concatenate([u16[(i * page_size + _PAGE_HEADER.size) // 2 :][: int(n)].astype(np.int64) + i * page_size
-                              for i, n in enumerate(nodes)])  # fmt: skip
-    in_page = node_at % page_size
-    if (node_at % 2).any() or (in_page < _PAGE_HEADER.size).any() or (in_page + 8 + KEY.size > page_size).any():
-        return None  # LMDB's nodes are 2-byte aligned, each with its 8-byte header and its key in its page
-
-    def words(offset: int, n: int, at: Any = node_at) -> Any:  # ``n`` 2-byte words from byte ``offset``, in file order
-        return u16[(at // 2 + offset // 2)[:, None] + np.arange(n)]
-
-    head = words(0, 4).astype(np.int64)  # data size (low, high), node flags, key size
-    size, node_flags, key_size = head[:, 0] | head[:, 1] << 16, head[:, 2], head[:, 3]
-    if (key_size != KEY.size).any() or (node_flags & ~_F_BIGDATA).any():
-        return None  # other keys, or duplicate / sub-database nodes
-    if not np.array_equal(words(8, 4).copy().view(">u8").ravel(), np.arange(count, dtype=np.uint64)):
-        return None
-    big = (node_flags & _F_BIGDATA) != 0
-    if (in_page + 8 + KEY.size + np.where(big, 8, size) > page_size).any():
-        return None  # an overflow page's number, or a small value, past its page
-    offset = np.repeat(np.asarray(leaves, dtype=np.int64), nodes) * page_size + in_page + 8 + KEY.size
-    if big.any():
-        overflow = words(8 + KEY.size, 4, node_at[big]).copy().view("<u8").ravel().astype(np.int64)
-        offset[big] = overflow * page_size + _PAGE_HEADER.size
-    return np.stack([offset, size], axis=1)
-
-
-def _map_base(path: str) -> int | None:
-    """Where this process maps ``path`` from its first byte (``/proc/self/maps``; py-lmdb's ``info()`` says 0), or
-    ``None``."""
-    try:
-        st = os.stat(path)
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 6 or int(parts[2], 16) != 0 or int(parts[4]) != st.st_ino:
-                    continue
-                major, minor = (int(x, 16) for x in parts[3].split(":"))
-                if (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)):
-                    return int(parts[0].split("-")[0], 16)
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 class _Advisor:
     """One daemon thread per process that finds and asks for the spans of :meth:`PackReader.will_need`, so that the
     caller (the loader's sampler, a DALI feeder, a training loop reading one record at a time) never waits on them.
@@ -396,73 +263,6 @@ def _address(buffer: Any) -> int:
     import numpy as np
 
     return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)
-
-
-#: packs up to this fraction of the available memory are read into the page cache whole, in the background, when
-#: first opened (:func:`_prefetch_if_small`); larger ones are read where they are used (readahead around each read,
-#: and :meth:`PackReader.will_need` for a block-shuffled order). ``benchmarks/bigger_than_ram.py`` sets it to 0 to
-#: read a pack that fits in memory as one that does not would be read.
-WHOLE_PACK_PREFETCH_FRACTION = 0.25
-
-
-_PREFETCHED: set[str] = set()  # packs this process (or the parent it was forked from) has asked for whole
-
-
-def readahead_chunk(path: str) -> int:
-    """The most bytes one ``WILLNEED`` request reads on ``path``'s disk: Linux caps each ``posix_fadvise`` or
-    ``madvise(MADV_WILLNEED)`` call at the larger of the device's ``read_ahead_kb`` and ``max_sectors_kb`` (the rest
-    of a longer range is silently not read), so a long range is asked for in chunks of this size. 128 KiB (the
-    kernel's default readahead) where the device does not say (network and virtual filesystems)."""
-    try:
-        dev = os.stat(path).st_dev
-        base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
-    except (OSError, AttributeError, ValueError):
-        return 128 << 10
-    for queue in (f"{base}/queue", f"{base}/../queue"):  # a disk, or the disk of a partition
-        try:
-            with open(f"{queue}/read_ahead_kb") as a, open(f"{queue}/max_sectors_kb") as b:
-                return max(128, int(a.read()), int(b.read())) << 10
-        except (OSError, ValueError):
-            continue
-    return 128 << 10
-
-
-def _read_whole(path: str, size: int) -> None:
-    """Ask for every chunk of the file (``POSIX_FADV_WILLNEED``), front to back; run in a daemon thread."""
-    chunk = readahead_chunk(path)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        for offset in range(0, size, chunk):
-            os.posix_fadvise(fd, offset, min(chunk, size - offset), os.POSIX_FADV_WILLNEED)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _prefetch_if_small(path: str) -> None:
-    """Have the kernel read the whole file into the page cache in the background (``POSIX_FADV_WILLNEED`` over
-    every :func:`readahead_chunk`, from a daemon thread, once per file and process tree: forked DataLoader workers
-    inherit the parent's request) when it takes at most :data:`WHOLE_PACK_PREFETCH_FRACTION` of the available
-    memory: training reads every record each epoch, and one sequential pass is cheaper than the random reads of the
-    first epoch on a cold cache. Larger packs are left to readahead around each read."""
-    if not hasattr(os, "posix_fadvise") or WHOLE_PACK_PREFETCH_FRACTION <= 0:
-        return
-    real = os.path.realpath(path)
-    if real in _PREFETCHED:
-        return
-    try:
-        size = os.path.getsize(path)
-        with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return
-    if size <= available * WHOLE_PACK_PREFETCH_FRACTION:
-        _PREFETCHED.add(real)
-        threading.Thread(target=_read_whole, args=(path, size), name="lgb-pack-prefetch", daemon=True).start()
 
 
 def file_identity(path: str | os.PathLike) -> tuple[int, int, int, int]:
@@ -751,65 +551,3 @@ class PackReader:
                 if item is None:
                     return
                 yield decode_record(KEY.unpack(bytes(item[0]))[0], item[1], check_crc)
-
-
-class ShardedPackReader:
-    """The same interface as :class:`PackReader` over the shards named by a manifest (global indices)."""
-
-    def __init__(self, path: str | os.PathLike, check_crc: bool = True, readahead: bool = True) -> None:
-        import json
-
-        manifest = json.loads(Path(path).read_text())
-        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") not in READABLE_VERSIONS:
-            raise ValueError(
-                f"{str(path)!r} is not a shard manifest of versions {', '.join(map(str, READABLE_VERSIONS))}."
-            )
-        self.path, self.manifest = str(path), manifest
-        self.shards = manifest["shards"]
-        self.length = manifest["length"]
-        self.check_crc, self.readahead = check_crc, readahead
-        self._readers: dict[int, PackReader] = {}
-
-    def __len__(self) -> int:
-        return self.length
-
-    def meta(self, name: str) -> Any:
-        return self.manifest.get("meta", {}).get(name)
-
-    def _shard(self, index: int) -> tuple[PackReader, int]:
-        import bisect
-
-        if not 0 <= index < self.length:
-            raise IndexError(f"Index {index} is out of range for {self.path!r} with {self.length} records.")
-        k = bisect.bisect_right([s["offset"] for s in self.shards], index) - 1
-        if k not in self._readers:
-            shard = Path(self.path).parent / self.shards[k]["path"]
-            self._readers[k] = PackReader(shard, self.check_crc, self.readahead)
-        return self._readers[k], index - self.shards[k]["offset"]
-
-    def source_path(self, index: int) -> str:
-        reader, local = self._shard(index)
-        return reader.source_path(local)
-
-    def read(self, index: int, decode: Callable[[Record], Any] = lambda r: bytes(r.payload)) -> Any:
-        reader, local = self._shard(index)
-        return reader.read(local, decode)
-
-    def will_need(self, lo: int, hi: int, populate: bool = False) -> bool:
-        """:meth:`PackReader.will_need` over the shards that hold records ``lo .. hi - 1``."""
-        asked = False
-        for shard in self.shards:
-            a, b = max(lo, shard["offset"]), min(hi, shard["offset"] + shard["length"])
-            if a < b:
-                reader, local = self._shard(a)
-                asked = reader.will_need(local, local + b - a, populate) or asked
-        return asked
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_readers": {}}
-
-
-def open_pack(path: str | os.PathLike, check_crc: bool = True, readahead: bool = True) -> Any:
-    """A :class:`PackReader` for a pack file, a :class:`ShardedPackReader` for a shard manifest."""
-    cls = ShardedPackReader if is_manifest(path) else PackReader
-    return cls(path, check_crc=check_crc, readahead=readahead)

@@ -1,8 +1,8 @@
 """The LMDB pack format (version 2): one safe, resumable, verifiable file of samples.
 
 This module holds the format itself (record and meta layout, checksums, the msgpack codec of general samples,
-shard manifests); :mod:`~lightning_gpu_boost.core.lmdb_writer` writes packs, :mod:`~lightning_gpu_boost.core.lmdb_reader`
-reads them, :mod:`~lightning_gpu_boost.core.lmdb_verify` checks them.
+shard manifests); :mod:`~lightning_gpu_boost.core.lmdb.pack` writes packs, :mod:`~lightning_gpu_boost.core.lmdb.reader`
+reads them, :mod:`~lightning_gpu_boost.core.lmdb.verify` checks them.
 
 Layout (documented in ``docs/lmdb_format.md``):
 
@@ -183,23 +183,3 @@ def is_manifest(path: str | os.PathLike) -> bool:
 
 def shard_path(dst: str | os.PathLike, index: int) -> Path:
     return Path(f"{dst}-shard-{index:05d}")
-
-
-# ------------------------------------------------------------------------------------------------ the other jobs
-# Writing, reading and verifying packs live in their own modules (lmdb_writer, lmdb_reader, lmdb_verify); their
-# names stay reachable from here, imported on first use, so ``lmdb_format.pack_image_folder`` and the like keep
-# working.
-_MOVED = {
-    "writer": ('OnBad', 'PackWriter', '_image_meta', '_pack_bytes', '_pack_files', '_pack_shards', '_read_record', '_read_records', '_relative', '_reserve_disk', '_scan_sources', '_writeback', 'bad_samples_report_path', 'pack_dataset', 'pack_image_folder', 'pack_workers'),
-    "reader": ('PackReader', 'ShardedPackReader', '_ENVS', '_ENVS_LOCK', '_PID', '_close_inherited', '_open_env', '_prefetch_if_small', '_shared_env', 'close_readers', 'open_pack'),
-    "verify": ('_undecodable', 'verify', 'verify_file'),
-}
-
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    for module, names in _MOVED.items():
-        if name in names:
-            return getattr(importlib.import_module(f"lightning_gpu_boost.core.lmdb_{module}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
