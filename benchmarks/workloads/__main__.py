@@ -38,9 +38,9 @@ from lightning.fabric.utilities.apply_func import move_data_to_device  # noqa: E
 from lightning_gpu_boost.callbacks import GPUBoost, GPUUtilWatchdog  # noqa: E402
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # noqa: E402
 from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
+from lightning_gpu_boost.core.loaders import spanned_loaders  # noqa: E402
 from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
 from lightning_gpu_boost.core.steady import STEADY_TOLERANCE, batch_size_of, worst_halves_diff  # noqa: E402
-from lightning_gpu_boost.core.workers import spanned_loaders  # noqa: E402
 
 sys.path.insert(2, str(HERE.parent))  # benchmarks/, for what its scripts share
 from _common import carried_over  # noqa: E402

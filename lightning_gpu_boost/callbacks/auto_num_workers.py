@@ -14,17 +14,9 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
-from lightning_gpu_boost.core.workers import (
-    WorkerProbe,
-    default_cache_path,
-    iter_loaders,
-    loader_fingerprint,
-    max_workers_for_node,
-    read_cache,
-    set_num_workers,
-    tune_num_workers,
-    write_cache,
-)
+from lightning_gpu_boost.core.loaders import iter_loaders, set_num_workers
+from lightning_gpu_boost.core.workers import WorkerProbe
+from lightning_gpu_boost.core.workers_cache import agreed_probe as core_agreed_probe
 
 
 def agreed_probe(
@@ -36,23 +28,14 @@ def agreed_probe(
     max_workers: int | None = None,
     tolerance: float = 0.03,
 ) -> WorkerProbe:
-    """Tune ``loader`` once for the whole job: from the cache when rank 0 has a hit, else every rank probes its
-    own shard at the same time (as they will load in training) and rank 0's result is broadcast to all."""
-    procs = processes_per_node(trainer) if trainer is not None else 1
-    key = loader_fingerprint(loader, procs)
-    path = cache_path or default_cache_path()
-    probe = read_cache(path, key) if use_cache else None
-    strategy = trainer.strategy if trainer is not None and trainer.world_size > 1 else None
-    need_probe = probe is None if strategy is None else strategy.broadcast(probe is None, src=0)
-    if need_probe:
-        limit = max_workers if max_workers is not None else max_workers_for_node(procs)
-        probe = tune_num_workers(loader, budget_s=budget_s, max_workers=limit, tolerance=tolerance)
-        rank_zero = trainer is None or trainer.global_rank == 0
-        if use_cache and rank_zero:
-            write_cache(path, key, probe)
-    if strategy is not None:
-        probe = WorkerProbe.from_dict(strategy.broadcast(probe.as_dict() if probe else None, src=0))
-    return probe  # type: ignore[return-value]
+    """:func:`~lightning_gpu_boost.core.workers_cache.agreed_probe` with the Trainer's processes per node, rank and
+    communication."""
+    distributed = trainer is not None and trainer.world_size > 1
+    return core_agreed_probe(
+        loader, processes_per_node(trainer) if trainer is not None else 1, budget_s, use_cache, cache_path,
+        max_workers, tolerance, broadcast=(lambda obj, src: trainer.strategy.broadcast(obj, src=src)) if distributed else None,
+        rank=trainer.global_rank if trainer is not None else 0,
+    )  # fmt: skip
 
 
 class AutoNumWorkers(Callback):

@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
+from lightning_gpu_boost.core.loaders import loader_entries
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
@@ -27,7 +28,6 @@ from lightning_gpu_boost.core.verdicts import (
     fetches_batches,
     format_advice,
 )
-from lightning_gpu_boost.core.workers import loader_entries
 
 #: a verdict's window lasts at least this many of NVML's sample periods, and this many seconds, where NVML samples
 MIN_WINDOW_PERIODS, MIN_WINDOW_S = 4, 0.5

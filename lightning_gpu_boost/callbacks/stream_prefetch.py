@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.prefetch import (
     GPUNormalize,
     StreamPrefetcher,
@@ -22,7 +23,6 @@ from lightning_gpu_boost.core.prefetch import (
     move_normalize,
     restore_normalize,
 )
-from lightning_gpu_boost.core.workers import iter_loaders
 
 _USER_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device")
 

@@ -33,12 +33,7 @@ from lightning_gpu_boost.core.verdicts import (
     fetches_batches,
     sample_cost_fixes,
 )
-from lightning_gpu_boost.core.workers import (
-    _shutdown,
-    clone_loader,
-    measure_batches_per_s,
-    tune_num_workers,
-)
+from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s, tune_num_workers
 
 Bottleneck = Literal["loader", "copy", "host", "epoch-start", "compute", "unknown"]
 

@@ -114,7 +114,7 @@ class SpanningLoader:
         self._place: tuple[int | None, int] = (None, 0)  # (epoch handed out, batches of it handed out)
         self._saved: dict[str, Any] | None = None  # a place to start at (load_state_dict)
 
-    #: marks the wrapper for :func:`~lightning_gpu_boost.core.workers.iter_loaders` (worker tuners reach the source)
+    #: marks the wrapper for :func:`~lightning_gpu_boost.core.loaders.iter_loaders` (worker tuners reach the source)
     spans_epochs = True
 
     def _build(self) -> DataLoader:

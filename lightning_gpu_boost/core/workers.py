@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import gc
-import hashlib
-import json
 import logging
 import math
-import os
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,14 +20,6 @@ from lightning_gpu_boost.core.steady import MIN_WINDOW_STEPS, SteadyRate, min_wa
 
 log = logging.getLogger(__name__)
 
-
-def default_cache_path() -> Path:
-    """``$XDG_CACHE_HOME/lightning_gpu_boost/num_workers.json`` (``~/.cache/...`` by default)."""
-    return (
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "lightning_gpu_boost"
-        / "num_workers.json"
-    )
 
 
 @dataclass
@@ -569,147 +557,3 @@ def _decide(
             return probe
     probe.num_workers = choice
     return probe
-
-
-# ------------------------------------------------------------------------------------------------ the cache
-
-
-def _describe(value: Any) -> Any:
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return value
-    if isinstance(value, (list, tuple)):
-        if len(value) > 64:
-            return [len(value), _describe(value[0]), _describe(value[-1])]
-        return [_describe(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _describe(v) for k, v in list(value.items())[:64]}
-    if callable(value):
-        return getattr(value, "__qualname__", type(value).__qualname__)
-    return type(value).__qualname__
-
-
-def loader_fingerprint(loader: DataLoader, procs_per_node: int) -> str:
-    """Key of a probe result: dataset class and settings, transform, collate, batch size, CPU set, processes."""
-    dataset = loader.dataset
-    parts = {
-        "dataset": f"{type(dataset).__module__}.{type(dataset).__qualname__}",
-        "dataset_vars": _describe({k: v for k, v in vars(dataset).items() if not k.startswith("_")}),
-        "len": len(dataset) if hasattr(dataset, "__len__") else None,
-        "collate": _describe(loader.collate_fn),
-        "batch_size": loader.batch_size,
-        "pin_memory": loader.pin_memory,
-        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "usable_cpus": usable_cpus(),
-        "procs_per_node": procs_per_node,
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
-def read_cache(path: str | os.PathLike, key: str) -> WorkerProbe | None:
-    try:
-        entry = json.loads(Path(path).read_text()).get(key)
-    except (OSError, ValueError):
-        return None
-    if entry is None:
-        return None
-    probe = WorkerProbe.from_dict(entry)
-    probe.cached = True
-    return probe
-
-
-def write_cache(path: str | os.PathLike, key: str, probe: WorkerProbe) -> None:
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.loads(path.read_text()) if path.exists() else {}
-        data[key] = {**probe.as_dict(), "cached": False}
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-    except (OSError, ValueError) as err:
-        log.warning("Could not write the num_workers cache %s: %s", path, err)
-
-
-def loader_entries(obj: Any, spanned: bool = False) -> Iterable[tuple[DataLoader, bool]]:
-    """``(DataLoader, spanned)`` for each DataLoader inside ``obj`` (a loader, a list/tuple/dict of loaders, a
-    CombinedLoader's iterables, a StreamPrefetcher); ``spanned``: a ``SpanningLoader`` wraps it (its workers never
-    restart between epochs, whatever its ``persistent_workers`` says; its settings are what those workers take)."""
-    if isinstance(obj, DataLoader):
-        yield obj, spanned
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from loader_entries(value, spanned)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from loader_entries(value, spanned)
-    elif getattr(obj, "spans_epochs", False):  # a SpanningLoader
-        yield from loader_entries(obj.source, True)
-    elif hasattr(obj, "loader"):  # a StreamPrefetcher
-        yield from loader_entries(obj.loader, spanned)
-
-
-def iter_loaders(obj: Any) -> Iterable[DataLoader]:
-    """DataLoaders inside ``obj`` (see :func:`loader_entries`)."""
-    return (loader for loader, _ in loader_entries(obj))
-
-
-def spanned_loaders(obj: Any) -> set[int]:
-    """``id()`` of the DataLoaders inside ``obj`` that a ``SpanningLoader`` wraps (see :func:`loader_entries`)."""
-    return {id(loader) for loader, spanned in loader_entries(obj) if spanned}
-
-
-def set_num_workers(
-    loader: DataLoader,
-    num_workers: int,
-    prefetch_factor: int = 2,
-    persistent_workers: bool = True,
-    worker_niceness: int = 0,
-    rank: int = 0,
-) -> None:
-    """Change a DataLoader's worker count in place, keeping ``prefetch_factor`` and ``persistent_workers``
-    consistent with it (``prefetch_factor`` must be set when going from 0 workers to some); with
-    ``worker_niceness > 0`` the workers run at lower CPU priority (:class:`LowPriorityWorkerInit`).
-
-    Takes effect at the loader's next ``iter()``; an existing persistent iterator is dropped so that it does.
-    ``persistent_workers`` is read-only on an initialized DataLoader; this is the one place that sets it anyway
-    (``tests/core/test_workers.py`` fails loudly if PyTorch changes that).
-    """
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers!r}.")
-    loader.num_workers = num_workers
-    if num_workers > 0 and loader.prefetch_factor is None:
-        loader.prefetch_factor = prefetch_factor
-    object.__setattr__(loader, "persistent_workers", persistent_workers and num_workers > 0)
-    if (
-        worker_niceness > 0
-        and num_workers > 0
-        and not isinstance(loader.worker_init_fn, LowPriorityWorkerInit)
-    ):
-        loader.worker_init_fn = LowPriorityWorkerInit(loader.worker_init_fn, worker_niceness, rank)
-    if getattr(loader, "_iterator", None) is not None:
-        loader._iterator = None  # workers of the old count shut down when it is collected
-
-
-class LowPriorityWorkerInit:
-    """A DataLoader ``worker_init_fn`` that lowers the worker's CPU priority, then runs the original one.
-
-    Niced workers still use every idle cycle, but a training process that needs CPU time gets it first. Off by
-    default: on the H100 machine (ResNet-50 from JPEGs, 16 workers) nice 10 cost 9 % of throughput. Where
-    Lightning would have installed its seeding ``worker_init_fn`` (``seed_everything(workers=True)``), it runs
-    here too.
-    """
-
-    def __init__(self, fn: Any = None, niceness: int = 10, rank: int = 0) -> None:
-        self.fn, self.niceness, self.rank = fn, niceness, rank
-
-    def __call__(self, worker_id: int) -> None:
-        try:
-            os.nice(self.niceness)
-        except OSError:
-            pass
-        if self.fn is not None:
-            self.fn(worker_id)
-        elif int(os.environ.get("PL_SEED_WORKERS", 0)):
-            from lightning.fabric.utilities.seed import pl_worker_init_function
-
-            pl_worker_init_function(worker_id, rank=self.rank)

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import default_num_workers, processes_per_node
+from lightning_gpu_boost.core.loaders import LowPriorityWorkerInit
 from lightning_gpu_boost.core.resume import ResumableDataLoader, gather_ranks, own_rank
-from lightning_gpu_boost.core.workers import LowPriorityWorkerInit
 
 Stage = Literal["train", "val", "test", "predict"]
 
@@ -211,17 +211,22 @@ class BoostDataModule(pl.LightningDataModule):
             return self.num_workers
         if self.num_workers == "auto" and (dataset is not None or stage in self.auto_probes):
             if stage not in self.auto_probes:
-                from lightning_gpu_boost.callbacks.auto_num_workers import agreed_probe
-
                 # the CPU-aware default is "the user's value": kept where the probe cannot rank the counts
                 from lightning_gpu_boost.core.bad_samples import SkipBadCollate
+                from lightning_gpu_boost.core.workers_cache import agreed_probe
 
                 collate = SkipBadCollate(self.collate_fn) if _bad_sample_owner(dataset) else self.collate_fn
                 probe_loader = DataLoader(
                     dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=collate,
                     num_workers=default_num_workers(processes_per_node(self.trainer)),
                 )  # fmt: skip
-                probe = agreed_probe(self.trainer, probe_loader, budget_s=self.auto_budget_s)
+                trainer = self.trainer
+                distributed = trainer is not None and trainer.world_size > 1
+                probe = agreed_probe(
+                    probe_loader, processes_per_node(trainer), budget_s=self.auto_budget_s,
+                    broadcast=(lambda obj, src: trainer.strategy.broadcast(obj, src=src)) if distributed else None,
+                    rank=trainer.global_rank if trainer is not None else 0,
+                )  # fmt: skip
                 self.auto_probes[stage] = probe
                 rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} (measured).\n"
                                f"{probe.format_table()}")  # fmt: skip

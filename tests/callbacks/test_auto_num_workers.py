@@ -4,7 +4,7 @@ import lightning.pytorch as pl
 import pytest
 from torch.utils.data import DataLoader
 
-import lightning_gpu_boost.callbacks.auto_num_workers as anw
+import lightning_gpu_boost.core.workers_cache as workers_cache
 from lightning_gpu_boost.callbacks import AutoNumWorkers
 from tests.core.test_workers import CPUHeavy
 from tests.helpers import IndexDataset, RecordingModel, run_ddp
@@ -50,14 +50,14 @@ def test_cache_hit_skips_the_probe(trainer_kwargs, tmp_path, monkeypatch):
     def no_probe(*args, **kwargs):
         raise AssertionError("probed although the cache had the answer")
 
-    monkeypatch.setattr(anw, "tune_num_workers", no_probe)
+    monkeypatch.setattr(workers_cache, "tune_num_workers", no_probe)
     cb = AutoNumWorkers(cache_path=cache, max_workers=2)
     spy, _ = _fit(trainer_kwargs, cb, DataLoader(Heavy(), batch_size=8))
     assert cb.probes["train"].cached and spy.train == cb.chosen["train"]
 
 
 def test_state_restores_without_probing(trainer_kwargs, monkeypatch):
-    monkeypatch.setattr(anw, "tune_num_workers", lambda *a, **k: pytest.fail("probed"))
+    monkeypatch.setattr(workers_cache, "tune_num_workers", lambda *a, **k: pytest.fail("probed"))
     cb = AutoNumWorkers(use_cache=False)
     cb.load_state_dict({"chosen": {"train": 1}, "probes": {}})
     spy, _ = _fit(trainer_kwargs, cb, DataLoader(IndexDataset(32), batch_size=8))
@@ -65,7 +65,7 @@ def test_state_restores_without_probing(trainer_kwargs, monkeypatch):
 
 
 def test_keeps_an_explicit_user_value(trainer_kwargs, monkeypatch):
-    monkeypatch.setattr(anw, "tune_num_workers", lambda *a, **k: pytest.fail("probed"))
+    monkeypatch.setattr(workers_cache, "tune_num_workers", lambda *a, **k: pytest.fail("probed"))
     spy, _ = _fit(
         trainer_kwargs,
         AutoNumWorkers(keep_user_value=True),

@@ -127,8 +127,8 @@ def test_bad_input_is_named(loader, batches, match):
 
 
 def test_worker_tuners_reach_the_source_and_its_workers_take_their_choice():
+    from lightning_gpu_boost.core.loaders import iter_loaders, set_num_workers, spanned_loaders
     from lightning_gpu_boost.core.prefetch import StreamPrefetcher
-    from lightning_gpu_boost.core.workers import iter_loaders, set_num_workers, spanned_loaders
 
     source = DataLoader(Stamped(8), batch_size=2)
     loader = SpanningLoader(source)

@@ -6,15 +6,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from lightning_gpu_boost.core import workers
-from lightning_gpu_boost.core.workers import (
-    WorkerProbe,
-    loader_fingerprint,
-    read_cache,
-    set_num_workers,
-    tune_num_workers,
-    write_cache,
-)
+from lightning_gpu_boost.core import loaders, workers
+from lightning_gpu_boost.core.loaders import set_num_workers
+from lightning_gpu_boost.core.workers import WorkerProbe, tune_num_workers
+from lightning_gpu_boost.core.workers_cache import loader_fingerprint, read_cache, write_cache
 
 
 class CPUHeavy(Dataset):
@@ -110,7 +105,7 @@ def test_low_priority_workers(tmp_path):
 
     loader = DataLoader(Nice(torch.zeros(4)), batch_size=2)
     set_num_workers(loader, 1, worker_niceness=5)
-    assert isinstance(loader.worker_init_fn, workers.LowPriorityWorkerInit)
+    assert isinstance(loader.worker_init_fn, loaders.LowPriorityWorkerInit)
     assert {float(x) for b in loader for x in b} == {os.nice(0) + 5.0}
 
 
