@@ -408,8 +408,10 @@ class Refill:
                     parts.append((item.batch, n))
                     buffered += n
                 continue
-            cuttable = not given_up and layout is not None and can_refill(layout) and (item.layout is None or n < 2
-                                                                                      or can_refill(item.layout))
+            # a batch of one sample (or none) says no layout: cuttable until a batch that says one comes
+            known = layout is not None and can_refill(layout) and (item.layout is None or n < 2
+                                                                   or can_refill(item.layout))  # fmt: skip
+            cuttable = not given_up and (known or (layout is None and n < 2))
             if refilling and n > 0 and (
                 not cuttable or (reference is not None and _signature(item.batch, layout) != reference)
             ):
@@ -439,11 +441,11 @@ class Refill:
                     continue
                 refilling = True
             if n > 0:
-                if reference is None:
+                if reference is None and layout is not None:
                     reference = _signature(item.batch, layout)
                 parts.append((item.batch, n))
                 buffered += n
-            while buffered >= size:
+            while buffered >= size and layout is not None:
                 ready.append(self._cut(parts, size, layout))
                 buffered -= size
             while len(ready) > 1:
@@ -465,9 +467,11 @@ class Refill:
             tail = self._sizes(buffered, owed, size)
             if owed > buffered and self.warn is not None:
                 self.warn(f"Too many bad samples: this epoch has {owed - buffered} batch(es) fewer than its length.")
+        if layout is None:  # only batches of one sample came: nothing tells how to join them
+            tail = [n for _, n in parts]
         for j, k in enumerate(tail):
             self.reformed += 1
-            batch = self._cut(parts, k, layout)
+            batch = self._cut(parts, k, layout) if layout is not None else parts.pop(0)[0]
             buffered -= k
             emitted += 1
             mark(tail[j + 1 :])
