@@ -81,6 +81,10 @@ class AutoNumWorkers(Callback):
         >>> trainer = Trainer(callbacks=[AutoNumWorkers(budget_s=20)], logger=False, enable_progress_bar=False)
     """
 
+    #: the run record's fact (:mod:`._run_facts`): this part chooses ``num_workers``
+    tunes_num_workers = True
+
+
     def __init__(
         self,
         budget_s: float = 30.0,

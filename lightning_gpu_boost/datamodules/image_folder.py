@@ -76,6 +76,9 @@ class ImageFolderDataset(Dataset):
         #: counts of skipped samples (``bad_samples="skip"`` only: shared memory, passed to every worker)
         self.bad_sample_tracker = BadSampleTracker(len(self.samples)) if bad_samples == "skip" else None
 
+    #: the run record's fact (:mod:`~lightning_gpu_boost.callbacks._run_facts`): samples are uint8 CHW images
+    uint8_images = True
+
     def sample_path(self, index: int) -> str:
         """Sample ``index``'s original file."""
         return self.samples[index][0]

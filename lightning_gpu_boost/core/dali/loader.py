@@ -146,6 +146,8 @@ class DALILoader:
     """
 
     batches_on_device = True  # StreamPrefetch leaves these loaders alone
+    #: the run record's fact (:mod:`~lightning_gpu_boost.callbacks._run_facts`): it decodes with DALI
+    dali = True
     batch_sampler = None  # Lightning looks for a sampler (``set_epoch``) and a batch sampler on every loader
 
     def __init__(

@@ -1,0 +1,185 @@
+"""What :class:`~lightning_gpu_boost.callbacks.GPUUtilWatchdog` says, framework-free: the messages of each verdict,
+one rank's end-of-run summary, the table over ranks and the timeline plot. The callback measures; this module words
+and draws what it measured."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, format_advice
+
+__all__ = ["MIN_WINDOW_PERIODS", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
+           "starving_message", "summary_evidence"]  # fmt: skip
+
+
+#: a verdict's window lasts at least this many of NVML's sample periods, and this many seconds, where NVML samples
+MIN_WINDOW_PERIODS, MIN_WINDOW_S = 4, 0.5
+
+
+def nanmean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def window_long_enough(sampler: Any, since: float) -> bool:
+    """NVML's samples each cover a driver period (1/6 s to 1 s): a window closes after a few of them (always, where
+    no sampler works). ``since``: the window's start on ``time.monotonic()``."""
+    if sampler is None or not sampler.available:
+        return True
+    least = max(MIN_WINDOW_S, MIN_WINDOW_PERIODS * (sampler.sample_period() or 0.0))
+    return time.monotonic() - since >= least
+
+
+def window_metrics(recent: Any, sampler: Any, since: float, starved: bool) -> dict[str, float | None]:
+    """A window's figures from its step timings (``recent``) and the NVML sampler's readings since ``since``."""
+    wait = nanmean([t.wait_ms for t in recent])
+    busy = nanmean([t.busy_ms for t in recent])
+    util = sampler.mean_util(since=since, settle=True) if sampler is not None else None
+    mem = sampler.memory_fraction() if sampler is not None else None
+    return {
+        "data_wait_frac": wait / (wait + busy) if wait + busy > 0 else float("nan"),
+        "data_wait_ms": wait,
+        "step_ms": busy,
+        "gpu_util": util,
+        "gpu_mem_frac": mem,
+        "starved": 1.0 if starved else 0.0,
+    }
+
+
+def between_message(e: Evidence, advice: list[str]) -> str:
+    """The end-of-run warning where the time outside the steps set the pace."""
+    return (
+        f"{100 * e.between_frac:.0f} % of the training run passed outside the steps (epoch ends with worker "
+        f"restarts, validation {100 * (e.validation_frac or 0):.0f} %, checkpoints), which the per-step figures leave "
+        "out.\n" + format_advice(advice)
+    )
+
+
+def evidence(m: dict[str, float | None]) -> Evidence:
+    """A window's metrics as the verdicts read them."""
+    return Evidence(
+        data_wait_frac=float("nan") if m["data_wait_frac"] is None else float(m["data_wait_frac"]),
+        step_ms=float(m["step_ms"] or 0.0), data_wait_ms=float(m["data_wait_ms"] or 0.0),
+        gpu_util=m["gpu_util"], gpu_mem_frac=m["gpu_mem_frac"],
+    )  # fmt: skip
+
+
+def starving_message(m: dict[str, float | None], facts: RunFacts, loaders: list[Any], dali: list[Any],
+                     verdict: str) -> str:  # fmt: skip
+    """The data-bound (or copy-bound) warning: what is seen, the train loader's settings, the changes that fix it."""
+    util = "unknown" if m["gpu_util"] is None else f"{m['gpu_util']:.0f} %"
+    who = "GPU" if facts.cuda else "Training"
+    lines = [
+        f"{who} is starving for data: {100 * m['data_wait_frac']:.0f} % of each step is spent waiting for the "  # type: ignore[operator]
+        f"next batch ({m['data_wait_ms']:.1f} ms waiting vs {m['step_ms']:.1f} ms computing per step), "
+        f"GPU utilization {util}."
+    ]
+    for loader in loaders[:1]:
+        lines.append(
+            f"Train loader: num_workers={loader.num_workers} of {facts.usable_cpus} usable CPUs per process, "
+            f"batch_size={loader.batch_size}, pin_memory={loader.pin_memory}, persistent_workers="
+            f"{loader.persistent_workers}"
+            + (f", prefetch to GPU={'on' if facts.prefetch else 'off'}." if facts.cuda else ".")
+        )
+    for pipe in dali[:1]:
+        lines.append(
+            f"Train loader: DALI pipeline on {pipe.device}, num_threads={pipe.num_threads}, read_threads="
+            f"{pipe.read_threads}, prefetch_queue_depth={pipe.prefetch_queue_depth}."
+        )
+    verdict = verdict if verdict in ("data-bound", "copy-bound") else "data-bound"
+    return "\n".join([*lines, format_advice(advise(verdict, facts, evidence(m)))])  # type: ignore[arg-type]
+
+
+def host_message(m: dict[str, float | None], facts: RunFacts) -> str:
+    e = evidence(m)
+    return (
+        f"GPU is idle inside the step: utilization {m['gpu_util']:.0f} % while steps wait only "
+        f"{100 * e.data_wait_frac:.0f} % of their time for data ({m['step_ms']:.1f} ms per step). The step is "
+        "host-bound (a sync, Python work or kernel launches), not data-bound.\n"
+        + format_advice(advise("host-bound", facts, e))
+    )
+
+
+def small_message(m: dict[str, float | None]) -> str:
+    return (
+        f"GPU is busy but small: it waits little for data ({100 * m['data_wait_frac']:.0f} % of each step) and "  # type: ignore[operator]
+        f"runs kernels {m['gpu_util']:.0f} % of the time, with {100 * (m['gpu_mem_frac'] or 0):.0f} % of its "
+        f"memory in use and {m['step_ms']:.1f} ms steps. " + format_advice(advise("small", RunFacts()))
+    )
+
+
+def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmup_steps: int, between_s: float,
+                 validation_s: float, wall_s: float) -> dict[str, float]:  # fmt: skip
+    """One rank's run: its totals after warm-up, its mean utilization and memory, and the shares of the run (from
+    its first step on, ``wall_s``) spent between steps and validating."""
+    wait, busy = totals["wait_ms"], totals["busy_ms"]
+    utils = [p["gpu_util"] for p in timeline if "gpu_util" in p]
+    mems = [p["gpu_mem_frac"] for p in timeline if "gpu_mem_frac" in p]
+    return {
+        "steps": float(totals["steps"]),
+        "data_wait_frac": wait / (wait + busy) if wait + busy > 0 else float("nan"),
+        "data_wait_ms": wait / max(1, totals["steps"] - warmup_steps),
+        "step_ms": busy / max(1, totals["steps"] - warmup_steps),
+        "gpu_util": sum(utils) / len(utils) if utils else float("nan"),
+        "gpu_mem_frac": sum(mems) / len(mems) if mems else float("nan"),
+        "starved_frac": totals["starved_steps"] / max(1, totals["steps"] - warmup_steps),
+        "between_frac": between_s / wall_s if wall_s > 0 else float("nan"),
+        "validation_frac": validation_s / wall_s if wall_s > 0 else float("nan"),
+    }
+
+
+def slowest(summaries: list[dict[str, float]]) -> int:
+    """The rank that waited most for data (it sets the pace)."""
+
+    def key(rank: int) -> float:
+        value = summaries[rank]["data_wait_frac"]
+        return -1.0 if math.isnan(value) else value
+
+    return max(range(len(summaries)), key=key)
+
+
+def summary_evidence(s: dict[str, float]) -> Evidence:
+    """A rank's summary as the run's verdict reads it."""
+    return Evidence(
+        data_wait_frac=s["data_wait_frac"], step_ms=s["step_ms"], data_wait_ms=s["data_wait_ms"],
+        gpu_util=None if math.isnan(s["gpu_util"]) else s["gpu_util"],
+        gpu_mem_frac=None if math.isnan(s["gpu_mem_frac"]) else s["gpu_mem_frac"],
+        between_frac=s["between_frac"], validation_frac=s["validation_frac"],
+    )  # fmt: skip
+
+
+def format_summary(summaries: list[dict[str, float]], verdict: str | None, advice: list[str]) -> str:
+    rows = ["rank | steps | GPU util | data wait | step ms | starved | outside steps",
+            "---|---|---|---|---|---|---"]  # fmt: skip
+    for rank, s in enumerate(summaries):
+        util = "n/a" if math.isnan(s["gpu_util"]) else f"{s['gpu_util']:.0f} %"
+        between = "n/a" if math.isnan(s["between_frac"]) else f"{100 * s['between_frac']:.0f} %"
+        rows.append(
+            f"{rank} | {s['steps']:.0f} | {util} | {100 * s['data_wait_frac']:.0f} % | {s['step_ms']:.1f} | "
+            f"{100 * s['starved_frac']:.0f} % | {between}"
+        )
+    told = " ".join(f"({i + 1}) {a}" for i, a in enumerate(advice or []))
+    return (
+        "GPUUtilWatchdog summary (the slowest rank sets the pace)\n" + "\n".join(rows) +
+        f"\nverdict: {verdict} (slowest rank: {slowest(summaries)}); advice: {told}"
+    )  # fmt: skip
+
+
+def plot_timeline(timeline: list[dict[str, float]], path: str) -> None:
+    """A PNG of the data wait and GPU utilization per window (needs matplotlib: the ``plot`` extra)."""
+    from lightning_gpu_boost._imports import require
+
+    fig = require("matplotlib.figure").Figure(figsize=(8, 3))
+    ax = fig.subplots()
+    steps = [p["step"] for p in timeline]
+    ax.plot(steps, [100 * p["data_wait_frac"] for p in timeline], label="data wait (%)")
+    if any("gpu_util" in p for p in timeline):
+        ax.plot(steps, [p.get("gpu_util", float("nan")) for p in timeline], label="GPU util (%)")
+    ax.set_xlabel("step")
+    ax.set_ylim(0, 100)
+    ax.legend()
+    ax.set_title("GPUUtilWatchdog")
+    fig.tight_layout()
+    fig.savefig(path)
