@@ -24,10 +24,9 @@ from _common import demo_tree, fit_resnet50, parser_for
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.cpus import usable_cpus
-from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.core.lmdb import pack_image_folder
 from lightning_gpu_boost.core.results import bar, write_result
-from lightning_gpu_boost.core.steady import worst_halves_diff
+from lightning_gpu_boost.core.steady import ResidentBatches, worst_halves_diff
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
 
 

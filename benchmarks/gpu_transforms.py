@@ -61,10 +61,9 @@ from torch.utils.data import DataLoader, Dataset, default_collate  # noqa: E402
 
 from lightning_gpu_boost.callbacks import StreamPrefetch  # noqa: E402
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # noqa: E402
-from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
 from lightning_gpu_boost.core.gpu_transforms import JointAugment, LogMel, RandomResizedCropFlip, pad_collate  # noqa: E402
 from lightning_gpu_boost.core.results import bar, environment, write_result  # noqa: E402
-from lightning_gpu_boost.core.steady import worst_halves_diff  # noqa: E402
+from lightning_gpu_boost.core.steady import ResidentBatches, worst_halves_diff  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SIZES = {

@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 import tempfile
 
-from lightning_gpu_boost.core.doctor import diagnose
 from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
+from lightning_gpu_boost.doctor import diagnose
 from lightning_gpu_boost.models import ImageClassifier
 
 

@@ -21,8 +21,8 @@ import torch
 from _common import demo_tree, fit_resnet50, parser_for
 from dali import _value
 
-from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.core.results import write_result
+from lightning_gpu_boost.core.steady import ResidentBatches
 from lightning_gpu_boost.core.step_timer import StepTimer
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
 

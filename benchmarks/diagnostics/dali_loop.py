@@ -27,8 +27,8 @@ import torch
 from _common import demo_tree, parser_for
 
 from lightning_gpu_boost.core.dali import classification_graph
-from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.core.results import write_result
+from lightning_gpu_boost.core.steady import ResidentBatches
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
 from lightning_gpu_boost.models import ImageClassifier
 

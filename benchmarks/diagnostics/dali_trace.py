@@ -25,8 +25,8 @@ from _common import demo_tree, fit_resnet50, parser_for
 from dali_loop import plain_loop
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-from lightning_gpu_boost.core.doctor import ResidentBatches
 from lightning_gpu_boost.core.results import write_result
+from lightning_gpu_boost.core.steady import ResidentBatches
 from lightning_gpu_boost.datamodules.dali import DALIDataModule
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -42,9 +42,9 @@ from lightning.fabric.utilities.apply_func import move_data_to_device  # noqa: E
 
 from lightning_gpu_boost.callbacks import StreamPrefetch  # noqa: E402
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # noqa: E402
-from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
 from lightning_gpu_boost.core.gpu_transforms import JointAugment  # noqa: E402
 from lightning_gpu_boost.core.results import environment  # noqa: E402
+from lightning_gpu_boost.core.steady import ResidentBatches  # noqa: E402
 
 
 class HighPriorityStep(pl.Callback):

@@ -37,10 +37,14 @@ from lightning.fabric.utilities.apply_func import move_data_to_device  # noqa: E
 
 from lightning_gpu_boost.callbacks import GPUBoost, GPUUtilWatchdog  # noqa: E402
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # noqa: E402
-from lightning_gpu_boost.core.doctor import ResidentBatches  # noqa: E402
 from lightning_gpu_boost.core.loaders import spanned_loaders  # noqa: E402
 from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
-from lightning_gpu_boost.core.steady import STEADY_TOLERANCE, batch_size_of, worst_halves_diff  # noqa: E402
+from lightning_gpu_boost.core.steady import (  # noqa: E402
+    STEADY_TOLERANCE,
+    ResidentBatches,
+    batch_size_of,
+    worst_halves_diff,
+)
 
 sys.path.insert(2, str(HERE.parent))  # benchmarks/, for what its scripts share
 from _common import carried_over  # noqa: E402
@@ -221,7 +225,7 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
 def doctor(name: str, size: str, data_root: Path) -> dict[str, Any]:
     """``doctor``'s diagnosis of the plain project (its own loader and model, a fresh build): the verdict it names
     from measuring the loader alone, one batch's copy and the step on a resident batch."""
-    from lightning_gpu_boost.core.doctor import diagnose
+    from lightning_gpu_boost.doctor import diagnose
 
     module = importlib.import_module(name)
     model, train, val, kwargs = module.build(module.prepare(Path(data_root), size), size)

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._logging import node_info
+from lightning_gpu_boost._seeding import lightning_worker_seed
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.loaders import iter_loaders, set_num_workers
@@ -153,7 +154,7 @@ class AutoNumWorkers(Callback):
             self.prefetch_factor,
             self.persistent_workers,
             self.worker_niceness,
-            trainer.global_rank,
+            seed_fn=lightning_worker_seed(trainer.global_rank),
         )
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

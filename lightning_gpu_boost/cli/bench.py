@@ -58,10 +58,9 @@ def run(args: argparse.Namespace) -> int:
     from lightning_gpu_boost.baselines import plain_image_folder
     from lightning_gpu_boost.cli.demo import _fit
     from lightning_gpu_boost.core.cpus import usable_cpus
-    from lightning_gpu_boost.core.doctor import ResidentBatches
     from lightning_gpu_boost.core.images import make_jpeg_folder
     from lightning_gpu_boost.core.results import bar, write_result
-    from lightning_gpu_boost.core.steady import worst_halves_diff
+    from lightning_gpu_boost.core.steady import ResidentBatches, worst_halves_diff
     from lightning_gpu_boost.datamodules import ImageFolderDataModule
     from lightning_gpu_boost.models import ImageClassifier
 

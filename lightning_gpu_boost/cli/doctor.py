@@ -75,7 +75,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lightning_gpu_boost.core.doctor import diagnose
+    from lightning_gpu_boost.doctor import diagnose
 
     datamodule, model = build(args)
     trainer_kwargs: dict[str, Any] = {"accelerator": args.accelerator}

@@ -49,11 +49,12 @@ def set_num_workers(
     prefetch_factor: int = 2,
     persistent_workers: bool = True,
     worker_niceness: int = 0,
-    rank: int = 0,
+    seed_fn: Any = None,
 ) -> None:
     """Change a DataLoader's worker count in place, keeping ``prefetch_factor`` and ``persistent_workers``
     consistent with it (``prefetch_factor`` must be set when going from 0 workers to some); with
-    ``worker_niceness > 0`` the workers run at lower CPU priority (:class:`LowPriorityWorkerInit`).
+    ``worker_niceness > 0`` the workers run at lower CPU priority (:class:`LowPriorityWorkerInit`), then run the
+    loader's own ``worker_init_fn``, or ``seed_fn`` where it has none (the framework's worker seeding).
 
     Takes effect at the loader's next ``iter()``; an existing persistent iterator is dropped so that it does.
     ``persistent_workers`` is read-only on an initialized DataLoader; this is the one place that sets it anyway
@@ -70,7 +71,7 @@ def set_num_workers(
         and num_workers > 0
         and not isinstance(loader.worker_init_fn, LowPriorityWorkerInit)
     ):
-        loader.worker_init_fn = LowPriorityWorkerInit(loader.worker_init_fn, worker_niceness, rank)
+        loader.worker_init_fn = LowPriorityWorkerInit(loader.worker_init_fn or seed_fn, worker_niceness)
     if getattr(loader, "_iterator", None) is not None:
         loader._iterator = None  # workers of the old count shut down when it is collected
 
@@ -79,13 +80,13 @@ class LowPriorityWorkerInit:
     """A DataLoader ``worker_init_fn`` that lowers the worker's CPU priority, then runs the original one.
 
     Niced workers still use every idle cycle, but a training process that needs CPU time gets it first. Off by
-    default: on the H100 machine (ResNet-50 from JPEGs, 16 workers) nice 10 cost 9 % of throughput. Where
-    Lightning would have installed its seeding ``worker_init_fn`` (``seed_everything(workers=True)``), it runs
-    here too.
+    default: on the H100 machine (ResNet-50 from JPEGs, 16 workers) nice 10 cost 9 % of throughput. ``fn``: the
+    ``worker_init_fn`` it wraps (where Lightning seeds workers, its seeding: :func:`~lightning_gpu_boost._seeding.
+    lightning_worker_seed`).
     """
 
-    def __init__(self, fn: Any = None, niceness: int = 10, rank: int = 0) -> None:
-        self.fn, self.niceness, self.rank = fn, niceness, rank
+    def __init__(self, fn: Any = None, niceness: int = 10) -> None:
+        self.fn, self.niceness = fn, niceness
 
     def __call__(self, worker_id: int) -> None:
         try:
@@ -94,7 +95,3 @@ class LowPriorityWorkerInit:
             pass
         if self.fn is not None:
             self.fn(worker_id)
-        elif int(os.environ.get("PL_SEED_WORKERS", 0)):
-            from lightning.fabric.utilities.seed import pl_worker_init_function
-
-            pl_worker_init_function(worker_id, rank=self.rank)

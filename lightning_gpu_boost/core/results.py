@@ -41,7 +41,7 @@ def _git_commit() -> str | None:
 
 def environment() -> dict[str, Any]:
     """GPU, CPU count, library versions and git commit of this run."""
-    import lightning
+    from importlib.metadata import version
 
     env: dict[str, Any] = {
         "date": _dt.date.today().isoformat(),
@@ -52,7 +52,7 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "lightning": lightning.__version__,
+        "lightning": version("lightning"),
         "git_commit": _git_commit(),
     }
     for name, module in (("dali", "nvidia.dali"), ("torchvision", "torchvision"), ("pillow", "PIL")):

@@ -235,3 +235,15 @@ class TimedIterable:
         if name == "iterable":
             raise AttributeError(name)
         return getattr(self.iterable, name)
+
+class ResidentBatches:
+    """The same batch ``length`` times per epoch: a loader that costs nothing (the ceiling's loader)."""
+
+    def __init__(self, batch: Any, length: int) -> None:
+        self.batch, self.length = batch, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        return (self.batch for _ in range(self.length))

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost._seeding import lightning_worker_seed
 from lightning_gpu_boost.core.cpus import default_num_workers, processes_per_node
 from lightning_gpu_boost.core.loaders import LowPriorityWorkerInit
 from lightning_gpu_boost.core.resume import ResumableDataLoader, gather_ranks, own_rank
@@ -257,7 +258,7 @@ class BoostDataModule(pl.LightningDataModule):
             kwargs["prefetch_factor"] = self.prefetch_factor
             if self.worker_niceness:
                 rank = self.trainer.global_rank if self.trainer is not None else 0
-                kwargs["worker_init_fn"] = LowPriorityWorkerInit(None, self.worker_niceness, rank)
+                kwargs["worker_init_fn"] = LowPriorityWorkerInit(lightning_worker_seed(rank), self.worker_niceness)
         return kwargs
 
     def make_dataloader(self, dataset: Dataset, stage: Stage) -> DataLoader:

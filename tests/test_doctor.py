@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_gpu_boost.core.doctor import Diagnosis, diagnose
+from lightning_gpu_boost.doctor import Diagnosis, diagnose
 from tests.helpers import VectorDataModule, VectorModel
 
 
@@ -43,7 +43,7 @@ def test_arguments_are_checked():
 
 
 def test_conclusions_from_figures():
-    from lightning_gpu_boost.core.doctor import _conclude
+    from lightning_gpu_boost.doctor import _conclude
 
     copy_bound = Diagnosis("cuda:0", 256, 16, loader_samples_per_s=50_000, copy_ms=3.0, step_ms=10.0)
     _conclude(copy_bound)

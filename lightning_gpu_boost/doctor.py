@@ -1,4 +1,6 @@
-"""``diagnose``: where the training time goes, stage by stage, and what to change.
+"""``diagnose``: where the training time goes, stage by stage, and what to change (the ``doctor`` command).
+
+Lightning-bound (it times the model's step in a real Trainer), so it lives above the framework-free cores.
 
 Measures the training loader alone (at its worker count and at the count :func:`tune_num_workers` picks), the
 host-to-GPU copy of one batch, and the model's training step on a batch already on the device (the ceiling:
@@ -120,17 +122,6 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-class ResidentBatches:
-    """The same batch ``length`` times per epoch: a loader that costs nothing (the ceiling's loader)."""
-
-    def __init__(self, batch: Any, length: int) -> None:
-        self.batch, self.length = batch, length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __iter__(self):
-        return (self.batch for _ in range(self.length))
 
 
 class _ResidentUntil:
