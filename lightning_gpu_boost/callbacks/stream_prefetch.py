@@ -16,13 +16,8 @@ from torch.utils.data import DataLoader
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.loaders import iter_loaders
-from lightning_gpu_boost.core.prefetch import (
-    GPUNormalize,
-    StreamPrefetcher,
-    check_normalize,
-    move_normalize,
-    restore_normalize,
-)
+from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
+from lightning_gpu_boost.core.prefetch import GPUNormalize, StreamPrefetcher, check_normalize
 
 _USER_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device")
 

@@ -242,12 +242,8 @@ def _imagenet_tf():
 def test_move_normalize_gives_uint8_that_normalize_on_device_to_the_same_floats():
     from torch.utils.data import DataLoader
 
-    from lightning_gpu_boost.core.prefetch import (
-        GPUNormalize,
-        Uint8Transform,
-        move_normalize,
-        restore_normalize,
-    )
+    from lightning_gpu_boost.core.move_normalize import Uint8Transform, move_normalize, restore_normalize
+    from lightning_gpu_boost.core.prefetch import GPUNormalize
     from tests.helpers import FakeImageFolder
 
     ds = FakeImageFolder(transform=_imagenet_tf())
@@ -268,7 +264,7 @@ def test_move_normalize_gives_uint8_that_normalize_on_device_to_the_same_floats(
 def test_move_normalize_leaves_other_datasets_and_transforms_alone():
     from torch.utils.data import Subset
 
-    from lightning_gpu_boost.core.prefetch import move_normalize
+    from lightning_gpu_boost.core.move_normalize import move_normalize
     from tests.helpers import Compose, FakeImageFolder, IndexDataset, ToTensor
 
     plain = IndexDataset(4)
@@ -284,7 +280,7 @@ def test_move_normalize_leaves_other_datasets_and_transforms_alone():
 def test_move_normalize_grayscale_and_non_8bit_inputs():
     import numpy as np
 
-    from lightning_gpu_boost.core.prefetch import move_normalize
+    from lightning_gpu_boost.core.move_normalize import move_normalize
     from tests.helpers import Compose, FakeImageFolder, Normalize, ToTensor
 
     gray = FakeImageFolder(mode="L", transform=Compose([ToTensor(), Normalize((0.5,), (0.25,))]))
