@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+__all__ = ['check_bool', 'check_callable', 'check_choice', 'check_dict', 'check_existing_path', 'check_image_folder', 'check_image_source', 'check_int', 'check_normalize', 'check_number', 'check_pack', 'check_pair', 'check_str', 'check_writable_file']
+
 
 def _bad(name: str, value: Any, valid: str, error: type[Exception] = ValueError) -> Exception:
     return error(f"{name} must be {valid}, got {value!r}.")

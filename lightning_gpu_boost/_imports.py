@@ -9,6 +9,8 @@ import importlib
 import importlib.util
 from types import ModuleType
 
+__all__ = ['module_available', 'require']
+
 #: optional module -> (pip extra, what it is for)
 _EXTRAS: dict[str, tuple[str, str]] = {
     "pynvml": ("nvml", "GPU utilization sampling"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+__all__ = ['node_info']
+
 #: the logger of Lightning's ``rank_zero_info`` (Lightning shows its INFO messages), without its rank-zero guard
 _log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
 

@@ -13,6 +13,8 @@ import importlib.util
 import sys
 from typing import Any
 
+__all__ = ['install']
+
 _TARGET = "lightning.pytorch.strategies"
 
 

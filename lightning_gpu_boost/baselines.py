@@ -22,6 +22,8 @@ from lightning_gpu_boost.core.images import (
     scan_image_folder,
 )
 
+__all__ = ['PlainImageFolder', 'plain_image_folder']
+
 
 class PlainImageFolder(Dataset):
     """torchvision-free equivalent of ``ImageFolder(root, RandomResizedCrop + flip + ToTensor + Normalize)``."""

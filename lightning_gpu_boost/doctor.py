@@ -37,6 +37,8 @@ from lightning_gpu_boost.core.verdicts import (
 )
 from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s, tune_num_workers
 
+__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_step', 'measure_step_ms', 'measure_validation_s']
+
 Bottleneck = Literal["loader", "copy", "host", "epoch-start", "compute", "unknown"]
 
 #: each bottleneck's name in the taxonomy the watchdog shares (:mod:`~lightning_gpu_boost.core.verdicts`)

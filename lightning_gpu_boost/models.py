@@ -11,6 +11,8 @@ from torch import nn
 from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD
 from lightning_gpu_boost.core.prefetch import GPUNormalize
 
+__all__ = ['Arch', 'ImageClassifier', 'build_backbone']
+
 Arch = Literal["small_cnn", "two_conv", "resnet50"]
 
 

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ['DataLoaderHook', 'add_dataloader_hook', 'processing_stage', 'remove_dataloader_hook']
+
 _REGISTRY = "_gpu_boost_dataloader_hooks"
 _SAVED = "_gpu_boost_saved_process_dataloader"
 

@@ -19,6 +19,8 @@ from lightning_gpu_boost.core.loaders import iter_loaders, set_num_workers
 from lightning_gpu_boost.core.workers import WorkerProbe
 from lightning_gpu_boost.core.workers_cache import agreed_probe as core_agreed_probe
 
+__all__ = ['AutoNumWorkers', 'agreed_probe']
+
 
 def agreed_probe(
     trainer: pl.Trainer | None,

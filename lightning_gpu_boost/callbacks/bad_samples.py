@@ -13,6 +13,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_gpu_boost.core.bad_samples import describe
 
+__all__ = ['BadSampleReport', 'attach']
+
 
 class BadSampleReport(pl.Callback):
     """Logs how many bad samples each epoch skipped and warns once per epoch with the first few paths.

@@ -23,6 +23,8 @@ from lightning_gpu_boost.strategies.presets import (
     restore_backends,
 )
 
+__all__ = ['GPUBoost']
+
 _HOOKS = (
     "setup", "teardown", "on_fit_start", "on_train_start", "on_train_end", "on_train_epoch_start",
     "on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_validation_end", "on_save_checkpoint",

@@ -39,6 +39,8 @@ from lightning_gpu_boost.core.watchdog_report import (
     window_metrics,
 )
 
+__all__ = ['GPUStarvationError', 'GPUUtilWatchdog']
+
 
 class GPUStarvationError(RuntimeError):
     """Raised by :class:`GPUUtilWatchdog` with ``on_starvation="raise"``."""

@@ -13,6 +13,8 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.spanning import RESTART_SHARE, SpanningLoader, span_decision
 
+__all__ = ['SpanEpochs']
+
 
 def _batches(length: int, limit: int | float) -> int | None:
     """Batches per epoch of a loader of ``length`` batches under Lightning's ``limit_*_batches`` (an int caps it);

@@ -19,6 +19,8 @@ from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
 from lightning_gpu_boost.core.prefetch import GPUNormalize, StreamPrefetcher, check_normalize
 
+__all__ = ['StreamPrefetch']
+
 _USER_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device")
 
 

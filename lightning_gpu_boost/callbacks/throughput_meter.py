@@ -21,6 +21,8 @@ from lightning_gpu_boost.core.steady import (
     steady_window,
 )
 
+__all__ = ['DRAIN_STEPS', 'MAX_EXTENSION', 'ThroughputMeter']
+
 #: steps whose waits show that the loader's queue has drained (their median wait)
 DRAIN_STEPS = 8
 #: with ``steps``, a window whose halves differ goes on up to this many times ``steps``

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+__all__ = ['add_arguments', 'run']
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

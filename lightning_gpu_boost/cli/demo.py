@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+__all__ = ['add_arguments', 'queue_bound', 'run']
+
 
 def _defaults(gpu: bool, has_torchvision: bool) -> dict[str, Any]:
     if gpu and has_torchvision:

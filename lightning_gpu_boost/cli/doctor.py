@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+__all__ = ['add_arguments', 'build', 'load_class', 'run']
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", help="the DataModule's class path, e.g. my_project.data.MyDataModule")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+__all__ = ['add_pack_arguments', 'add_verify_arguments', 'run_pack', 'run_verify']
+
 
 def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="class-per-folder image tree")

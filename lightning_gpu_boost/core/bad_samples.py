@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+__all__ = ['BROKEN_KINDS', 'BadSample', 'BadSampleError', 'BadSampleTracker', 'CHECK_LEVELS', 'CheckLevel', 'Counted', 'Layout', 'POLICIES', 'Refill', 'SkipBadCollate', 'UNUSUAL_KINDS', 'add_broken_files', 'add_unusual_images', 'bad_sample_error', 'batch_layout', 'can_refill', 'check_file', 'check_image', 'decode_problem', 'describe']
+
 CheckLevel = Literal["structure", "decode"]
 CHECK_LEVELS = ("structure", "decode")
 POLICIES = ("raise", "skip")

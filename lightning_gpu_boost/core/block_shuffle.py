@@ -34,6 +34,8 @@ from torch.utils.data import DistributedSampler
 
 from lightning_gpu_boost import _checks as checks
 
+__all__ = ['BlockReadAhead', 'BlockShuffleSampler', 'block_order', 'block_size_for', 'order_stats', 'read_ahead_windows']
+
 
 def block_order(
     n: int, block_size: int, window_blocks: int, seed: int, epoch: int, rank: int = 0, num_replicas: int = 1,

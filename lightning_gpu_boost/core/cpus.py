@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+__all__ = ['default_num_workers', 'processes_per_node', 'usable_cpus']
+
 
 def _cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """CPU quota of this container in CPUs (cgroup v2 ``cpu.max`` or v1 ``cfs_quota/period``), ``None`` if unlimited."""

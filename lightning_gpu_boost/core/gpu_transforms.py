@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 from lightning_gpu_boost import _checks as checks
 
+__all__ = ['CROP_ATTEMPTS', 'JointAugment', 'LogMel', 'MIP_LEVELS', 'RandomResizedCropFlip', 'pad_collate']
+
 
 def pad_collate(samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A ``collate_fn`` for variable-size uint8 CHW images: ``(images, sizes, labels)`` with the images padded

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+__all__ = ['Box', 'IMAGENET_MEAN', 'IMAGENET_STD', 'IMG_EXTENSIONS', 'center_crop_box', 'check_same_classes', 'decode_center_crop', 'decode_random_resized_crop', 'describe_paths', 'image_classes', 'make_jpeg_folder', 'random_resized_crop_box', 'scan_image_folder', 'shrink_image', 'walk_files']
+
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

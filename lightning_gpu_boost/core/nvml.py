@@ -15,6 +15,8 @@ import threading
 import time
 from collections import deque
 
+__all__ = ['NVMLSampler', 'nvml_device']
+
 log = logging.getLogger(__name__)
 
 

@@ -29,6 +29,8 @@ from typing import Any, Literal
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
+__all__ = ['DTypeName', 'GPUNormalize', 'StreamPrefetcher', 'batch_seed', 'check_normalize']
+
 DTypeName = Literal["float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -14,6 +14,8 @@ import torch
 
 from lightning_gpu_boost.core.cpus import usable_cpus
 
+__all__ = ['bar', 'environment', 'gpu_tag', 'write_result']
+
 
 def gpu_tag() -> str:
     """Short name of the GPU for file names (``h100``, ``h200``, ``cpu`` ...)."""

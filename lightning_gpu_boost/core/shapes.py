@@ -11,6 +11,8 @@ from typing import Any
 
 from lightning_gpu_boost import _checks as checks
 
+__all__ = ['ShapeWatch', 'VARIABLE_SHAPES', 'shape_signature', 'tensors_in']
+
 #: distinct batch shapes beyond which autotuning is judged a loss: one for full batches and one for an epoch's
 #: last, short batch are normal; a validation or test loader's shapes are not counted
 VARIABLE_SHAPES = 4

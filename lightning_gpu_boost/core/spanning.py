@@ -22,6 +22,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.resume import resume_start, sampler_epoch, start_index_sampler
 
+__all__ = ['RESTART_SHARE', 'SpanningLoader', 'restart_share', 'span_decision']
+
 
 class _EpochAfterEpoch:
     """The batches (lists of indices) of ``batch_sampler``, one epoch after another without end; the first

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ['EXTRA_WARMUP', 'MIN_WINDOW_STEPS', 'ResidentBatches', 'STEADY_TOLERANCE', 'ShortWindow', 'SteadyRate', 'TimedIterable', 'batch_size_of', 'min_warmup', 'queue_batches', 'steady_window', 'worst_halves_diff']
+
 #: steps beyond the loader's queue that are never timed
 EXTRA_WARMUP = 4
 #: the fewest steps a window holds (each half at least half of it)

@@ -13,6 +13,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+__all__ = ['StepTimer', 'StepTiming']
+
 
 @dataclass
 class StepTiming:

@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 from lightning_gpu_boost.core.shapes import tensors_in
 
+__all__ = ['BETWEEN_STEPS_SHARE', 'COPY_SHARE', 'Evidence', 'RunFacts', 'SMALL_MEMORY', 'SMALL_STEP_MS', 'VERDICTS', 'Verdict', 'advise', 'batch_kind', 'classify', 'fetches_batches', 'format_advice', 'sample_cost_fixes']
+
 Verdict = Literal["data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok"]
 VERDICTS: tuple[str, ...] = ("data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok")
 

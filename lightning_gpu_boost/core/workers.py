@@ -18,6 +18,8 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.steady import MIN_WINDOW_STEPS, SteadyRate, min_warmup, steady_window
 
+__all__ = ['CONTENDER_SPREAD', 'EndlessBatches', 'PROBE_BATCH_S', 'QUICK_SHARE', 'REAL_BATCH_BUDGET_SHARE', 'WorkerProbe', 'WorkersDied', 'ZERO_WORKERS_MARGIN', 'clone_loader', 'max_workers_for_node', 'measure_batches_per_s', 'measure_loader', 'measurement_seconds', 'probe_batch_size', 'sample_seconds', 'tune_num_workers']
+
 log = logging.getLogger(__name__)
 
 

@@ -16,6 +16,8 @@ from lightning_gpu_boost.core.cpus import default_num_workers, processes_per_nod
 from lightning_gpu_boost.core.loaders import LowPriorityWorkerInit
 from lightning_gpu_boost.core.resume import ResumableDataLoader, gather_ranks, own_rank
 
+__all__ = ['BoostDataModule', 'RefillDataLoader', 'Stage']
+
 Stage = Literal["train", "val", "test", "predict"]
 
 

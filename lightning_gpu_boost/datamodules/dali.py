@@ -15,6 +15,8 @@ from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.dali import DTYPES, DALILoader, Dtype, classification_graph, open_source
 from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD, check_same_classes
 
+__all__ = ['CPU_DECODE_MIN_THREADS', 'DALIDataModule']
+
 #: ``decoder_device="auto"`` decodes on the CPU from this many DALI threads per process (H100, ResNet-50: ~6 cores
 #: decoded 3,960 img/s of ~71 KiB JPEGs)
 CPU_DECODE_MIN_THREADS = 8

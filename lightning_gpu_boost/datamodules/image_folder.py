@@ -23,6 +23,8 @@ from lightning_gpu_boost.core.images import (
 )
 from lightning_gpu_boost.datamodules.base import BoostDataModule
 
+__all__ = ['ImageFolderDataModule', 'ImageFolderDataset', 'check_image_args']
+
 
 def check_image_args(image_size: Any, train: Any, val_resize: Any, scale: Any, bad_samples: Any) -> None:
     """The decoding arguments every image dataset shares (folder and LMDB), checked at construction."""

@@ -21,6 +21,8 @@ from lightning_gpu_boost.datamodules.image_folder import (
     check_image_args,
 )
 
+__all__ = ['LMDBDataModule', 'LMDBImageDataset', 'LMDBSampleDataset']
+
 
 class LMDBImageDataset(ImageFolderDataset):
     """An image pack as ``(uint8 CHW tensor, label)`` pairs, decoded like :class:`ImageFolderDataset` (reduced-size

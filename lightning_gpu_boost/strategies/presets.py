@@ -12,6 +12,8 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from lightning_gpu_boost import _checks as checks
 
+__all__ = ['Compression', 'DDPBoostStrategy', 'backend_settings', 'configure_backends', 'recommended_precision', 'register', 'restore_backends']
+
 log = logging.getLogger(__name__)
 
 Compression = Literal["none", "bf16", "fp16"]

@@ -33,6 +33,8 @@ from typing import Any
 
 from lightning_gpu_boost._imports import require
 
+__all__ = ['CODECS', 'CODEC_NAMES', 'CRC_PREFIX', 'CorruptRecordError', 'HEADER', 'IncompletePackError', 'KEY', 'MANIFEST_FORMAT', 'META', 'READABLE_VERSIONS', 'RECORDS', 'Record', 'SCHEMA_VERSION', 'StalePackError', 'crc32', 'decode_record', 'encode_record', 'is_manifest', 'meta_crc', 'pack_sample', 'record_crc', 'shard_path', 'unpack_sample']
+
 SCHEMA_VERSION = 2
 #: versions this reader reads (1: the CRC covers the payload only)
 READABLE_VERSIONS = (1, 2)

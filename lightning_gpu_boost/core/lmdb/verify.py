@@ -12,6 +12,8 @@ from lightning_gpu_boost.core.lmdb.format import KEY, RECORDS, is_manifest
 from lightning_gpu_boost.core.lmdb.reader import PackReader
 from lightning_gpu_boost.core.lmdb.sharded import ShardedPackReader
 
+__all__ = ['verify', 'verify_file']
+
 
 def verify(path: str | os.PathLike, decode: bool = False) -> dict[str, Any]:
     """Check a pack (or every shard of a sharded pack, see :func:`verify_file`); returns one summary."""
