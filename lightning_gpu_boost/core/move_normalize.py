@@ -131,6 +131,3 @@ def _set_transform(dataset: Any, old: Any, new: Any) -> None:
     joint = getattr(dataset, "transforms", None)
     if getattr(joint, "transform", None) is old:
         joint.transform = new
-
-
-_warned_unpinned = False

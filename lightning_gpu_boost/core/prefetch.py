@@ -130,6 +130,9 @@ class GPUNormalize:
         raise TypeError(f"Cannot select {self.key!r} from a batch of type {type(batch).__name__}.")
 
 
+_warned_unpinned = False
+
+
 def _pin(t: torch.Tensor) -> torch.Tensor:
     global _warned_unpinned
     if t.device.type != "cpu" or t.is_pinned():
