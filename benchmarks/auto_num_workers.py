@@ -275,7 +275,7 @@ def train_vs_hand_tuned(args) -> dict:
         trainer.fit(ImageClassifier("resnet50", num_classes=100, channels_last=True), datamodule=dm)
         return {**meter.summary(), "num_workers": trainer.train_dataloader.num_workers}
 
-    auto = run(0, [AutoNumWorkers(budget_s=args.budget, use_cache=False)])
+    auto = run(0, [AutoNumWorkers(workers_budget_s=args.budget, use_cache=False)])
     hand = run(16, [])
     print(f"training: auto ({auto['num_workers']} workers) {auto['samples_per_s']:,.0f} img/s, hand-tuned (16) "
           f"{hand['samples_per_s']:,.0f} img/s")  # fmt: skip

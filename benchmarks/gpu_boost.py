@@ -11,7 +11,7 @@ steps. All of it stays inside the first epoch (64,000 demo images, 250 batches; 
 Plain: torchvision ImageFolder (RandomResizedCrop, flip, ToTensor, Normalize), DataLoader defaults
 (num_workers=0), Trainer defaults (fp32). Boosted: the same script plus
 ``callbacks=[GPUBoost()], precision=recommended_precision()``. Bars (issue 23): boosted >= 10x plain at steady state; every case's halves within 5 %.
-Also measured: boosted with ``GPUBoost(gpu_normalize=False)`` (ToTensor + Normalize stay in the workers).
+Also measured: boosted with ``GPUBoost(move_normalize=False)`` (ToTensor + Normalize stay in the workers).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def run(root, args, boosted: bool, gpu_normalize: bool = True) -> dict:
     )  # the user's loader
     meter = ThroughputMeter(warmup=args.warmup, steps=args.steps if boosted else args.plain_steps)
     extra = (
-        {"callbacks": [meter, GPUBoost(gpu_normalize=gpu_normalize)], "precision": recommended_precision()}
+        {"callbacks": [meter, GPUBoost(move_normalize=gpu_normalize)], "precision": recommended_precision()}
         if boosted
         else {"callbacks": [meter]}
     )

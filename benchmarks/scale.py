@@ -69,7 +69,7 @@ def child(args: argparse.Namespace) -> None:
     root, pack = _roots(args, cfg)
     bs, size = cfg["batch_size"], cfg["image_size"]
     boosted = dict(
-        image_size=size, batch_size=bs, num_workers="auto", auto_budget_s=args.auto_budget, prefetch=True
+        image_size=size, batch_size=bs, num_workers="auto", workers_budget_s=args.auto_budget, prefetch=True
     )
     if args.run == "ceiling":
         # this rank's batch on its own GPU (Lightning's launcher starts each rank with LOCAL_RANK set; rank 0 has

@@ -131,7 +131,7 @@ def main() -> None:
         "stream_prefetch_ms": (float_pinned, [StreamPrefetch]),
         "uint8_gpu_normalize_ms": (
             uint8_pinned,
-            [lambda: StreamPrefetch(normalize=norm, dtype="bfloat16", channels_last=True)],
+            [lambda: StreamPrefetch(normalize=norm, normalize_dtype="bfloat16", channels_last=True)],
         ),
     }
     runs: dict[str, list[float]] = {key: [] for key in cases}

@@ -27,7 +27,7 @@ class SlowDataset(Dataset):
 
 
 if __name__ == "__main__":
-    auto = AutoNumWorkers(budget_s=10)
+    auto = AutoNumWorkers(workers_budget_s=10)
     trainer = Trainer(callbacks=[auto], max_epochs=1, logger=False, enable_checkpointing=False)
     trainer.fit(BoringModel(), DataLoader(SlowDataset(), batch_size=16))  # note: no num_workers
     print(f"chosen num_workers: {auto.chosen['train']}")

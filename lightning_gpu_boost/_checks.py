@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ['check_bool', 'check_callable', 'check_choice', 'check_dict', 'check_existing_path', 'check_image_folder', 'check_image_source', 'check_int', 'check_normalize', 'check_number', 'check_pack', 'check_pair', 'check_str', 'check_writable_file']
+__all__ = ['renamed', 'check_bool', 'check_callable', 'check_choice', 'check_dict', 'check_existing_path', 'check_image_folder', 'check_image_source', 'check_int', 'check_normalize', 'check_number', 'check_pack', 'check_pair', 'check_str', 'check_writable_file']
 
 
 def _bad(name: str, value: Any, valid: str, error: type[Exception] = ValueError) -> Exception:
@@ -192,3 +192,23 @@ def check_dict(name: str, value: Any, allow_none: bool = True) -> None:
         return
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise _bad(name, value, "a dict with str keys" + (" or None" if allow_none else ""))
+
+
+def renamed(owner: str, given: dict[str, Any], renames: dict[str, str], values: dict[str, Any],
+            defaults: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Arguments passed under an old name (``renames``: old -> new): their values under the new names, with a
+    ``DeprecationWarning`` naming both; an unknown keyword raises ``TypeError`` naming it. ``values``: the new
+    names' values as passed, ``defaults``: their defaults (an old and a new name given together must agree)."""
+    import warnings
+
+    out = dict(values)
+    for old, value in given.items():
+        if old not in renames:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {old!r}.")
+        new = renames[old]
+        if values[new] != defaults[new] and values[new] != value:
+            raise ValueError(f"{owner}: {old}={value!r} and {new}={values[new]!r} name one setting; give {new} only.")
+        warnings.warn(f"{owner}({old}=...) is now {owner}({new}=...): one name per setting across the package.",
+                      DeprecationWarning, stacklevel=3)  # fmt: skip
+        out[new] = value
+    return out

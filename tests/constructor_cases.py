@@ -71,7 +71,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
     wrong_values = {**WRONG, **wrong_paths(jpeg_tree, pack)}
     boost = {"batch_size": "int>=1", "num_workers": "int>=0?", "pin_memory": "bool?", "persistent_workers": "bool",
              "prefetch_factor": "int>=1", "drop_last": "bool", "shuffle": "bool", "collate_fn": "callable?",
-             "prefetch": "bool", "normalize": "normalize", "auto_budget_s": "float>0", "worker_niceness": "nice"}
+             "prefetch": "bool", "normalize": "normalize", "workers_budget_s": "float>0", "worker_niceness": "nice"}
     image = {"image_size": "int>=1", "train": "bool", "val_resize": "int>=1?", "scale": "pair01", "bad_samples": "dtype"}
     folder_dm = {"val_root": "path?", "val_split": "unit_open", "image_size": "int>=1", "val_resize": "int>=1?",
                  "scale": "pair01", "bad_samples": "dtype", "split_seed": "int>=0", **boost}
@@ -90,7 +90,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (GPUBoost, {}, {"prefetch": "bool", "auto_workers": "bool", "watchdog": "bool", "tf32": "bool",
                         "cudnn_benchmark": "bool", "channels_last": "bool", "normalize": "normalize",
                         "normalize_dtype": "dtype", "workers_budget_s": "float>0", "on_starvation": "dtype",
-                        "gpu_normalize": "bool", "transform": "callable?", "val_transform": "callable?",
+                        "move_normalize": "bool", "transform": "callable?", "val_transform": "callable?",
                         "span_epochs": "bool"}),
         (SpanEpochs, {}, {"train": "bool", "val": "bool", "min_restart_share": "unit_open"}),
         (ThroughputMeter, {}, {"warmup": "int>=0", "steps": "int>=1?", "sample_gpu_util": "bool"}),

@@ -63,7 +63,8 @@ class AutoNumWorkers(Callback):
         (batches/s per worker count).
 
     Args:
-        budget_s: time budget of one probe in seconds, ``> 0``.
+        workers_budget_s: time budget of one probe in seconds, ``> 0`` (``budget_s`` before; the old name still
+            works, with a deprecation warning).
         tune_val: also tune the validation loaders.
         use_cache: read and write the on-disk cache.
         cache_path: cache file (default ``~/.cache/lightning_gpu_boost/num_workers.json``).
@@ -81,7 +82,7 @@ class AutoNumWorkers(Callback):
     Example::
 
         >>> from lightning.pytorch import Trainer
-        >>> trainer = Trainer(callbacks=[AutoNumWorkers(budget_s=20)], logger=False, enable_progress_bar=False)
+        >>> trainer = Trainer(callbacks=[AutoNumWorkers(workers_budget_s=20)], logger=False, enable_progress_bar=False)
     """
 
     #: the run record's fact (:mod:`._run_facts`): this part chooses ``num_workers``
@@ -90,7 +91,7 @@ class AutoNumWorkers(Callback):
 
     def __init__(
         self,
-        budget_s: float = 30.0,
+        workers_budget_s: float = 30.0,
         tune_val: bool = False,
         use_cache: bool = True,
         cache_path: str | None = None,
@@ -100,8 +101,12 @@ class AutoNumWorkers(Callback):
         prefetch_factor: int = 4,
         persistent_workers: bool = True,
         worker_niceness: int = 0,
+        **old_names: Any,
     ) -> None:
-        checks.check_number("budget_s", budget_s, low=0.0, low_open=True)
+        workers_budget_s = checks.renamed("AutoNumWorkers", old_names, {"budget_s": "workers_budget_s"},
+                                          {"workers_budget_s": workers_budget_s},
+                                          {"workers_budget_s": 30.0})["workers_budget_s"]  # fmt: skip
+        checks.check_number("workers_budget_s", workers_budget_s, low=0.0, low_open=True)
         checks.check_number("tolerance", tolerance, low=0.0, high=1.0, high_open=True)
         checks.check_int("max_workers", max_workers, low=0, allow_none=True)
         checks.check_int("prefetch_factor", prefetch_factor, low=1)
@@ -110,7 +115,7 @@ class AutoNumWorkers(Callback):
                             ("persistent_workers", persistent_workers)):  # fmt: skip
             checks.check_bool(name, value)
         checks.check_writable_file("cache_path", cache_path)
-        self.budget_s = budget_s
+        self.workers_budget_s = workers_budget_s
         self.tune_val = tune_val
         self.use_cache = use_cache
         self.cache_path = cache_path
@@ -131,7 +136,7 @@ class AutoNumWorkers(Callback):
             probe = agreed_probe(
                 trainer,
                 loader,
-                self.budget_s,
+                self.workers_budget_s,
                 self.use_cache,
                 self.cache_path,
                 self.max_workers,

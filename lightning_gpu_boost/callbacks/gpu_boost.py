@@ -62,7 +62,7 @@ class GPUBoost(Callback):
         normalize_dtype: dtype of normalized images.
         workers_budget_s: time budget of the worker probe.
         on_starvation: the watchdog's ``"warn"``, ``"raise"`` or ``"ignore"``.
-        gpu_normalize: move a torchvision dataset's trailing ``ToTensor(), Normalize(mean, std)`` to the GPU
+        move_normalize: move a torchvision dataset's trailing ``ToTensor(), Normalize(mean, std)`` to the GPU
             (``StreamPrefetch(move_normalize=True)``): workers send uint8, the model gets the same normalized
             float32 images. Ignored when ``normalize`` is given.
         transform: a batch transform run on the GPU for training, overlapped with the step
@@ -90,14 +90,17 @@ class GPUBoost(Callback):
         normalize_dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         workers_budget_s: float = 30.0,
         on_starvation: Literal["warn", "raise", "ignore"] = "warn",
-        gpu_normalize: bool = True,
+        move_normalize: bool = True,
         transform: Callable[[Any], Any] | None = None,
         val_transform: Callable[[Any], Any] | None = None,
         span_epochs: bool = True,
+        **old_names: Any,
     ) -> None:
+        move_normalize = checks.renamed("GPUBoost", old_names, {"gpu_normalize": "move_normalize"},
+                                        {"move_normalize": move_normalize}, {"move_normalize": True})["move_normalize"]  # fmt: skip
         for name, value in (("prefetch", prefetch), ("auto_workers", auto_workers), ("watchdog", watchdog),
                             ("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark), ("channels_last", channels_last),
-                            ("gpu_normalize", gpu_normalize), ("span_epochs", span_epochs)):  # fmt: skip
+                            ("move_normalize", move_normalize), ("span_epochs", span_epochs)):  # fmt: skip
             checks.check_bool(name, value)
         checks.check_normalize("normalize", normalize)
         checks.check_choice("normalize_dtype", normalize_dtype, ("float32", "bfloat16", "float16"))
@@ -107,14 +110,14 @@ class GPUBoost(Callback):
         if prefetch:  # first: its uint8 rewrite must precede AutoNumWorkers' probe
             self.parts["prefetch"] = StreamPrefetch(
                 normalize=normalize,
-                dtype=normalize_dtype,
+                normalize_dtype=normalize_dtype,
                 channels_last=channels_last and normalize is not None,
-                move_normalize=gpu_normalize,
+                move_normalize=move_normalize,
                 transform=transform,
                 val_transform=val_transform,
             )
         if auto_workers:
-            self.parts["auto_workers"] = AutoNumWorkers(budget_s=workers_budget_s)
+            self.parts["auto_workers"] = AutoNumWorkers(workers_budget_s=workers_budget_s)
         if span_epochs:  # after the tuner: it decides with the chosen worker count
             self.parts["span_epochs"] = SpanEpochs()
         if watchdog:

@@ -46,7 +46,8 @@ class StreamPrefetch(Callback):
             unchanged, but for loaders of the package's DataModules, which say their own ``normalize``.
         image_key: which tensor to normalize: a dict key or a tuple position; ``None`` normalizes every
             4-dimensional uint8 tensor of the batch.
-        dtype: dtype of normalized images.
+        normalize_dtype: dtype of normalized images (``dtype`` before; the old name still works, with a
+            deprecation warning).
         channels_last: return normalized images in ``channels_last`` memory format (faster convolutions).
         depth: batches copied ahead, ``>= 1``.
         cpu_lookahead: without CUDA, still wrap the loaders and look ahead (no copy), e.g. to test that a
@@ -69,7 +70,7 @@ class StreamPrefetch(Callback):
             (``PL_GLOBAL_SEED``) where set, else 0.
 
     Raises:
-        ValueError: bad ``normalize``, ``dtype``, ``depth`` or ``transform_seed``, or a ``transform`` that is not
+        ValueError: bad ``normalize``, ``normalize_dtype``, ``depth`` or ``transform_seed``, or a ``transform`` that is not
             callable.
 
     On CUDA, DataLoaders with workers and ``pin_memory=False`` are switched to ``pin_memory=True`` (one info line): an
@@ -92,7 +93,7 @@ class StreamPrefetch(Callback):
         self,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
         image_key: str | int | None = None,
-        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        normalize_dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         channels_last: bool = False,
         depth: int = 1,
         cpu_lookahead: bool = False,
@@ -100,7 +101,11 @@ class StreamPrefetch(Callback):
         transform: Callable[[Any], Any] | None = None,
         val_transform: Callable[[Any], Any] | None = None,
         transform_seed: int | None = None,
+        **old_names: Any,
     ) -> None:
+        normalize_dtype = checks.renamed("StreamPrefetch", old_names, {"dtype": "normalize_dtype"},
+                                         {"normalize_dtype": normalize_dtype},
+                                         {"normalize_dtype": "float32"})["normalize_dtype"]  # fmt: skip
         checks.check_int("depth", depth, low=1)
         checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
         for name, value in (("transform", transform), ("val_transform", val_transform)):
@@ -108,7 +113,7 @@ class StreamPrefetch(Callback):
                 raise ValueError(f"{name} must be a callable on the batch (on the GPU) or None, got {value!r}.")
         self.transform, self.val_transform, self.transform_seed = transform, val_transform, transform_seed
         self._train_prefetchers: weakref.WeakSet[StreamPrefetcher] = weakref.WeakSet()
-        checks.check_choice("dtype", dtype, ("float32", "bfloat16", "float16"))
+        checks.check_choice("normalize_dtype", normalize_dtype, ("float32", "bfloat16", "float16"))
         checks.check_normalize("normalize", normalize)
         if image_key is not None and (isinstance(image_key, bool) or not isinstance(image_key, (str, int))):
             raise TypeError(f"image_key must be a str, an int or None, got {image_key!r}.")
@@ -118,9 +123,9 @@ class StreamPrefetch(Callback):
         self.normalize = None
         if normalize is not None:
             mean, std = check_normalize(normalize)
-            self.normalize = GPUNormalize(mean, std, dtype=dtype, channels_last=channels_last, key=image_key)
+            self.normalize = GPUNormalize(mean, std, dtype=normalize_dtype, channels_last=channels_last, key=image_key)
         self.depth = depth
-        self.dtype = dtype
+        self.normalize_dtype = normalize_dtype
         self.cpu_lookahead = cpu_lookahead
         self.move_normalize = move_normalize
         self.channels_last = channels_last
@@ -190,7 +195,7 @@ class StreamPrefetch(Callback):
             normalize = self._moved.get(source, self.normalize) if isinstance(source, DataLoader) else self.normalize
             stats = getattr(source, "normalize", None)  # a DataModule's loader says how its uint8 images normalize
             if normalize is None and isinstance(stats, tuple) and len(stats) == 2:
-                normalize = GPUNormalize(*stats, dtype=self.dtype, channels_last=self.channels_last)
+                normalize = GPUNormalize(*stats, dtype=self.normalize_dtype, channels_last=self.channels_last)
             seed = self.transform_seed
             if seed is None:
                 seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)

@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plain-steps", type=int, help="timed steps of the (slow) plain case")
     parser.add_argument(
-        "--auto-budget", type=float, default=20.0, help="seconds for each worker-count search"
+        "--workers-budget", "--auto-budget", dest="workers_budget", type=float, default=20.0,
+        help="seconds for each worker-count search (--auto-budget: the old name)",
     )
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON, Markdown and PNG go")
     parser.set_defaults(func=run)
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     case("hand_tuned", tuned, fast, steps)
     del tuned
     boosted = dict(
-        image_size=size, batch_size=bs, num_workers="auto", auto_budget_s=args.auto_budget, prefetch=True
+        image_size=size, batch_size=bs, num_workers="auto", workers_budget_s=args.workers_budget, prefetch=True
     )
     case("boosted_cpu", ImageFolderDataModule(str(root), **boosted), fast, steps)
     pack = None

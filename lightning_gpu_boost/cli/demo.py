@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     boosted_dm = ImageFolderDataModule(
         str(root), image_size=cfg["image_size"], batch_size=cfg["batch_size"], prefetch=True,
-        num_workers="auto", auto_budget_s=20,
+        num_workers="auto", workers_budget_s=20,
     )  # fmt: skip
     precision = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
     workers = boosted_dm.resolve_num_workers(

@@ -1,6 +1,6 @@
 """Moving a torchvision dataset's trailing ``ToTensor(), Normalize(mean, std)`` (or the v2 ``ToImage(), ToDtype(float32,
 scale=True), Normalize``) out of its workers: they send uint8 images, and :class:`~lightning_gpu_boost.core.prefetch.GPUNormalize`
-does the rest on the GPU (``StreamPrefetch(move_normalize=True)``, ``GPUBoost(gpu_normalize=True)``)."""
+does the rest on the GPU (``StreamPrefetch(move_normalize=True)``, ``GPUBoost(move_normalize=True)``)."""
 
 from __future__ import annotations
 

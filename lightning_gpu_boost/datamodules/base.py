@@ -114,7 +114,8 @@ class BoostDataModule(pl.LightningDataModule):
             step normalized (float32): on the GPU's side stream by ``StreamPrefetch`` (``prefetch=True`` or
             ``GPUBoost``), else after the batch's transfer, on its device (the CPU in a CPU run: the same values).
             ``None``: batches reach the step as the dataset makes them.
-        auto_budget_s: time budget of one ``num_workers="auto"`` probe in seconds.
+        workers_budget_s: time budget of one ``num_workers="auto"`` probe in seconds (``auto_budget_s`` before; the
+            old name still works, with a deprecation warning).
         worker_niceness: run workers this much nicer than the training process (0 = same priority), for when
             the training process needs CPU time that busy workers would take; Lightning's worker seeding still
             applies.
@@ -146,15 +147,19 @@ class BoostDataModule(pl.LightningDataModule):
         collate_fn: Callable[[list[Any]], Any] | None = None,
         prefetch: bool = False,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
-        auto_budget_s: float = 30.0,
+        workers_budget_s: float = 30.0,
         worker_niceness: int = 0,
+        **old_names: Any,
     ) -> None:
         super().__init__()
+        workers_budget_s = checks.renamed(type(self).__name__, old_names, {"auto_budget_s": "workers_budget_s"},
+                                          {"workers_budget_s": workers_budget_s},
+                                          {"workers_budget_s": 30.0})["workers_budget_s"]  # fmt: skip
         checks.check_bool("pin_memory", pin_memory, allow_none=True)
         for name, value in (("persistent_workers", persistent_workers), ("drop_last", drop_last),
                             ("shuffle", shuffle), ("prefetch", prefetch)):  # fmt: skip
             checks.check_bool(name, value)
-        checks.check_number("auto_budget_s", auto_budget_s, low=0.0, low_open=True)
+        checks.check_number("workers_budget_s", workers_budget_s, low=0.0, low_open=True)
         checks.check_int("worker_niceness", worker_niceness, low=0, high=19)
         checks.check_callable("collate_fn", collate_fn)
         checks.check_normalize("normalize", normalize)
@@ -186,7 +191,7 @@ class BoostDataModule(pl.LightningDataModule):
         self._normalizer: Any = None
         #: stage -> what ``num_workers="auto"`` measured
         self.auto_probes: dict[str, Any] = {}
-        self.auto_budget_s = auto_budget_s
+        self.workers_budget_s = workers_budget_s
         self.worker_niceness = worker_niceness
 
     # -- what subclasses fill in ------------------------------------------------------------------------------
@@ -226,7 +231,7 @@ class BoostDataModule(pl.LightningDataModule):
                 trainer = self.trainer
                 distributed = trainer is not None and trainer.world_size > 1
                 probe = agreed_probe(
-                    probe_loader, processes_per_node(trainer), budget_s=self.auto_budget_s,
+                    probe_loader, processes_per_node(trainer), budget_s=self.workers_budget_s,
                     broadcast=(lambda obj, src: trainer.strategy.broadcast(obj, src=src)) if distributed else None,
                     rank=trainer.global_rank if trainer is not None else 0,
                 )  # fmt: skip

@@ -32,7 +32,7 @@ def _fit(trainer_kwargs, callback, loader, **extra):
 
 
 def test_applies_a_measured_count_before_workers_start(trainer_kwargs, tmp_path):
-    cb = AutoNumWorkers(budget_s=10, max_workers=2, cache_path=str(tmp_path / "cache.json"))
+    cb = AutoNumWorkers(workers_budget_s=10, max_workers=2, cache_path=str(tmp_path / "cache.json"))
     spy, model = _fit(trainer_kwargs, cb, DataLoader(Heavy(), batch_size=8))
     assert spy.train == cb.chosen["train"] > 0 and spy.persistent
     assert sorted(sum(model.seen["train"], [])) == list(range(32))  # same batches, now from workers
@@ -43,7 +43,7 @@ def test_cache_hit_skips_the_probe(trainer_kwargs, tmp_path, monkeypatch):
     cache = str(tmp_path / "cache.json")
     _fit(
         trainer_kwargs,
-        AutoNumWorkers(budget_s=10, max_workers=2, cache_path=cache),
+        AutoNumWorkers(workers_budget_s=10, max_workers=2, cache_path=cache),
         DataLoader(Heavy(), batch_size=8),
     )
 
@@ -99,7 +99,7 @@ def test_ddp_ranks_agree_and_still_shard(tmp_path):
         model = RecordingModel()
         trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp", max_epochs=1, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             callbacks=[AutoNumWorkers(budget_s=8, max_workers=2,
+                             callbacks=[AutoNumWorkers(workers_budget_s=8, max_workers=2,
                                                        cache_path={str(tmp_path / "cache.json")!r}), spy])
         trainer.fit(model, DataLoader(Heavy(), batch_size=16, shuffle=True))
         (OUT / f"rank{{trainer.global_rank}}.json").write_text(json.dumps(

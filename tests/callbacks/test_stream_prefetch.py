@@ -111,7 +111,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="depth must be an int >= 1, got 0"):
         StreamPrefetch(depth=0)
     with pytest.raises(ValueError, match="dtype must be"):
-        StreamPrefetch(dtype="float64")
+        StreamPrefetch(normalize_dtype="float64")
     with pytest.raises(ValueError, match="normalize must be"):
         StreamPrefetch(normalize=(1, 2, 3))
 

@@ -10,7 +10,7 @@ from lightning_gpu_boost.cli import main
 def test_bench_runs_every_case_and_writes_json_markdown_and_chart(tmp_path, capsys):
     out = tmp_path / "results"
     rc = main(["bench", "--data", str(tmp_path / "data"), "--images", "48", "--classes", "3", "--batch-size", "8",
-               "--image-size", "32", "--steps", "2", "--warmup", "1", "--plain-steps", "2", "--auto-budget", "2",
+               "--image-size", "32", "--steps", "2", "--warmup", "1", "--plain-steps", "2", "--workers-budget", "2",
                "--out", str(out)])  # fmt: skip
     assert rc == 0
     [result] = out.glob("bench-*.json")

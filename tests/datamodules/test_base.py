@@ -76,11 +76,11 @@ def test_default_worker_count_shares_the_node_among_its_ddp_ranks(monkeypatch):
 
 
 def test_auto_num_workers_measures_each_stage():
-    dm = Indexed(num_workers="auto", batch_size=4, auto_budget_s=5)
+    dm = Indexed(num_workers="auto", batch_size=4, workers_budget_s=5)
     assert dm.train_dataloader().num_workers == 0  # in-memory samples: workers only add overhead
     assert set(dm.auto_probes) == {"train"} and 0 in dm.auto_probes["train"].table
-    with pytest.raises(ValueError, match="auto_budget_s must be a number > 0"):
-        Indexed(auto_budget_s=0)
+    with pytest.raises(ValueError, match="workers_budget_s must be a number > 0"):
+        Indexed(workers_budget_s=0)
 
 
 def test_missing_train_dataset_is_a_clear_error():
