@@ -10,7 +10,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-gpu-boost", description="Keep the GPU busy in PyTorch Lightning."
     )
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error (anywhere on the line)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     from lightning_gpu_boost.cli import bench, demo, doctor, lmdb
 
@@ -37,6 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lightning-gpu-boost")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "unknown (not installed)"
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors that a user's input causes (a missing file, a wrong value, a damaged or interrupted pack)."""
     from lightning_gpu_boost.core.bad_samples import BadSampleError
@@ -48,7 +58,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a user error prints one line (``lightning-gpu-boost: error: ...``) and returns 2, with the
     traceback only under ``--debug``; our own bugs keep their traceback."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted after the subcommand too
+    argv = [a for a in argv if a != "--debug"] + (["--debug"] if debug else [])
+    parser = build_parser()
+    if debug:
+        argv = ["--debug", *argv[:-1]]
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except SystemExit as err:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 __all__ = ['add_pack_arguments', 'add_verify_arguments', 'run_pack', 'run_verify']
 
@@ -69,6 +70,10 @@ def run_pack(args: argparse.Namespace) -> int:
         shown = "\n".join(f"  {entry['path']}: {entry['reason']}" for entry in bad[:10])
         more = f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else ""
         print(f"skipped {len(bad)} bad files (listed in {bad_samples_report_path(path)}):\n{shown}{more}")
+    if not len(reader):
+        print(f"lightning-gpu-boost: error: {path} keeps no record: every file of {args.src} was left out.",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

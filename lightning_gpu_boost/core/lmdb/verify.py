@@ -78,6 +78,8 @@ def verify_file(path: str | os.PathLike, decode: bool = False) -> dict[str, Any]
         errors.append(f"structure: {err}")
     if count != reader.length:
         errors.append(f"the pack says {reader.length} records but holds {count}")
+    if reader.length == 0:
+        errors.append("the pack holds no record (every file of its source was left out)")
     summary.update(records=count, bytes=total, bad_records=len(bad), ok=not errors, errors=errors[:20])
     if decode:
         undecodable = _undecodable(reader, bad)
