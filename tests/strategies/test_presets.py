@@ -210,3 +210,34 @@ def test_gpu_boost_turns_autotuning_off_for_variable_shapes_and_restores_the_use
                logger=False, enable_checkpointing=False, enable_progress_bar=False,
                ).fit(fixed, DataLoader(batches[:1] * 12, batch_size=None))  # fmt: skip
     assert all(fixed.autotuning) and torch.backends.cudnn.benchmark is False  # fixed shapes keep it, until teardown
+
+
+@pytest.mark.skipif(not CLI_AVAILABLE, reason="LightningCLI needs jsonargparse[signatures] (the GPU machine lacks it)")
+def test_the_preset_builds_from_yaml_in_a_script_that_never_imports_the_package(tmp_path):
+    """A user's LightningCLI script with only Lightning imports: the class path in the YAML is enough."""
+    import subprocess
+    import sys
+
+    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "ddp_boost.yaml"
+    script = (
+        "import sys\n"
+        "from lightning.pytorch.cli import LightningCLI\n"
+        "from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel\n"
+        "assert 'lightning_gpu_boost' not in sys.modules\n"
+        f"cli = LightningCLI(BoringModel, BoringDataModule, args=['fit', '--config', {str(config)!r}, "
+        "'--trainer.accelerator=cpu', '--trainer.devices=1', '--trainer.max_steps=2', '--trainer.logger=false', "
+        f"'--trainer.enable_checkpointing=false', '--trainer.enable_progress_bar=false', "
+        f"'--trainer.default_root_dir={tmp_path}'])\n"
+        "print(type(cli.trainer.strategy).__name__)\n"
+    )
+    import os
+
+    from tests.helpers import _DIST_VARS, ROOT
+
+    # an in-process DDP Trainer of an earlier test leaves LOCAL_RANK & co. behind: not for this fresh process
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS and not k.startswith(("PL_", "TORCHELASTIC"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "DDPBoostStrategy"
