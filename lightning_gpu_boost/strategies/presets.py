@@ -27,6 +27,18 @@ def _compression_hook(name: Compression) -> Any:
     return {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}[name]
 
 
+def _buffer_sync(sync: bool) -> dict[str, bool]:
+    """DDP's per-forward buffer sync under the name this torch takes: ``forward_sync_buffers`` (torch 2.13+, which
+    deprecates ``broadcast_buffers`` with a warning in every run), else ``broadcast_buffers``."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": sync}
+    return {"broadcast_buffers": sync}
+
+
 class DDPBoostStrategy(DDPStrategy):
     """Lightning's DDP (NCCL on GPUs, gloo on CPUs) with explicit, documented choices for speed.
 
@@ -109,7 +121,7 @@ class DDPBoostStrategy(DDPStrategy):
             timeout=timeout,
             start_method=start_method,
             gradient_as_bucket_view=gradient_as_bucket_view,
-            broadcast_buffers=broadcast_buffers,
+            **_buffer_sync(broadcast_buffers),
             bucket_cap_mb=bucket_cap_mb,
             static_graph=static_graph,
             find_unused_parameters=find_unused_parameters,
