@@ -111,6 +111,10 @@ class DDPBoostStrategy(DDPStrategy):
         if timeout is not None and not isinstance(timeout, timedelta):
             raise ValueError(f"timeout must be a datetime.timedelta or None, got {timeout!r}.")
         kwargs.setdefault("ddp_comm_hook", _compression_hook(gradient_compression))  # registered on CUDA only
+        buffer_sync = _buffer_sync(broadcast_buffers)
+        explicit = kwargs.pop("forward_sync_buffers", None)  # LightningCLI passes DDP's own name too (None: unset)
+        if explicit is not None:
+            buffer_sync = {"forward_sync_buffers": explicit}
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -121,7 +125,7 @@ class DDPBoostStrategy(DDPStrategy):
             timeout=timeout,
             start_method=start_method,
             gradient_as_bucket_view=gradient_as_bucket_view,
-            **_buffer_sync(broadcast_buffers),
+            **buffer_sync,
             bucket_cap_mb=bucket_cap_mb,
             static_graph=static_graph,
             find_unused_parameters=find_unused_parameters,
