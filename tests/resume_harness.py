@@ -74,6 +74,12 @@ def _ids(module_class: type) -> type:
     return Ids
 
 
+#: the DataLoader workers' start method in multi-process runs (``None``: the platform's, fork on Linux). Forking a
+#: DDP rank, whose other threads come and go, can leave a worker stuck inside ``fork()`` on CPython 3.11 (seen in CI:
+#: a thread state being deleted at the moment of the fork); the DDP harness scripts set ``"forkserver"``
+WORKER_CONTEXT: str | None = None
+
+
 def _boost(workers: int, n: int = 14):
     from lightning_gpu_boost.datamodules import BoostDataModule
 
@@ -83,6 +89,12 @@ def _boost(workers: int, n: int = 14):
 
         def val_dataset(self):
             return IndexDataset(4)
+
+        def dataloader_kwargs(self, dataset, stage):
+            kwargs = super().dataloader_kwargs(dataset, stage)
+            if kwargs.get("num_workers") and WORKER_CONTEXT is not None:
+                kwargs["multiprocessing_context"] = WORKER_CONTEXT
+            return kwargs
 
     return Indexed(batch_size=4, num_workers=workers)
 
