@@ -147,23 +147,8 @@ CASES = ("boost", "boost_workers", "gpu_boost", "image_folder", "lmdb_random", "
 SAME_VALUES = ("boost", "boost_workers", "gpu_boost", "transform_seeds")
 
 
-def _settle(timeout_s: float = 10.0) -> None:
-    """Let the previous fit's DataLoader iterators go before this fit forks workers: collected now, their queues'
-    feeder threads end, instead of ending while a worker is forked (CPython 3.11 can deadlock a child forked while
-    another thread deletes its thread state: seen once in a DDP run of this harness, a worker stuck in fork)."""
-    import gc
-    import threading
-    import time
-
-    gc.collect()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(t.name == "QueueFeederThread" for t in threading.enumerate()):
-        time.sleep(0.01)
-
-
 def _fit(name: str, data: dict[str, Path], root: Path, trainer_kwargs: dict, ckpt: Path | None = None,
          save: Path | None = None) -> IdModel:  # fmt: skip
-    _settle()
     datamodule, callbacks = case(name, data)
     if save is not None:
         callbacks = callbacks + [

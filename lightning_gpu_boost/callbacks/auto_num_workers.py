@@ -11,8 +11,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
 from lightning_gpu_boost._logging import node_info
-from lightning_gpu_boost._seeding import lightning_worker_seed
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.loaders import iter_loaders, set_num_workers
@@ -33,11 +33,9 @@ def agreed_probe(
 ) -> WorkerProbe:
     """:func:`~lightning_gpu_boost.core.workers_cache.agreed_probe` with the Trainer's processes per node, rank and
     communication."""
-    distributed = trainer is not None and trainer.world_size > 1
     return core_agreed_probe(
         loader, processes_per_node(trainer) if trainer is not None else 1, budget_s, use_cache, cache_path,
-        max_workers, tolerance, broadcast=(lambda obj, src: trainer.strategy.broadcast(obj, src=src)) if distributed else None,
-        rank=trainer.global_rank if trainer is not None else 0,
+        max_workers, tolerance, broadcast=job_broadcast(trainer), rank=trainer.global_rank if trainer is not None else 0,
     )  # fmt: skip
 
 

@@ -81,7 +81,7 @@ class LowPriorityWorkerInit:
 
     Niced workers still use every idle cycle, but a training process that needs CPU time gets it first. Off by
     default: on the H100 machine (ResNet-50 from JPEGs, 16 workers) nice 10 cost 9 % of throughput. ``fn``: the
-    ``worker_init_fn`` it wraps (where Lightning seeds workers, its seeding: :func:`~lightning_gpu_boost._seeding.
+    ``worker_init_fn`` it wraps (where Lightning seeds workers, its seeding: :func:`~lightning_gpu_boost._job.
     lightning_worker_seed`).
     """
 

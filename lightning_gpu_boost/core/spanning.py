@@ -113,7 +113,7 @@ class SpanningLoader:
         self._iterator: Iterator[Any] | None = None
         self._left = 0  # batches of the current epoch not handed out yet
         self._epochs = 0  # epochs begun by iter() since the chain's first
-        self._place: tuple[int | None, int] = (None, 0)  # (epoch handed out, batches of it handed out)
+        self._handed = 0  # batches of the current epoch handed out (a resumed epoch counts from its start)
         self._saved: dict[str, Any] | None = None  # a place to start at (load_state_dict)
 
     #: marks the wrapper for :func:`~lightning_gpu_boost.core.loaders.iter_loaders` (worker tuners reach the source)
@@ -188,20 +188,18 @@ class SpanningLoader:
             next(self._iterator)
         self._left = len(self) - start
         self._epochs += 1
-        epoch = self._chain.first + self._epochs - 1 if self._chain.epoch is not None else sampler_epoch(self.sampler)
-        self._place = (epoch, start)
+        self._handed = start
         while self._left > 0:
             self._left -= 1
             batch = next(self._iterator)
-            if self._place[0] is None and self._chain.epoch is not None:  # the chain read the epoch at its start
-                self._place = (self._chain.first + self._epochs - 1, self._place[1])
-            self._place = (self._place[0], self._place[1] + 1)
+            self._handed += 1
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
         """``{"epoch": e, "batches": k}``: ``k`` batches of epoch ``e`` handed out (as
         :class:`~lightning_gpu_boost.core.resume.ResumableDataLoader` says it)."""
-        return {"epoch": self._place[0], "batches": self._place[1]}
+        started = self._epochs > 0 and self._chain.epoch is not None  # the chain read its first epoch
+        return {"epoch": self._chain.first + self._epochs - 1 if started else None, "batches": self._handed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Start at ``state`` when the workers next start: the epoch the loop asks for continues after the batches

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost._seeding import lightning_worker_seed
+from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
 from lightning_gpu_boost.core.cpus import default_num_workers, processes_per_node
 from lightning_gpu_boost.core.loaders import LowPriorityWorkerInit
 from lightning_gpu_boost.core.resume import ResumableDataLoader, gather_ranks, own_rank
@@ -229,12 +229,9 @@ class BoostDataModule(pl.LightningDataModule):
                     num_workers=default_num_workers(processes_per_node(self.trainer)),
                 )  # fmt: skip
                 trainer = self.trainer
-                distributed = trainer is not None and trainer.world_size > 1
-                probe = agreed_probe(
-                    probe_loader, processes_per_node(trainer), budget_s=self.workers_budget_s,
-                    broadcast=(lambda obj, src: trainer.strategy.broadcast(obj, src=src)) if distributed else None,
-                    rank=trainer.global_rank if trainer is not None else 0,
-                )  # fmt: skip
+                probe = agreed_probe(probe_loader, processes_per_node(trainer), budget_s=self.workers_budget_s,
+                                     broadcast=job_broadcast(trainer),
+                                     rank=trainer.global_rank if trainer is not None else 0)  # fmt: skip
                 self.auto_probes[stage] = probe
                 rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} (measured).\n"
                                f"{probe.format_table()}")  # fmt: skip
