@@ -7,6 +7,7 @@ import tempfile
 import lightning.pytorch as pl
 import torch
 
+from lightning_gpu_boost.callbacks import BadSampleReport
 from lightning_gpu_boost.core.bad_samples import add_broken_files
 from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.core.lmdb import open_pack, pack_image_folder
@@ -38,6 +39,7 @@ if __name__ == "__main__":
 
     dm = ImageFolderDataModule(root, image_size=32, batch_size=16, num_workers=0, bad_samples="skip")
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[BadSampleReport()])  # GPUBoost() includes it  # fmt: skip
     trainer.fit(Tiny(), dm)
     print(f"bad samples skipped in the epoch: {int(trainer.callback_metrics['bad_samples/train'])} of {len(broken)}")

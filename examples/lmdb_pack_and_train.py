@@ -10,6 +10,7 @@ import tempfile
 import torch
 from lightning.pytorch import Trainer
 
+from lightning_gpu_boost.callbacks import StreamPrefetch
 from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.core.lmdb import pack_image_folder, verify
 from lightning_gpu_boost.datamodules import LMDBDataModule
@@ -26,7 +27,7 @@ if __name__ == "__main__":
     print(verify(pack))
     gpu = torch.cuda.is_available()
     datamodule = LMDBDataModule(str(pack), image_size=224 if gpu else 64, batch_size=256 if gpu else 8,
-                                val_split=0.25, prefetch=True)  # fmt: skip
+                                val_split=0.25)  # fmt: skip
     trainer = Trainer(max_epochs=1, precision="bf16-mixed" if gpu else "32-true", logger=False,
-                      enable_checkpointing=False)  # fmt: skip
+                      enable_checkpointing=False, callbacks=[StreamPrefetch()])  # fmt: skip
     trainer.fit(ImageClassifier("resnet50" if gpu else "small_cnn", num_classes=datamodule.num_classes), datamodule)

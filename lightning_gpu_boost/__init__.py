@@ -16,6 +16,7 @@ _EXPORTS = {
     "AutoNumWorkers": "lightning_gpu_boost.callbacks.auto_num_workers",
     "GPUUtilWatchdog": "lightning_gpu_boost.callbacks.gpu_util_watchdog",
     "GPUBoost": "lightning_gpu_boost.callbacks.gpu_boost",
+    "BadSampleReport": "lightning_gpu_boost.callbacks.bad_samples",
     "SpanEpochs": "lightning_gpu_boost.callbacks.spanning",
     "SpanningLoader": "lightning_gpu_boost.core.spanning",
     "DDPBoostStrategy": "lightning_gpu_boost.strategies.presets",

@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+from lightning_gpu_boost.callbacks import BadSampleReport
 from lightning_gpu_boost.cli import main
 from lightning_gpu_boost.core import lmdb as lf
 from lightning_gpu_boost.core.bad_samples import (
@@ -134,7 +135,8 @@ def _assert_full_batches(model, total: int, size: int) -> None:
 def _fit(dm, epochs: int = 2):
     model = Counting()
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[BadSampleReport()])  # fmt: skip
     trainer.fit(model, dm)
     return model, trainer
 
@@ -281,6 +283,7 @@ def test_skip_under_ddp_keeps_every_rank_in_step_with_full_batches(broken_tree, 
     results = run_ddp(
         f"""
         import lightning.pytorch as pl
+        from lightning_gpu_boost.callbacks import BadSampleReport
         from lightning_gpu_boost.datamodules import ImageFolderDataModule
         from lightning_gpu_boost.models import ImageClassifier
         class Spy(pl.Callback):
@@ -290,7 +293,7 @@ def test_skip_under_ddp_keeps_every_rank_in_step_with_full_batches(broken_tree, 
         dm = ImageFolderDataModule({root!r}, image_size=16, batch_size=8, num_workers=1, bad_samples="skip")
         trainer = pl.Trainer(accelerator="cpu", devices=NPROCS, strategy="ddp", max_epochs=1, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             callbacks=[Spy()])
+                             callbacks=[Spy(), BadSampleReport()])
         trainer.fit(ImageClassifier("small_cnn", num_classes=3), datamodule=dm)
         loader = trainer.train_dataloader
         (OUT / f"rank{{trainer.global_rank}}.json").write_text(json.dumps(
@@ -323,7 +326,8 @@ def test_dali_gpu_pipeline_skips_bad_samples_with_full_batches(broken_tree, tmp_
     dm = DALIDataModule(root, bad_samples="skip", **kwargs)
     model = Counting()
     trainer = pl.Trainer(max_epochs=2, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[BadSampleReport()])  # fmt: skip
     trainer.fit(model, dm)
     assert model.seen == {0: GOOD, 1: GOOD} and trainer.callback_metrics["bad_samples/train"] == bad
     _assert_full_batches(model, GOOD + bad, 8)

@@ -1,7 +1,8 @@
-"""``BadSampleReport``: counts, logs and names the bad samples a ``bad_samples="skip"`` source dropped, per epoch.
+"""``BadSampleReport``: logs how many bad samples each epoch skipped, as metrics.
 
-Our DataModules attach it themselves when ``bad_samples="skip"``; the counting is
-:class:`~lightning_gpu_boost.core.bad_samples.BadSampleTracker` (shared memory, written by DataLoader workers).
+The loaders of our DataModules with ``bad_samples="skip"`` count what they skip and warn at each pass's end (their
+``bad_sample_log``, a :class:`~lightning_gpu_boost.core.bad_samples.BadSampleLog`); this callback finds them among the
+Trainer's loaders and logs their counts. ``GPUBoost`` includes it.
 """
 
 from __future__ import annotations
@@ -9,79 +10,58 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
-from lightning_gpu_boost.core.bad_samples import describe
+from lightning_gpu_boost.core.loaders import leaf_loaders
 
-__all__ = ['BadSampleReport', 'attach']
+__all__ = ['BadSampleReport']
 
 
-class BadSampleReport(pl.Callback):
-    """Logs how many bad samples each epoch skipped and warns once per epoch with the first few paths.
+def _logs(loaders: Any) -> list[Any]:
+    return [log for loader in leaf_loaders(loaders) if (log := getattr(loader, "bad_sample_log", None)) is not None]
+
+
+class BadSampleReport(Callback):
+    """Logs the bad samples each epoch skipped (``bad_samples="skip"`` in our DataModules, or any loader with a
+    ``bad_sample_log``). The loaders themselves warn once per pass with the first paths; this adds the metric.
 
     Logged metrics:
         ``bad_samples/train``, ``bad_samples/val``: samples dropped from their batches in the epoch (this rank's).
 
-    Args:
-        sources: ``stage -> owner`` where ``owner`` has ``bad_sample_tracker``
-            (:class:`~lightning_gpu_boost.core.bad_samples.BadSampleTracker`) and ``sample_path(index)``.
-
     Example::
 
-        >>> from lightning_gpu_boost.callbacks.bad_samples import BadSampleReport
-        >>> report = BadSampleReport({})
-        >>> report.history
-        []
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning_gpu_boost.callbacks import BadSampleReport
+        >>> trainer = Trainer(callbacks=[BadSampleReport()], logger=False, enable_checkpointing=False,
+        ...                   enable_progress_bar=False)
     """
 
-    def __init__(self, sources: dict[str, Any]) -> None:
-        self.sources = sources
-        self._snapshots: dict[str, Any] = {}
-        #: one entry per finished epoch and stage: ``{"stage", "epoch", "skipped", "paths"}``
-        self.history: list[dict[str, Any]] = []
+    def __init__(self) -> None:
+        self._snapshots: dict[str, list[tuple[Any, Any]]] = {}
 
-    def _start(self, stage: str) -> None:
-        owner = self.sources.get(stage)
-        if owner is not None:
-            self._snapshots[stage] = owner.bad_sample_tracker.snapshot()
+    def _start(self, stage: str, loaders: Any) -> None:
+        self._snapshots[stage] = [(log, log.owner.bad_sample_tracker.snapshot()) for log in _logs(loaders)]
 
     def _end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        owner, snapshot = self.sources.get(stage), self._snapshots.pop(stage, None)
-        if owner is None or snapshot is None:
+        snapshots = self._snapshots.pop(stage, None)
+        if not snapshots or trainer.sanity_checking:
             return
-        count, indices = owner.bad_sample_tracker.since(snapshot)
-        paths = [owner.sample_path(i) for i in indices[:5]]
-        self.history.append({"stage": stage, "epoch": trainer.current_epoch, "skipped": count, "paths": paths})
-        if not trainer.sanity_checking:
-            pl_module.log(f"bad_samples/{stage}", float(count), on_step=False, on_epoch=True)
-        if count:
-            rank_zero_warn(
-                f"Epoch {trainer.current_epoch}: skipped {count} bad {stage} samples (bad_samples='skip'): "
-                f"{describe(paths, len(indices))}. The next samples took their places; "
-                "`lightning-gpu-boost pack` leaves such files out and lists them."
-            )
+        count = sum(log.owner.bad_sample_tracker.since(snapshot)[0] for log, snapshot in snapshots)
+        pl_module.log(f"bad_samples/{stage}", float(count), on_step=False, on_epoch=True)
 
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start("train")
+        self._start("train", trainer.train_dataloader)
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end(trainer, pl_module, "train")
 
+    @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start("val")
+        self._start("val", trainer.val_dataloaders)
 
+    @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end(trainer, pl_module, "val")
-
-
-def attach(trainer: pl.Trainer | None, sources: dict[str, Any]) -> BadSampleReport | None:
-    """Add a :class:`BadSampleReport` for ``sources`` to ``trainer`` (once), from a DataModule's ``setup``."""
-    if trainer is None or not sources:
-        return None
-    for callback in trainer.callbacks:
-        if isinstance(callback, BadSampleReport):
-            callback.sources.update(sources)
-            return callback
-    report = BadSampleReport(dict(sources))
-    trainer.callbacks.append(report)
-    return report

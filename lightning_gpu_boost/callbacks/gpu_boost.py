@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks.auto_num_workers import AutoNumWorkers
+from lightning_gpu_boost.callbacks.bad_samples import BadSampleReport
 from lightning_gpu_boost.callbacks.gpu_util_watchdog import GPUUtilWatchdog
 from lightning_gpu_boost.callbacks.spanning import SpanEpochs
 from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
@@ -28,7 +29,7 @@ __all__ = ['GPUBoost']
 _HOOKS = (
     "setup", "teardown", "on_fit_start", "on_train_start", "on_train_end", "on_train_epoch_start",
     "on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_validation_end", "on_save_checkpoint",
-    "on_exception",
+    "on_exception", "on_train_epoch_end", "on_validation_epoch_start", "on_validation_epoch_end",
 )  # fmt: skip
 
 
@@ -42,7 +43,8 @@ class GPUBoost(Callback):
 
     Logged metrics:
         Those of its parts: ``gpu_boost/num_workers_train`` (AutoNumWorkers) and ``gpu_boost/data_wait_frac``,
-        ``gpu_boost/gpu_util``, ... (GPUUtilWatchdog); one info line listing what it turned on.
+        ``gpu_boost/gpu_util``, ... (GPUUtilWatchdog), ``bad_samples/train`` and ``bad_samples/val``
+        (:class:`BadSampleReport`, for loaders that skip bad samples); one info line listing what it turned on.
 
     Args:
         prefetch: side-stream copy of the next batch (CUDA only).
@@ -122,6 +124,8 @@ class GPUBoost(Callback):
             self.parts["span_epochs"] = SpanEpochs()
         if watchdog:
             self.parts["watchdog"] = GPUUtilWatchdog(on_starvation=on_starvation)
+        # logs what loaders with bad_samples="skip" skipped (a no-op for any other loader)
+        self.parts["bad_samples"] = BadSampleReport()
         self.tf32 = tf32
         self.cudnn_benchmark = cudnn_benchmark
         self.channels_last = channels_last

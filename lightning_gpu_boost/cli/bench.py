@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lightning_gpu_boost._imports import module_available
     from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.callbacks import StreamPrefetch
     from lightning_gpu_boost.cli.demo import _fit
     from lightning_gpu_boost.core.cpus import usable_cpus
     from lightning_gpu_boost.core.images import make_jpeg_folder
@@ -82,9 +83,11 @@ def run(args: argparse.Namespace) -> int:
         torch.manual_seed(0)
         return ImageClassifier(cfg["arch"], cfg["classes"], channels_last=channels_last)
 
-    def case(name: str, data: Any, precision: str, timed: int, channels_last: bool = gpu) -> None:
+    def case(name: str, data: Any, precision: str, timed: int, channels_last: bool = gpu,
+             callbacks: tuple = ()) -> None:  # fmt: skip
         print(f"bench: {name} ...", flush=True)
-        results[name] = {**_fit(model(channels_last), data, precision, timed, warmup), "precision": precision}
+        fit = _fit(model(channels_last), data, precision, timed, warmup, callbacks)
+        results[name] = {**fit, "precision": precision}
         probes = getattr(data, "auto_probes", None)  # num_workers="auto": what the probe chose
         if probes:
             results[name]["num_workers"] = {stage: probe.num_workers for stage, probe in probes.items()}
@@ -106,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
     case("hand_tuned", tuned, fast, steps)
     del tuned
     boosted = dict(
-        image_size=size, batch_size=bs, num_workers="auto", workers_budget_s=args.workers_budget, prefetch=True
+        image_size=size, batch_size=bs, num_workers="auto", workers_budget_s=args.workers_budget
     )
-    case("boosted_cpu", ImageFolderDataModule(str(root), **boosted), fast, steps)
+    case("boosted_cpu", ImageFolderDataModule(str(root), **boosted), fast, steps, callbacks=(StreamPrefetch(),))
     pack = None
     if module_available("lmdb"):
         from lightning_gpu_boost.core.lmdb import pack_image_folder
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         pack = Path(f"{root}.lmdb")
         if not pack.exists():
             pack_image_folder(root, pack, progress=False)
-        case("lmdb", LMDBDataModule(str(pack), **boosted), fast, steps)
+        case("lmdb", LMDBDataModule(str(pack), **boosted), fast, steps, callbacks=(StreamPrefetch(),))
     else:
         skipped["lmdb"] = "lmdb is not installed (pip install 'lightning-gpu-boost[lmdb]')"
     if module_available("nvidia.dali"):

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lightning_gpu_boost._imports import module_available
     from lightning_gpu_boost.baselines import plain_image_folder
-    from lightning_gpu_boost.callbacks import GPUUtilWatchdog
+    from lightning_gpu_boost.callbacks import GPUUtilWatchdog, StreamPrefetch
     from lightning_gpu_boost.core.cpus import usable_cpus
     from lightning_gpu_boost.core.images import make_jpeg_folder
     from lightning_gpu_boost.datamodules import ImageFolderDataModule
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.manual_seed(0)
     boosted_dm = ImageFolderDataModule(
-        str(root), image_size=cfg["image_size"], batch_size=cfg["batch_size"], prefetch=True,
+        str(root), image_size=cfg["image_size"], batch_size=cfg["batch_size"],
         num_workers="auto", workers_budget_s=20,
     )  # fmt: skip
     precision = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         precision,
         cfg["steps"],
         cfg["warmup"],
-        (watchdog,),
+        (watchdog, StreamPrefetch()),
     )
     speedup = boosted["samples_per_s"] / plain["samples_per_s"]
     rows = [("plain Lightning defaults", "32-true", 0, plain), (

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ['BROKEN_KINDS', 'BadSample', 'BadSampleError', 'BadSampleTracker', 'CHECK_LEVELS', 'CheckLevel', 'Counted', 'Layout', 'POLICIES', 'Refill', 'SkipBadCollate', 'UNUSUAL_KINDS', 'add_broken_files', 'add_unusual_images', 'bad_sample_error', 'batch_layout', 'can_refill', 'check_file', 'check_image', 'decode_problem', 'describe']
+__all__ = ['BROKEN_KINDS', 'BadSample', 'BadSampleError', 'BadSampleLog', 'BadSampleTracker', 'CHECK_LEVELS', 'CheckLevel', 'Counted', 'Layout', 'POLICIES', 'Refill', 'SkipBadCollate', 'UNUSUAL_KINDS', 'add_broken_files', 'add_unusual_images', 'bad_sample_error', 'batch_layout', 'can_refill', 'check_file', 'check_image', 'decode_problem', 'describe']
 
 CheckLevel = Literal["structure", "decode"]
 CHECK_LEVELS = ("structure", "decode")
@@ -167,6 +167,59 @@ class BadSampleTracker:
         """Bad samples met since ``snapshot`` (:meth:`snapshot`): their count and their indices."""
         diff = self.counts - snapshot
         return int(diff.sum()), diff.nonzero().flatten().tolist()
+
+
+class BadSampleLog:
+    """What one loader's passes over its data skipped (``bad_samples="skip"``): the loader calls :meth:`watch`
+    around each pass; at the pass's end, one warning naming the first paths where samples were skipped, and an entry
+    in :attr:`history`. A metrics callback reads :meth:`current` (the count of the pass under way or just ended).
+
+    Args:
+        owner: has ``bad_sample_tracker`` (:class:`BadSampleTracker`, or any object with ``snapshot()`` and
+            ``since(snapshot)``) and ``sample_path(index)``.
+        stage: named in the warning (``"train"``, ``"val"``...).
+        warn: called with the warning's text (``warnings.warn`` by default; Lightning's ``rank_zero_warn`` from
+            the DataModules).
+    """
+
+    def __init__(self, owner: Any, stage: str = "train", warn: Callable[[str], Any] | None = None) -> None:
+        import warnings
+
+        self.owner, self.stage = owner, stage
+        self.warn = warn if warn is not None else warnings.warn
+        self._snapshot: Any = None
+        #: one entry per pass that ended: ``{"stage", "epoch", "skipped", "paths"}``
+        self.history: list[dict[str, Any]] = []
+
+    def start(self) -> None:
+        self._snapshot = self.owner.bad_sample_tracker.snapshot()
+
+    def current(self) -> tuple[int, list[int]]:
+        """Samples skipped since the latest pass started: their count and indices."""
+        if self._snapshot is None:
+            return 0, []
+        return self.owner.bad_sample_tracker.since(self._snapshot)
+
+    def end(self, epoch: int | None = None) -> dict[str, Any]:
+        count, indices = self.current()
+        paths = [self.owner.sample_path(i) for i in indices[:5]]
+        entry = {"stage": self.stage, "epoch": epoch, "skipped": count, "paths": paths}
+        self.history.append(entry)
+        if count:
+            where = f"Epoch {epoch}: s" if epoch is not None else "S"
+            self.warn(f"{where}kipped {count} bad {self.stage} samples (bad_samples='skip'): "
+                      f"{describe(paths, len(indices))}. The next samples took their places; "
+                      "`lightning-gpu-boost pack` leaves such files out and lists them.")  # fmt: skip
+        return entry
+
+    def watch(self, batches: Any, epoch: int | None = None) -> Any:
+        """Yield ``batches``, one pass: started now, ended where the pass ends (also when the loop stops early
+        and drops the iterator)."""
+        self.start()
+        try:
+            yield from batches
+        finally:
+            self.end(epoch)
 
 
 def bad_sample_error(index: int, path: str, root: str, reason: str) -> BadSampleError:

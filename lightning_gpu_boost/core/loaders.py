@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 log = logging.getLogger(__name__)
 
-__all__ = ['LowPriorityWorkerInit', 'iter_loaders', 'loader_entries', 'set_num_workers', 'spanned_loaders']
+__all__ = ['LowPriorityWorkerInit', 'iter_loaders', 'leaf_loaders', 'loader_entries', 'set_num_workers', 'spanned_loaders']
 
 def loader_entries(obj: Any, spanned: bool = False) -> Iterable[tuple[DataLoader, bool]]:
     """``(DataLoader, spanned)`` for each DataLoader inside ``obj`` (a loader, a list/tuple/dict of loaders, a
@@ -31,6 +31,24 @@ def loader_entries(obj: Any, spanned: bool = False) -> Iterable[tuple[DataLoader
         yield from loader_entries(obj.source, True)
     elif hasattr(obj, "loader"):  # a StreamPrefetcher
         yield from loader_entries(obj.loader, spanned)
+
+
+def leaf_loaders(obj: Any) -> Iterable[Any]:
+    """Every loader inside ``obj`` (see :func:`loader_entries`), DataLoaders or not (a ``DALILoader``)."""
+    if isinstance(obj, DataLoader):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from leaf_loaders(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from leaf_loaders(value)
+    elif getattr(obj, "spans_epochs", False):
+        yield from leaf_loaders(obj.source)
+    elif hasattr(obj, "loader"):
+        yield from leaf_loaders(obj.loader)
+    elif obj is not None:
+        yield obj
 
 
 def iter_loaders(obj: Any) -> Iterable[DataLoader]:

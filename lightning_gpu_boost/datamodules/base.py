@@ -36,6 +36,8 @@ class RefillDataLoader(ResumableDataLoader):
     iterator is wrapped in :class:`~lightning_gpu_boost.core.bad_samples.Refill`, which re-forms the batches that
     skipped samples left short from the samples that follow (each good sample once, in order; as many batches as
     ``len()``). Any other collate function: a :class:`~lightning_gpu_boost.core.resume.ResumableDataLoader`.
+    With a :attr:`bad_sample_log` (:class:`~lightning_gpu_boost.core.bad_samples.BadSampleLog`), each pass ends with
+    one warning naming the samples it skipped.
     Lightning re-creates it like any DataLoader (its ``DistributedSampler`` under DDP). Resumes exactly mid-epoch:
     its state holds each rank's place in the re-formed batches (ranks skip different samples)."""
 
@@ -44,7 +46,17 @@ class RefillDataLoader(ResumableDataLoader):
 
         return isinstance(self.collate_fn, SkipBadCollate) and self.collate_fn.refill and bool(self.batch_size)
 
+    #: where this loader reports the bad samples each pass skipped (set by the DataModules; ``None``: not reported)
+    bad_sample_log: Any = None
+
     def __iter__(self):
+        log = self.bad_sample_log
+        if log is None:
+            yield from self._batches()
+            return
+        yield from log.watch(self._batches(), self._epoch() if log.stage == "train" else None)
+
+    def _batches(self):
         if not self._refills():
             yield from super().__iter__()
             return
@@ -108,11 +120,12 @@ class BoostDataModule(pl.LightningDataModule):
         drop_last: drop the last incomplete training batch.
         shuffle: shuffle the training set.
         collate_fn: custom collate function (default: PyTorch's ``default_collate``).
-        prefetch: copy batches to the GPU on a side CUDA stream while the previous step computes
-            (see :class:`~lightning_gpu_boost.callbacks.StreamPrefetch`); a no-op without CUDA.
+        prefetch: deprecated, and no longer acted on by the DataModule (it builds loaders; callbacks drive them):
+            ``True`` warns that the side-stream copy now comes from adding
+            :class:`~lightning_gpu_boost.callbacks.StreamPrefetch` or ``GPUBoost()`` to the Trainer's callbacks,
+            which apply this DataModule's ``normalize`` (its loaders state it).
         normalize: ``(mean, std)`` per channel in ``[0, 1]`` units: uint8 image tensors ``(N, C, H, W)`` reach the
-            step normalized (float32): on the GPU's side stream by ``StreamPrefetch`` (``prefetch=True`` or
-            ``GPUBoost``), else after the batch's transfer, on its device (the CPU in a CPU run: the same values).
+            step normalized (float32): on the GPU's side stream by ``StreamPrefetch`` (or ``GPUBoost``), else after the batch's transfer, on its device (the CPU in a CPU run: the same values).
             ``None``: batches reach the step as the dataset makes them.
         workers_budget_s: time budget of one ``num_workers="auto"`` probe in seconds (``auto_budget_s`` before; the
             old name still works, with a deprecation warning).
@@ -173,6 +186,17 @@ class BoostDataModule(pl.LightningDataModule):
             raise ValueError(f"num_workers must be an int >= 0, None or 'auto', got {num_workers!r}.")
         if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) or prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}.")
+        if prefetch:
+            import warnings
+
+            warnings.warn(
+                f"{type(self).__name__}(prefetch=True) is deprecated and does nothing by itself: the DataModule builds "
+                "loaders and no longer drives a callback. Add `StreamPrefetch()` (lightning_gpu_boost.callbacks) or "
+                "`GPUBoost()` to the Trainer's callbacks for the side-stream copy; they apply this DataModule's "
+                "`normalize`.",
+                FutureWarning,
+                stacklevel=2,
+            )
         if normalize is not None:
             from lightning_gpu_boost.core.prefetch import check_normalize
 
@@ -187,7 +211,6 @@ class BoostDataModule(pl.LightningDataModule):
         self.collate_fn = collate_fn
         self.prefetch = prefetch
         self.normalize = normalize
-        self._prefetch_hook: Any = None
         self._normalizer: Any = None
         #: stage -> what ``num_workers="auto"`` measured
         self.auto_probes: dict[str, Any] = {}
@@ -268,8 +291,9 @@ class BoostDataModule(pl.LightningDataModule):
     def make_dataloader(self, dataset: Dataset, stage: Stage) -> DataLoader:
         """Build the DataLoader for ``stage`` from ``dataset``. A dataset with ``bad_samples="skip"`` (ours, or
         any with a ``bad_sample_tracker``) gets :class:`~lightning_gpu_boost.core.bad_samples.SkipBadCollate`
-        around the collate function, a :class:`RefillDataLoader` (full batches: a batch a skipped sample left
-        short takes the next samples) and a :class:`~lightning_gpu_boost.callbacks.bad_samples.BadSampleReport`."""
+        around the collate function and a :class:`RefillDataLoader` (full batches: a batch a skipped sample left
+        short takes the next samples) that warns at each pass's end with the samples it skipped (its
+        ``bad_sample_log``, which :class:`~lightning_gpu_boost.callbacks.BadSampleReport` logs as a metric)."""
         from lightning_gpu_boost.core.block_shuffle import BlockShuffleSampler
 
         kwargs = self.dataloader_kwargs(dataset, stage)
@@ -283,14 +307,16 @@ class BoostDataModule(pl.LightningDataModule):
             kwargs.setdefault("normalize", self.normalize)
         owner = _bad_sample_owner(dataset)
         if owner is not None:
-            from lightning_gpu_boost.callbacks.bad_samples import attach
             from lightning_gpu_boost.core.bad_samples import SkipBadCollate
 
             kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"), refill=True)
-            attach(self.trainer, {stage: owner})
             loader_class = RefillDataLoader
         normalize = kwargs.pop("normalize", None)
         loader = loader_class(dataset, **kwargs)
+        if owner is not None:
+            from lightning_gpu_boost.core.bad_samples import BadSampleLog
+
+            loader.bad_sample_log = BadSampleLog(owner, stage, warn=rank_zero_warn)
         #: how this loader's uint8 images are normalized (StreamPrefetch does it on the GPU's side stream; else
         #: :meth:`on_after_batch_transfer`, on whatever device the batch is on)
         loader.normalize = normalize
@@ -330,22 +356,6 @@ class BoostDataModule(pl.LightningDataModule):
 
             self._normalizer = GPUNormalize(*self.normalize)
         return self._normalizer(batch)
-
-    def setup(self, stage: str) -> None:
-        if self.prefetch and self.trainer is not None and self._prefetch_hook is None:
-            from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
-
-            self._prefetch_hook = StreamPrefetch(normalize=self.normalize)
-            self._prefetch_hook.setup(self.trainer, self.trainer.lightning_module, stage)
-            if self._prefetch_hook.active and self.trainer.strategy.root_device.type == "cuda":
-                rank_zero_info(
-                    f"{type(self).__name__}: prefetch=True, batches are copied to the GPU on a side stream."
-                )
-
-    def teardown(self, stage: str) -> None:
-        if self._prefetch_hook is not None and self.trainer is not None:
-            self._prefetch_hook.teardown(self.trainer, self.trainer.lightning_module, stage)
-            self._prefetch_hook = None
 
 
 def _sized(dataset: Any) -> bool:

@@ -7,6 +7,7 @@ import os
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._imports import require
@@ -274,9 +275,9 @@ class DALIDataModule(pl.LightningDataModule):
             window_blocks=self.window_blocks,
         )
         if self.bad_samples == "skip":
-            from lightning_gpu_boost.callbacks.bad_samples import attach
+            from lightning_gpu_boost.core.bad_samples import BadSampleLog
 
-            attach(self.trainer, {"train" if train else "val": loader})
+            loader.bad_sample_log = BadSampleLog(loader, "train" if train else "val", warn=rank_zero_warn)
         if device_id is None:
             where = "CPU (decode on the CPU)"
         elif self.decoder_in_use == "cpu":

@@ -115,8 +115,9 @@ class ImageFolderDataModule(BoostDataModule):
     """Image classification from class-per-folder trees, decoded fast on the CPU into uint8 batches.
 
     Batches are ``(images, labels)``: ``images`` is ``uint8`` of shape ``(N, 3, image_size, image_size)``,
-    ``labels`` is ``int64`` of shape ``(N,)``. Normalize on the GPU with ``prefetch=True`` (the default
-    ``normalize`` is ImageNet's mean/std) or in your step (``images.float() / 255`` then mean/std).
+    ``labels`` is ``int64`` of shape ``(N,)``. Normalize on the GPU with ``StreamPrefetch()`` or ``GPUBoost()`` in
+    the Trainer's callbacks (the default ``normalize`` is ImageNet's mean/std); without them the DataModule
+    normalizes after the batch's transfer, on its device.
 
     Decoding asks JPEG for the smallest DCT scale that still covers the crop (``Image.draft``), crops and resizes
     in one Pillow call and never leaves uint8: measured 1.3x+ the images/s of torchvision's ``ImageFolder`` with

@@ -3,8 +3,6 @@ each epoch, mid-epoch resume, and how random it is against a full shuffle."""
 
 from __future__ import annotations
 
-import pickle
-
 import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -15,7 +13,6 @@ from lightning_gpu_boost.core.block_shuffle import (
     block_size_for,
     order_stats,
 )
-from lightning_gpu_boost.core.lmdb import pages as lmdb_pages
 from lightning_gpu_boost.core.resume import ResumableDataLoader
 from tests.helpers import IndexDataset, RecordingModel, run_ddp
 
@@ -208,87 +205,6 @@ def test_the_lmdb_datamodule_reads_blocks_a_window_ahead(tmp_path):
     assert sorted(label for _, batch in loader for label in batch.tolist()) == sorted(labels)
 
 
-def _ask_in_child(pack: str, out) -> None:
-    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
-    from lightning_gpu_boost.core.lmdb import sharded
-
-    reader = sharded.open_pack(pack)
-    asked = reader.will_need(0, 10)
-    lmdb_reader.wait_for_read_ahead()  # a thread of its own (the parent's did not survive the fork)
-    label = reader.read(3, lambda r: r.label)
-    lmdb_reader.close_readers(pack)  # the close lock is this process's, free
-    out.put((asked, label))
-
-
-def test_reading_ahead_goes_on_in_a_forked_child_while_the_parent_reads_ahead(tmp_path):
-    """The read-ahead thread and its locks are per process: a DataLoader worker forked while the parent's thread
-    looks a block up gets a new thread and free locks (no deadlock), and both processes' reads go on."""
-    import multiprocessing
-    import sys
-
-    from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb import pack_image_folder, sharded
-    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
-
-    if not sys.platform.startswith("linux"):
-        pytest.skip("fork and madvise are Linux's here")
-    root = make_jpeg_folder(tmp_path / "src", n=30, num_classes=3, size_range=(64, 80, 48, 64), progress=False)
-    pack = str(pack_image_folder(root, tmp_path / "train.lmdb", progress=False))
-    reader = sharded.open_pack(pack)
-    for lo in range(0, 30, 2):  # the parent's thread busy while the child is forked
-        reader.will_need(lo, lo + 2)
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    child = ctx.Process(target=_ask_in_child, args=(pack, out))
-    child.start()
-    asked, label = out.get(timeout=60)
-    child.join(timeout=60)
-    assert child.exitcode == 0 and asked is True and label == reader.read(3, lambda r: r.label)
-    lmdb_reader.wait_for_read_ahead()
-    assert reader.will_need(0, 30)
-
-
-def test_long_ranges_are_asked_for_chunk_by_chunk(tmp_path, monkeypatch):
-    """Linux reads at most one readahead chunk per WILLNEED request: a block, and a whole small pack at open, are
-    asked for in chunks (the rest would silently not be read)."""
-    import sys
-
-    from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb import pack_image_folder, page_cache, sharded
-    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
-
-    chunk = page_cache.readahead_chunk(str(tmp_path))
-    assert chunk >= 128 << 10 and chunk % 1024 == 0
-    if not sys.platform.startswith("linux"):
-        pytest.skip("madvise and posix_fadvise are Linux's")
-    root = make_jpeg_folder(tmp_path / "src", n=40, num_classes=2, size_range=(200, 240, 200, 240), progress=False)
-    pack = pack_image_folder(root, tmp_path / "train.lmdb", progress=False)
-    asked, advised = [], []
-    monkeypatch.setattr(lmdb_reader, "_MADVISE", lambda addr, length, advice: asked.append((addr, length, advice)) or 0)
-    monkeypatch.setattr(lmdb_reader, "readahead_chunk", lambda path: 16384)
-    monkeypatch.setattr(page_cache, "readahead_chunk", lambda path: 16384)
-    monkeypatch.setattr(page_cache, "WHOLE_PACK_PREFETCH_FRACTION", 0)  # no prefetch thread beside the test's calls
-    reader = sharded.open_pack(pack)
-    assert reader.will_need(0, 40)
-    lmdb_reader.wait_for_read_ahead()  # the calls are made by a background thread
-    willneed = list(asked)
-    assert len(willneed) > 1 and all(n <= 16384 and advice == 3 for _, n, advice in willneed)  # MADV_WILLNEED
-    assert all(a + n == b for (a, n, _), (b, _, _) in zip(willneed, willneed[1:], strict=False))  # contiguous
-    asked.clear()
-    assert reader.will_need(0, 10)
-    lmdb_reader.wait_for_read_ahead()
-    assert asked and all(advice == 3 for _, _, advice in asked)
-    asked.clear()  # populate: every chunk asked for first, then the span mapped in one call (MADV_POPULATE_READ)
-    assert reader.will_need(0, 40, populate=True)
-    lmdb_reader.wait_for_read_ahead()
-    assert [advice for _, _, advice in asked] == [3] * len(willneed) + [22]
-    assert asked[-1][:2] == (willneed[0][0], sum(n for _, n, _ in willneed))
-    monkeypatch.setattr(lmdb_reader.os, "posix_fadvise", lambda fd, off, n, advice: advised.append((off, n)))
-    lmdb_reader.close_readers(pack)
-    page_cache._read_whole(str(pack), pack.stat().st_size)
-    assert sum(n for _, n in advised) == pack.stat().st_size and max(n for _, n in advised) <= 16384
-
-
 def test_the_next_window_is_asked_for_when_a_window_starts():
     from lightning_gpu_boost.core.block_shuffle import read_ahead_windows
 
@@ -317,105 +233,3 @@ def test_a_failing_read_ahead_never_stops_the_epoch():
     order = block_order(20, 3, 2, seed=0, epoch=0)
     with pytest.warns(UserWarning, match="Reading blocks ahead failed"):
         assert list(read_ahead_windows(order, 3, 2, broken, 20)) == order
-
-
-def test_the_b_tree_pages_are_named_and_asked_for_once(tmp_path, monkeypatch):
-    """tree_pages names every branch and leaf page of the records' B-tree (LMDB's own count), none of the values'
-    pages; a reader asks for them once per process, in runs of consecutive pages."""
-    import os
-    import struct
-
-    from lightning_gpu_boost.core.lmdb import pack_dataset, sharded
-    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
-
-    class Tiny:
-        def __len__(self) -> int:
-            return 60_000  # a three-level tree
-
-        def __getitem__(self, i: int):
-            return (b"x" * 16, i % 7)
-
-    from lightning_gpu_boost.core.lmdb import page_cache
-
-    monkeypatch.setattr(page_cache, "WHOLE_PACK_PREFETCH_FRACTION", 0)  # no prefetch thread beside the test's calls
-    pack = pack_dataset(Tiny(), tmp_path / "tiny.lmdb", progress=False)
-    reader = sharded.open_pack(pack)
-    env = reader._open()
-    with env.begin() as txn:
-        stat, record = txn.stat(reader._dbs[b"records"]), txn.get(b"records")
-    pages = lmdb_pages.tree_pages(str(pack), record, stat["psize"])
-    assert stat["depth"] == 3 and len(pages) == len(set(pages)) == stat["branch_pages"] + stat["leaf_pages"]
-    with open(pack, "rb") as f:
-        flags = []
-        for pgno in pages:
-            f.seek(pgno * stat["psize"])
-            flags.append(struct.unpack_from("<QHHHH", f.read(16))[2])
-    assert flags.count(1) == stat["branch_pages"] and flags.count(2) == stat["leaf_pages"]  # P_BRANCH, P_LEAF
-    assert lmdb_pages.tree_pages(str(pack), b"\0" * 10, stat["psize"]) == []  # not a database record
-    if not hasattr(os, "posix_fadvise"):
-        return
-    asked = []
-    monkeypatch.setattr(lmdb_reader.os, "posix_fadvise", lambda fd, off, n, advice: asked.append((off, n, advice)))
-    assert reader._read_tree_ahead() == len(pages) and reader._read_tree_ahead() == 0
-    covered = {off // stat["psize"] + k for off, n, _ in asked for k in range(n // stat["psize"])}
-    assert covered == set(pages) and {a for *_, a in asked} == {os.POSIX_FADV_WILLNEED}
-
-
-class _Payloads:
-    """``count`` records of ``size`` to ``size + 49`` bytes (inline in their leaf pages when small, on overflow pages
-    when large)."""
-
-    def __init__(self, count: int, size: int) -> None:
-        self.count, self.size = count, size
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, i: int):
-        return (bytes([i % 251]) * (self.size + i % 50), i % 7)
-
-
-@pytest.mark.parametrize(("count", "size"), [(60_000, 16), (3_000, 4_000), (5, 1_500), (1, 100_000)])
-def test_record_extents_name_where_every_record_lies(tmp_path, count, size):
-    """record_extents reads the leaf pages for each record's place in the file: the map's bytes there are the
-    record's bytes (small values inline in a leaf page, large ones on overflow pages, trees of 1-3 levels), so a
-    block's span is the one a lookup of its first and last records gives."""
-    import sys
-
-    from lightning_gpu_boost.core.lmdb import KEY, pack_dataset, sharded
-    from lightning_gpu_boost.core.lmdb import reader as lmdb_reader
-
-    if not sys.platform.startswith("linux"):
-        pytest.skip("/proc/self/maps and posix_fadvise are Linux's")
-    pack = pack_dataset(_Payloads(count, size), tmp_path / "p.lmdb", progress=False)
-    reader = sharded.open_pack(pack)
-    assert reader._read_tree_ahead() > 0
-    extents = reader._extents
-    assert extents.shape == (count, 2) and reader._base == lmdb_pages._map_base(str(pack))
-    txn = reader._txn()
-    for i in sorted({0, count - 1, *range(0, count, max(1, count // 300))}):
-        value = txn.get(KEY.pack(i))
-        assert lmdb_reader._address(value) == reader._base + extents[i, 0] and len(value) == extents[i, 1]
-    lo, hi = count // 3, max(count // 3 + 1, 2 * count // 3)
-    with_extents = reader._span(lo, hi)
-    reader._extents = None  # found by lookups instead
-    assert reader._span(lo, hi) == with_extents
-    assert pickle.loads(pickle.dumps(reader)).__dict__.get("_extents") is None
-
-
-def test_record_extents_refuse_what_they_do_not_expect(tmp_path):
-    """Anything not as expected gives None (spans are then found by lookups): leaf pages out of key order, a count
-    that is not the pack's, no leaves, branch pages given as leaves."""
-    from lightning_gpu_boost.core.lmdb import pack_dataset, sharded
-
-    pack = pack_dataset(_Payloads(60_000, 16), tmp_path / "p.lmdb", progress=False)
-    reader = sharded.open_pack(pack)
-    env = reader._open()
-    with env.begin() as txn:
-        record, psize = txn.get(b"records"), env.stat()["psize"]
-    branches, leaves = lmdb_pages._tree_levels(str(pack), record, psize)
-    assert lmdb_pages.record_extents(str(pack), leaves, psize, 60_000) is not None
-    assert lmdb_pages.record_extents(str(pack), leaves[::-1], psize, 60_000) is None
-    assert lmdb_pages.record_extents(str(pack), leaves, psize, 59_999) is None
-    assert lmdb_pages.record_extents(str(pack), [], psize, 60_000) is None
-    assert lmdb_pages.record_extents(str(pack), branches, psize, 60_000) is None

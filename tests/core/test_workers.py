@@ -1,3 +1,6 @@
+"""The worker search (``core/workers.py``): counts measured by the budget, probes that rank or keep the user's
+value."""
+
 from __future__ import annotations
 
 import time
@@ -6,10 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from lightning_gpu_boost.core import loaders, workers
-from lightning_gpu_boost.core.loaders import set_num_workers
-from lightning_gpu_boost.core.workers import WorkerProbe, tune_num_workers
-from lightning_gpu_boost.core.workers_cache import loader_fingerprint, read_cache, write_cache
+from lightning_gpu_boost.core import workers
+from lightning_gpu_boost.core.workers import tune_num_workers
 
 
 class CPUHeavy(Dataset):
@@ -23,6 +24,46 @@ class CPUHeavy(Dataset):
         while time.perf_counter() < end:
             pass
         return torch.zeros(8)
+
+
+class Rows(Dataset):
+    """Cheap rows read one by one: a worker's fixed cost per batch dominates small batches, not large ones."""
+
+    def __init__(self, n: int = 120_000) -> None:
+        self.x = torch.randn(n, 64)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.x[i]
+
+
+class Sleepy(Dataset):
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        return torch.zeros(4)
+
+
+class DiesInWorkers(Dataset):
+    """Loads in the main process; a worker that loads exits at once (as one that touches CUDA after a fork)."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int):
+        import os
+
+        if torch.utils.data.get_worker_info() is not None:
+            os._exit(3)
+        time.sleep(0.001)
+        return torch.zeros(4)
 
 
 def test_cpu_heavy_dataset_gets_workers():
@@ -73,42 +114,6 @@ def test_bad_arguments(kwargs, match):
         tune_num_workers(DataLoader(TensorDataset(torch.zeros(4))), **kwargs)
 
 
-def test_cache_roundtrip_and_fingerprint(tmp_path):
-    loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4)
-    key = loader_fingerprint(loader, 1)
-    assert key == loader_fingerprint(DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4), 1)
-    assert key != loader_fingerprint(DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2), 1)
-    assert key != loader_fingerprint(loader, 2)
-    assert read_cache(tmp_path / "c.json", key) is None
-    write_cache(tmp_path / "c.json", key, WorkerProbe(3, {0: 1.0, 3: 5.0}, 1.2, 7))
-    hit = read_cache(tmp_path / "c.json", key)
-    assert hit.cached and hit.num_workers == 3 and hit.table == {0: 1.0, 3: 5.0}
-
-
-def test_set_num_workers_keeps_the_loader_consistent():
-    """`persistent_workers` is read-only on a DataLoader; this fails loudly if PyTorch changes how it is set."""
-    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2)
-    set_num_workers(loader, 2, prefetch_factor=3)
-    assert loader.num_workers == 2 and loader.prefetch_factor == 3 and loader.persistent_workers
-    assert sorted(int(x) for (b,) in loader for x in b) == list(range(8))
-    set_num_workers(loader, 0)
-    assert loader.num_workers == 0 and not loader.persistent_workers and loader._iterator is None
-    assert len(list(loader)) == 4
-
-
-def test_low_priority_workers(tmp_path):
-    import os
-
-    class Nice(TensorDataset):
-        def __getitem__(self, i):
-            return torch.tensor(float(os.nice(0)))
-
-    loader = DataLoader(Nice(torch.zeros(4)), batch_size=2)
-    set_num_workers(loader, 1, worker_niceness=5)
-    assert isinstance(loader.worker_init_fn, loaders.LowPriorityWorkerInit)
-    assert {float(x) for b in loader for x in b} == {os.nice(0) + 5.0}
-
-
 def test_probe_batches_follow_the_sample_cost_and_workers_are_joined():
     """`_shutdown_workers` is private to PyTorch: this fails loudly if it stops joining the workers."""
     import multiprocessing
@@ -132,19 +137,6 @@ def test_probe_batches_follow_the_sample_cost_and_workers_are_joined():
     assert not set(multiprocessing.active_children()) - before
 
 
-class Rows(Dataset):
-    """Cheap rows read one by one: a worker's fixed cost per batch dominates small batches, not large ones."""
-
-    def __init__(self, n: int = 120_000) -> None:
-        self.x = torch.randn(n, 64)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.x[i]
-
-
 def test_probe_ranks_cheap_rows_at_a_large_batch_by_its_own_windows():
     # Whether the choice matches a separate sweep is a timing claim: benchmarks/auto_num_workers.py measures it
     # on the GPU machine (bar probe_of_sweep_best_min). Here: cheap samples are probed at the real batch size,
@@ -159,18 +151,6 @@ def test_probe_ranks_cheap_rows_at_a_large_batch_by_its_own_windows():
     if expected < probe.user_workers and timed[expected] <= timed[probe.user_workers]:
         expected = probe.user_workers
     assert probe.num_workers == expected, probe.format_table()
-
-
-class Sleepy(Dataset):
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(self.delay)
-        return torch.zeros(4)
 
 
 def test_slow_samples_are_probed_per_sample_within_the_budget():
@@ -208,21 +188,6 @@ def test_quick_contenders_get_interleaved_windows_and_slow_ones_one_confirmation
     calls.clear()
     workers._confirm(dict(table), 0.03, lambda w: calls.append(w) or len(calls) < 2, quick=lambda w: True)
     assert calls == [16, 12]  # a window that does not fit ends the extra passes
-
-
-class DiesInWorkers(Dataset):
-    """Loads in the main process; a worker that loads exits at once (as one that touches CUDA after a fork)."""
-
-    def __len__(self) -> int:
-        return 256
-
-    def __getitem__(self, i: int):
-        import os
-
-        if torch.utils.data.get_worker_info() is not None:
-            os._exit(3)
-        time.sleep(0.001)
-        return torch.zeros(4)
 
 
 def test_workers_that_die_keep_the_users_setting():

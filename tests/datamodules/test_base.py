@@ -91,9 +91,16 @@ def test_missing_train_dataset_is_a_clear_error():
 def test_trains_in_a_trainer_with_validation(trainer_kwargs):
     model = RecordingModel()
     trainer = pl.Trainer(max_epochs=1, **trainer_kwargs)
-    trainer.fit(model, datamodule=Indexed(batch_size=4, num_workers=0, shuffle=False, prefetch=True))
+    trainer.fit(model, datamodule=Indexed(batch_size=4, num_workers=0, shuffle=False))
     assert model.seen["train"][0] == [0, 1, 2, 3] and len(model.seen["train"]) == 5
     assert len(model.seen["val"]) == 4  # sanity check (2) + epoch end (2)
+
+
+def test_prefetch_is_deprecated_and_names_the_callbacks_that_do_it():
+    """The DataModule builds loaders; the side-stream copy is StreamPrefetch's (or GPUBoost's) job."""
+    with pytest.warns(FutureWarning, match=r"prefetch=True\) is deprecated.*StreamPrefetch\(\).*GPUBoost\(\)"):
+        dm = Indexed(batch_size=4, num_workers=0, prefetch=True)
+    assert dm.prefetch is True
 
 
 def test_collate_fn_is_used():

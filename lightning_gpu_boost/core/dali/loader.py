@@ -32,7 +32,7 @@ __all__ = ['DALILoader', 'close_all']
 
 class _EpochBadSamples:
     """Bad samples a loader dropped, by the epoch their batch belongs to (DALI reads into the next epoch ahead of
-    time); :class:`~lightning_gpu_boost.callbacks.bad_samples.BadSampleReport` reads it like a
+    time); the loader's :class:`~lightning_gpu_boost.core.bad_samples.BadSampleLog` reads it like a
     :class:`~lightning_gpu_boost.core.bad_samples.BadSampleTracker`: ``snapshot()`` at an epoch's start,
     ``since(snapshot)`` at its end."""
 
@@ -218,8 +218,14 @@ class DALILoader:
         #: samples are skipped: then Python reads and checks every file, and drops the broken ones from the batch
         self.reads_in_dali = callable(getattr(source, "path", None)) and bad_samples == "raise"
         self.bad_samples = bad_samples
-        #: bad samples dropped (``bad_samples="skip"``), per index; with ``sample_path`` for BadSampleReport
+        #: bad samples dropped (``bad_samples="skip"``), per index; with ``sample_path`` for the log
         self.bad_sample_tracker = _EpochBadSamples(self)
+        #: warns at each epoch's end with the samples it skipped (``bad_samples="skip"``; a DataModule sets its own)
+        self.bad_sample_log: Any = None
+        if bad_samples == "skip":
+            from lightning_gpu_boost.core.bad_samples import BadSampleLog
+
+            self.bad_sample_log = BadSampleLog(self)
         self._feeders = [
             _Feeder(
                 source,
@@ -384,7 +390,8 @@ class DALILoader:
         counted = (Counted(batch, len(batch[-1]), ["B"] * len(batch)) for batch in self._run(epoch, start))
         self._refill = refill = Refill(counted, self.batch_size, len(self), warn=warnings.warn, resume=resume)
         self._place = (epoch, int(resume["emitted"]) if resume else 0)
-        for batch in refill:
+        log = self.bad_sample_log
+        for batch in refill if log is None else log.watch(refill, epoch):
             self._place = (epoch, self._place[1] + 1)
             yield batch
 
