@@ -8,6 +8,9 @@ import sys
 import pytest
 import torch
 
+from lightning_gpu_boost.core.bad_samples import add_broken_files
+from lightning_gpu_boost.core.images import make_jpeg_folder
+
 os.environ.setdefault("PL_DISABLE_FORK", "0")
 
 
@@ -84,3 +87,14 @@ def _close_dali_loaders():
     dali = sys.modules.get("lightning_gpu_boost.core.dali")
     if dali is not None:
         dali.close_all()
+
+
+BROKEN_TREE_GOOD = 294  # + 6 broken files (one per kind) = 2 % broken
+
+
+@pytest.fixture(scope="module")
+def broken_tree(tmp_path_factory):
+    """A tree of ``BROKEN_TREE_GOOD`` good JPEGs and one broken file of each kind: ``(root, broken paths)``."""
+    root = make_jpeg_folder(tmp_path_factory.mktemp("broken") / "src", n=BROKEN_TREE_GOOD, num_classes=3,
+                            size_range=(48, 80, 40, 64), progress=False)  # fmt: skip
+    return str(root), add_broken_files(root)

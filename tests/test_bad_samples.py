@@ -4,7 +4,6 @@ folder, LMDB and DALI sources; unusual images decode to upright RGB the same way
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import lightning.pytorch as pl
@@ -16,40 +15,49 @@ from lightning_gpu_boost.callbacks import BadSampleReport
 from lightning_gpu_boost.cli import main
 from lightning_gpu_boost.core import lmdb as lf
 from lightning_gpu_boost.core.bad_samples import (
-    BROKEN_KINDS,
     BadSampleError,
-    add_broken_files,
     add_unusual_images,
-    check_image,
 )
-from lightning_gpu_boost.core.images import decode_center_crop, make_jpeg_folder
+from lightning_gpu_boost.core.images import decode_center_crop
 from lightning_gpu_boost.core.lmdb import pack as lw
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
-
-GOOD = 294  # + 6 broken files (one per kind) = 2 % broken
-
-
-@pytest.fixture(scope="module")
-def broken_tree(tmp_path_factory):
-    root = make_jpeg_folder(
-        tmp_path_factory.mktemp("broken") / "src", n=GOOD, num_classes=3, size_range=(48, 80, 40, 64), progress=False
-    )
-    return str(root), add_broken_files(root)
+from tests.conftest import BROKEN_TREE_GOOD as GOOD
 
 
-def test_every_broken_kind_fails_the_structure_check_and_good_images_pass(broken_tree, tmp_path):
-    root, broken = broken_tree
-    assert len(broken) == len(BROKEN_KINDS)
-    for rel in broken:
-        path = os.path.join(root, rel)
-        data = open(path, "rb").read() if os.path.exists(path) else None
-        if data is not None:
-            assert check_image(data) is not None, rel
-    for path in add_unusual_images(tmp_path).values():
-        data = open(path, "rb").read()
-        assert check_image(data) is None and check_image(data, "decode") is None, path
-    jpeg = open(os.path.join(root, "class_000", sorted(os.listdir(os.path.join(root, "class_000")))[-1]), "rb").read()
-    assert check_image(jpeg + b"trailer after the end marker") is None  # phone cameras append data
+class Counting(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 2)
+        self.seen: dict[int, int] = {}
+        self.sizes: dict[int, list[int]] = {}
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        self.seen[self.current_epoch] = self.seen.get(self.current_epoch, 0) + len(labels)
+        self.sizes.setdefault(self.current_epoch, []).append(len(labels))
+        return self.layer(images.float().mean((2, 3))).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _assert_full_batches(model, total: int, size: int) -> None:
+    """Skipped samples' places are taken by the next samples: as many batches as the loader's length, full but
+    for the last few (the samples left after the last full batch, spread over the batches still owed)."""
+    batches = -(-total // size)
+    for sizes in model.sizes.values():
+        assert len(sizes) == batches, sizes
+        tail = next(i for i, k in enumerate(sizes) if k != size)
+        assert tail >= batches - 3 and all(0 < k <= size for k in sizes[tail:]), sizes
+
+
+def _fit(dm, epochs: int = 2):
+    model = Counting()
+    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[BadSampleReport()])  # fmt: skip
+    trainer.fit(model, dm)
+    return model, trainer
 
 
 def test_pack_skips_and_lists_exactly_the_broken_files(broken_tree, tmp_path, capsys):
@@ -103,42 +111,6 @@ def test_verify_decode_names_undecodable_records(broken_tree, tmp_path, capsys):
     named = sorted(entry["path"] for entry in summary["undecodable"])
     assert summary["undecodable_records"] == len(broken) - 1  # the dangling link has no bytes to pack
     assert named == [p for p in broken if "dangling" not in p]
-
-
-class Counting(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(3, 2)
-        self.seen: dict[int, int] = {}
-        self.sizes: dict[int, list[int]] = {}
-
-    def training_step(self, batch, batch_idx):
-        images, labels = batch
-        self.seen[self.current_epoch] = self.seen.get(self.current_epoch, 0) + len(labels)
-        self.sizes.setdefault(self.current_epoch, []).append(len(labels))
-        return self.layer(images.float().mean((2, 3))).sum()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-def _assert_full_batches(model, total: int, size: int) -> None:
-    """Skipped samples' places are taken by the next samples: as many batches as the loader's length, full but
-    for the last few (the samples left after the last full batch, spread over the batches still owed)."""
-    batches = -(-total // size)
-    for sizes in model.sizes.values():
-        assert len(sizes) == batches, sizes
-        tail = next(i for i, k in enumerate(sizes) if k != size)
-        assert tail >= batches - 3 and all(0 < k <= size for k in sizes[tail:]), sizes
-
-
-def _fit(dm, epochs: int = 2):
-    model = Counting()
-    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[BadSampleReport()])  # fmt: skip
-    trainer.fit(model, dm)
-    return model, trainer
 
 
 @pytest.mark.parametrize("source", ["folder", "lmdb"])
@@ -214,66 +186,6 @@ def test_a_pack_of_copied_trees_is_unchanged_without_bad_files(tmp_path, jpeg_tr
     shutil.copytree(jpeg_tree, root)
     reader = lf.open_pack(lf.pack_image_folder(root, tmp_path / "p.lmdb", progress=False))
     assert reader.meta("bad_samples") == [] and not (tmp_path / "p.lmdb.bad-samples.json").exists()
-
-
-def test_refill_reforms_full_batches_of_any_structure_each_sample_once():
-    from collections import namedtuple
-
-    from lightning_gpu_boost.core.bad_samples import (
-        BadSample,
-        Refill,
-        SkipBadCollate,
-        batch_layout,
-        can_refill,
-    )
-
-    Pair = namedtuple("Pair", "x y")
-
-    def sample(i):
-        return {"x": torch.full((3, 2), float(i)), "id": i, "name": f"s{i}", "pair": Pair(torch.tensor(i), [i])}
-
-    collate = SkipBadCollate(refill=True)
-    bad = {3, 4, 5, 6, 7, 8, 9, 21}  # a whole batch and more bad
-    batches = [collate([BadSample(i, "p", "r") if i in bad else sample(i) for i in range(j, min(j + 4, 30))])
-               for j in range(0, 30, 4)]  # fmt: skip
-    assert batches[1].n == 0 and batches[0].n == 3
-    out = list(Refill(batches, 4, expected=len(batches)))
-    assert len(out) == len(batches) == 8
-    ids = [int(i) for b in out for i in b["id"]]
-    assert ids == [i for i in range(30) if i not in bad]  # each good sample once, in order
-    assert [len(b["id"]) for b in out] == [4, 4, 4, 4, 2, 2, 1, 1]
-    for b in out:  # every part of a sample stays with it
-        mine = b["id"].tolist()
-        assert [int(v) for v in b["x"][:, 0, 0]] == mine == b["pair"].x.tolist() == b["pair"].y[0].tolist()
-        assert b["name"] == [f"s{i}" for i in mine] and isinstance(b["pair"], Pair)
-    # nothing skipped: the batches pass through untouched
-    clean = [collate([sample(i) for i in range(j, j + 4)]) for j in range(0, 16, 4)]
-    assert [b is c.batch for b, c in zip(Refill(clean, 4, 4), clean, strict=True)] == [True] * 4
-    # three variable-size CHW images in a list: a list of samples, never sliced along channels
-    images = [torch.zeros(3, 5 + k, 4) for k in range(3)]
-    assert batch_layout(images[:1], images, 3) == "L"
-    # padding that depends on the batch cannot be re-formed: short batches go on as they are, with a warning
-    assert not can_refill(batch_layout(torch.zeros(1, 5), torch.zeros(3, 9), 3))
-    warned = []
-    padded = SkipBadCollate(lambda s: torch.nn.utils.rnn.pad_sequence(s, batch_first=True), refill=True)
-    seqs = [padded([torch.ones(k + 1) for k in range(j, j + 3)]) for j in (0, 3)]
-    seqs[0] = padded([torch.ones(1), BadSample(1, "p", "r"), torch.ones(3)])
-    assert [len(b) for b in Refill(seqs, 3, 2, warn=warned.append)] == [2, 3] and len(warned) == 1
-    # ... also where a batch's first sample is its longest (it looks cuttable alone): its width differs from the
-    # next batch's, so nothing is joined across them
-    seqs = [padded([torch.ones(3), BadSample(1, "p", "r"), torch.ones(1)]), padded([torch.ones(2)] * 2 + [torch.ones(1)])]
-    warned.clear()
-    assert [tuple(b.shape) for b in Refill(seqs, 3, 2, warn=warned.append)] == [(2, 3), (3, 2)] and len(warned) == 1
-
-
-def test_refill_keeps_pinned_memory_pinned():
-    if not torch.cuda.is_available():
-        pytest.skip("pinning needs CUDA")
-    from lightning_gpu_boost.core.bad_samples import Counted, Refill
-
-    parts = [Counted(torch.arange(k).pin_memory(), k, "B") for k in (3, 4, 4)]
-    out = list(Refill(parts, 4, 3))
-    assert [len(b) for b in out] == [4, 4, 3] and all(b.is_pinned() for b in out)
 
 
 def test_skip_under_ddp_keeps_every_rank_in_step_with_full_batches(broken_tree, tmp_path):

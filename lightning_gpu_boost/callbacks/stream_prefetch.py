@@ -182,6 +182,8 @@ class StreamPrefetch(Callback):
             transform = self.transform if stage in ("train", "fit", None) else self.val_transform
             if isinstance(dataloader, StreamPrefetcher):
                 return dataloader  # already wrapped
+            if isinstance(dataloader, (list, tuple, dict)) and not dataloader:
+                return dataloader  # no loader (a DataModule's `[]` for a stage it has no data for)
             if getattr(dataloader, "batches_on_device", False) and transform is None:
                 return dataloader  # a loader that yields GPU batches (DALILoader): nothing to copy or transform
             # the DataLoader itself, or the one a SpanningLoader (SpanEpochs) builds its workers' loader from

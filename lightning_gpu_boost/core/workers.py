@@ -539,7 +539,7 @@ def _decide(
         probe.conclusive = False
         probe.reason = (
             f"Could not rank worker counts within the budget ({len(timed)} of {len(table)} measured counts "
-            f"completed a timed window): keeping num_workers={user}. Raise the budget (budget_s) to measure."
+            f"completed a timed window): keeping num_workers={user}. Raise workers_budget_s to measure."
         )
         return probe
     choice = _choose(timed, tolerance)

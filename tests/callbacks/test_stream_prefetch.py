@@ -179,7 +179,7 @@ class _FirstBatch(pl.LightningModule):
 
 def test_move_normalize_same_images_uint8_workers_transform_restored(trainer_kwargs, caplog):
     from lightning_gpu_boost.core.move_normalize import Uint8Transform
-    from tests.core.test_prefetch import _imagenet_tf
+    from tests.core.test_move_normalize import _imagenet_tf
     from tests.helpers import FakeImageFolder
 
     def fit(callbacks):

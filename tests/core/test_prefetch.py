@@ -29,6 +29,26 @@ class WithTo:
         return WithTo(self.t.to(device, non_blocking=non_blocking))
 
 
+def _reference(x: torch.Tensor) -> torch.Tensor:
+    x = x.to(torch.float64) / 255
+    mean = torch.tensor(MEAN, dtype=torch.float64).view(1, 3, 1, 1)
+    std = torch.tensor(STD, dtype=torch.float64).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def _digest(batch) -> str:
+    h = hashlib.sha256()
+    for t in batch:
+        h.update(t.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def batch_seed_for(seed: int, rank: int, epoch: int, index: int) -> int:
+    from lightning_gpu_boost.core.prefetch import batch_seed
+
+    return batch_seed(seed, rank, epoch, index)
+
+
 @pytest.mark.parametrize("depth", [1, 2, 5])
 def test_lookahead_keeps_order_and_length(depth):
     loader = DataLoader(IndexDataset(10), batch_size=3)
@@ -128,13 +148,6 @@ def test_bad_arguments():
         GPUNormalize(MEAN, STD).tensor(torch.zeros(2, 3, 4, 4))
 
 
-def _reference(x: torch.Tensor) -> torch.Tensor:
-    x = x.to(torch.float64) / 255
-    mean = torch.tensor(MEAN, dtype=torch.float64).view(1, 3, 1, 1)
-    std = torch.tensor(STD, dtype=torch.float64).view(1, 3, 1, 1)
-    return (x - mean) / std
-
-
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2), ("float16", 3e-3)])
 def test_normalize_matches_float64_reference_cpu(dtype, tol):
     x = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
@@ -155,16 +168,6 @@ def test_normalize_selects_by_key_and_position():
     assert out[0].dtype == torch.float32 and out[1].dtype == torch.int64
     with pytest.raises(KeyError, match="'img' is not in the batch"):
         GPUNormalize(MEAN, STD, key="img")({"image": x})
-
-
-# ---------------------------------------------------------------------------------------------------- GPU
-
-
-def _digest(batch) -> str:
-    h = hashlib.sha256()
-    for t in batch:
-        h.update(t.cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 @pytest.mark.gpu
@@ -229,71 +232,6 @@ def test_stateful_protocol_is_visible_statically():
     assert not isinstance(StreamPrefetcher(DataLoader(IndexDataset(4)), device="cpu"), _Stateful)
 
 
-# ------------------------------------------------------------------ move_normalize (torchvision stand-ins)
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def _imagenet_tf():
-    from tests.helpers import Compose, Flip, Normalize, ToTensor
-
-    return Compose([Flip(), ToTensor(), Normalize(MEAN, STD)])
-
-
-def test_move_normalize_gives_uint8_that_normalize_on_device_to_the_same_floats():
-    from torch.utils.data import DataLoader
-
-    from lightning_gpu_boost.core.move_normalize import Uint8Transform, move_normalize, restore_normalize
-    from lightning_gpu_boost.core.prefetch import GPUNormalize
-    from tests.helpers import FakeImageFolder
-
-    ds = FakeImageFolder(transform=_imagenet_tf())
-    original = ds.transform
-    expected = next(iter(DataLoader(ds, batch_size=6)))
-    assert move_normalize(ds) == (MEAN, STD)
-    assert isinstance(ds.transform, Uint8Transform) and "Normalize" in repr(ds.transform)
-    assert move_normalize(ds) == (MEAN, STD)  # idempotent: a second loader over the same dataset
-    x, y = next(iter(DataLoader(ds, batch_size=6)))
-    assert x.dtype == torch.uint8 and x.shape == expected[0].shape
-    out = GPUNormalize(*move_normalize(ds), key=0)([x, y])
-    torch.testing.assert_close(out[0], expected[0], atol=1e-6, rtol=0)
-    assert torch.equal(out[1], expected[1])
-    restore_normalize(ds)
-    assert ds.transform is original
-
-
-def test_move_normalize_leaves_other_datasets_and_transforms_alone():
-    from torch.utils.data import Subset
-
-    from lightning_gpu_boost.core.move_normalize import move_normalize
-    from tests.helpers import Compose, FakeImageFolder, IndexDataset, ToTensor
-
-    plain = IndexDataset(4)
-    plain.transform = _imagenet_tf()
-    assert move_normalize(plain) is None  # not a torchvision dataset: its batch layout is unknown
-    no_norm = FakeImageFolder(transform=Compose([ToTensor()]))
-    assert move_normalize(no_norm) is None and isinstance(no_norm.transform, Compose)
-    assert move_normalize(FakeImageFolder(transform=None)) is None
-    wrapped = FakeImageFolder(transform=_imagenet_tf())
-    assert move_normalize(Subset(wrapped, [0, 1])) == (MEAN, STD)  # under Subset
-
-
-def test_move_normalize_grayscale_and_non_8bit_inputs():
-    import numpy as np
-
-    from lightning_gpu_boost.core.move_normalize import move_normalize
-    from tests.helpers import Compose, FakeImageFolder, Normalize, ToTensor
-
-    gray = FakeImageFolder(mode="L", transform=Compose([ToTensor(), Normalize((0.5,), (0.25,))]))
-    assert move_normalize(gray) == ((0.5,), (0.25,))
-    x, _ = gray[0]
-    assert x.dtype == torch.uint8 and x.shape == (1, 8, 8)
-    floats = np.random.default_rng(0).random((4, 4, 3)).astype(np.float32)
-    # not an 8-bit image: the original ToTensor + Normalize run, as before
-    torch.testing.assert_close(
-        gray.transform(floats[:, :, :1]), (torch.from_numpy(floats[:, :, :1]).permute(2, 0, 1) - 0.5) / 0.25
-    )
-
-
 def test_a_batch_transform_draws_the_same_numbers_whatever_the_depth_and_leaves_the_callers_rng_alone():
     """Per-sample randomness seeded per rank, epoch and batch: depth 1 and 3 give bit-identical batches, another
     epoch or rank other draws, and torch's global generator goes on as if nothing had drawn from it."""
@@ -344,9 +282,3 @@ def test_the_gpu_transform_runs_on_the_side_stream_and_matches_the_same_transfor
             torch.manual_seed(batch_seed_for(1, 0, 0, i))
             reference.append(augment(b.cuda()))
     assert all(torch.equal(a, b) for a, b in zip(deep, reference, strict=True))
-
-
-def batch_seed_for(seed: int, rank: int, epoch: int, index: int) -> int:
-    from lightning_gpu_boost.core.prefetch import batch_seed
-
-    return batch_seed(seed, rank, epoch, index)

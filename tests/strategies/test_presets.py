@@ -8,12 +8,10 @@ import torch
 from lightning.pytorch import cli as lightning_cli
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
-from torch.utils.data import DataLoader
 
 import lightning_gpu_boost  # noqa: F401  (registers ddp_boost)
-from lightning_gpu_boost.callbacks import GPUBoost
 from lightning_gpu_boost.strategies import DDPBoostStrategy, recommended_precision
-from tests.helpers import IndexDataset, RecordingModel, run_ddp
+from tests.helpers import run_ddp
 
 #: Lightning's own check for what LightningCLI needs (a test dependency here, missing on the GPU machine's image)
 CLI_AVAILABLE = bool(getattr(lightning_cli, "_JSONARGPARSE_SIGNATURES_AVAILABLE", True))
@@ -79,44 +77,6 @@ def test_ddp_boost_trains_and_checkpoints_over_gloo(tmp_path):
     assert set(results[0]["ids"]).isdisjoint(results[1]["ids"])
 
 
-def _fit_with(trainer_kwargs, boost, loader):
-    trainer = pl.Trainer(callbacks=[boost], max_epochs=1, limit_val_batches=0, **trainer_kwargs)
-    trainer.fit(RecordingModel(), loader)
-    return trainer
-
-
-@pytest.mark.parametrize(
-    "switches,parts",
-    [
-        ({}, {"auto_workers", "prefetch", "span_epochs", "watchdog"}),
-        ({"prefetch": False}, {"auto_workers", "span_epochs", "watchdog"}),
-        ({"auto_workers": False, "watchdog": False}, {"prefetch", "span_epochs"}),
-        ({"auto_workers": False, "watchdog": False, "prefetch": False, "span_epochs": False}, set()),
-        ({"span_epochs": False}, {"auto_workers", "prefetch", "watchdog"}),
-    ],
-)
-def test_gpu_boost_switches_each_part(trainer_kwargs, tmp_path, switches, parts):
-    boost = GPUBoost(workers_budget_s=5, **switches)
-    assert set(boost.parts) == parts
-    if "auto_workers" in parts:
-        boost.parts["auto_workers"].cache_path = str(tmp_path / "cache.json")
-    trainer = _fit_with(trainer_kwargs, boost, DataLoader(IndexDataset(32), batch_size=4))
-    assert trainer.global_step == 8
-    state = boost.state_dict()
-    assert set(state) == parts
-    if "auto_workers" in parts:
-        assert state["auto_workers"]["chosen"] == {"train": 0}  # in-memory samples
-        GPUBoost().load_state_dict(state)
-    if "watchdog" in parts:
-        assert boost.parts["watchdog"].summaries
-
-
-def test_gpu_boost_sets_backends_only_on_cuda(trainer_kwargs):
-    before = torch.get_float32_matmul_precision()
-    _fit_with(trainer_kwargs, GPUBoost(auto_workers=False), DataLoader(IndexDataset(8), batch_size=4))
-    assert torch.get_float32_matmul_precision() == before
-
-
 def test_backend_settings_round_trip():
     from lightning_gpu_boost.strategies.presets import backend_settings, configure_backends, restore_backends
 
@@ -153,9 +113,6 @@ def test_every_yaml_config_builds_and_fits(config, tmp_path):
     assert cli.trainer.global_step == 3
 
 
-# ---------------------------------------------------------------------------------------------------- GPU
-
-
 @pytest.mark.gpu
 def test_bf16_is_recommended_on_hopper():
     if torch.cuda.get_device_capability()[0] < 9:
@@ -177,42 +134,6 @@ def test_compression_hook_registers_on_nccl(tmp_path):
                          default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(BoringModel())
     assert seen["backend"] == "nccl" and "bf16_compress_hook" in seen["hook"], seen
-
-
-class _Conv1dModel(pl.LightningModule):
-    """A Conv1d over (N, C, T) batches whose T varies, as padded audio features do."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv1d(4, 8, 3)
-        self.autotuning: list[bool] = []
-
-    def training_step(self, batch, batch_idx):
-        self.autotuning.append(torch.backends.cudnn.benchmark)
-        return self.conv(batch).float().pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-@pytest.mark.gpu
-def test_gpu_boost_turns_autotuning_off_for_variable_shapes_and_restores_the_users_settings():
-    torch.backends.cudnn.benchmark = False
-    torch.set_float32_matmul_precision("highest")
-    boost = GPUBoost(auto_workers=False, watchdog=False)
-    batches = [torch.randn(2, 4, 16 + 8 * (i % 6)) for i in range(12)]  # six shapes
-    model = _Conv1dModel()
-    pl.Trainer(accelerator="gpu", devices=1, max_epochs=1, callbacks=[boost], logger=False,
-               enable_checkpointing=False, enable_progress_bar=False).fit(model, DataLoader(batches, batch_size=None))  # fmt: skip
-    assert model.autotuning[:4] == [True] * 4 and not any(model.autotuning[4:]), model.autotuning
-    assert boost.applied["cudnn_benchmark"] is False
-    assert torch.backends.cudnn.benchmark is False and torch.get_float32_matmul_precision() == "highest"
-
-    fixed = _Conv1dModel()
-    pl.Trainer(accelerator="gpu", devices=1, max_epochs=1, callbacks=[GPUBoost(auto_workers=False, watchdog=False)],
-               logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               ).fit(fixed, DataLoader(batches[:1] * 12, batch_size=None))  # fmt: skip
-    assert all(fixed.autotuning) and torch.backends.cudnn.benchmark is False  # fixed shapes keep it, until teardown
 
 
 @pytest.mark.skipif(not CLI_AVAILABLE, reason="LightningCLI needs jsonargparse[signatures] (the GPU machine lacks it)")

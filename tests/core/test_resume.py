@@ -1,0 +1,58 @@
+"""Resumable loaders (``core/resume.py``): the place saved with its epoch, applied only to that epoch, skipping
+without loading; per-rank states. The whole-run harness over every loader is ``tests/test_resume.py``."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+from lightning_gpu_boost.core.resume import ResumableDataLoader, gather_ranks, own_rank
+
+
+class Loads(Dataset):
+    def __init__(self) -> None:
+        self.loaded: list[int] = []
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> int:
+        self.loaded.append(i)
+        return i
+
+
+def _loader(dataset: Dataset) -> ResumableDataLoader:
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=3)
+    return ResumableDataLoader(dataset, batch_size=3, sampler=sampler)
+
+
+def test_a_resumed_epoch_continues_the_same_order_and_loads_nothing_twice():
+    first = _loader(Loads())
+    first.sampler.set_epoch(1)
+    it = iter(first)
+    done = [next(it).tolist() for _ in range(2)]
+    state = first.state_dict()
+    rest_uninterrupted = [b.tolist() for b in it]
+    assert state == {"epoch": 1, "batches": 2}
+    data = Loads()
+    resumed = _loader(data)
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(1)
+    assert [b.tolist() for b in resumed] == rest_uninterrupted
+    assert sorted(data.loaded) == sorted(i for b in rest_uninterrupted for i in b)  # the done batches never loaded
+    assert [b.tolist() for b in resumed] != [] and done  # the next iteration is a whole epoch again
+
+
+def test_a_place_of_another_epoch_or_at_its_end_starts_the_epoch_whole():
+    for state in ({"epoch": 0, "batches": 2}, {"epoch": 1, "batches": 4}):
+        loader = _loader(Loads())
+        loader.load_state_dict(state)
+        loader.sampler.set_epoch(1)
+        assert len(list(loader)) == 4
+
+
+def test_one_process_states_are_their_own_rank():
+    state = {"epoch": 0, "batches": 1}
+    assert gather_ranks(state) is state and own_rank(state) is state
+    assert own_rank({"ranks": [state, {"epoch": 0, "batches": 2}]}) == state
+    assert torch.distributed.is_available()

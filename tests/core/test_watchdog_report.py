@@ -1,0 +1,24 @@
+"""The watchdog's report (``core/watchdog_report.py``): a rank's summary of its run, the slowest rank, the table."""
+
+from __future__ import annotations
+
+import math
+
+from lightning_gpu_boost.core.watchdog_report import format_summary, nanmean, rank_summary, slowest
+
+
+def test_a_ranks_summary_and_the_slowest_rank():
+    totals = {"wait_ms": 300.0, "busy_ms": 700.0, "steps": 12, "starved_steps": 5}
+    timeline = [{"step": 5, "gpu_util": 40.0, "gpu_mem_frac": 0.5}, {"step": 10, "gpu_util": 60.0}]
+    s = rank_summary(totals, timeline, warmup_steps=2, between_s=1.0, validation_s=0.5, wall_s=10.0)
+    assert s["data_wait_frac"] == 0.3 and s["step_ms"] == 70.0 and s["starved_frac"] == 0.5
+    assert s["gpu_util"] == 50.0 and s["between_frac"] == 0.1 and s["validation_frac"] == 0.05
+    other = dict(s, data_wait_frac=float("nan"))
+    assert slowest([other, s]) == 1
+    table = format_summary([s], "data-bound", ["set num_workers=8"])
+    assert "0 | 12 | 50 % | 30 % | 70.0 | 50 % | 10 %" in table
+    assert table.endswith("verdict: data-bound (slowest rank: 0); advice: (1) set num_workers=8")
+
+
+def test_nanmean_ignores_missing_readings():
+    assert nanmean([1.0, float("nan"), 3.0]) == 2.0 and math.isnan(nanmean([float("nan")]))
