@@ -52,6 +52,8 @@ def test_module_entry_point():
         "lightning_gpu_boost.callbacks.gpu_boost",
         "lightning_gpu_boost.strategies.presets",
         "lightning_gpu_boost.core.workers",
+        "lightning_gpu_boost.core.resume",
+        "lightning_gpu_boost.callbacks.bad_samples",
     ],
 )
 def test_docstring_examples_run(module):

@@ -33,7 +33,7 @@ def _bad_sample_owner(dataset: Any) -> Any:
 class RefillDataLoader(ResumableDataLoader):
     """A DataLoader whose batches stay full when bad samples are skipped: with a
     :class:`~lightning_gpu_boost.core.bad_samples.SkipBadCollate` (``refill=True``) as its ``collate_fn``, its
-    iterator is wrapped in :class:`~lightning_gpu_boost.core.bad_samples.Refill`, which re-forms the batches that
+    iterator is wrapped in :class:`~lightning_gpu_boost.core.refill.Refill`, which re-forms the batches that
     skipped samples left short from the samples that follow (each good sample once, in order; as many batches as
     ``len()``). Any other collate function: a :class:`~lightning_gpu_boost.core.resume.ResumableDataLoader`.
     With a :attr:`bad_sample_log` (:class:`~lightning_gpu_boost.core.bad_samples.BadSampleLog`), each pass ends with
@@ -60,7 +60,7 @@ class RefillDataLoader(ResumableDataLoader):
         if not self._refills():
             yield from super().__iter__()
             return
-        from lightning_gpu_boost.core.bad_samples import Refill
+        from lightning_gpu_boost.core.refill import Refill
 
         saved, epoch = self._take_saved()
         resume = saved.get("refill") if saved else None

@@ -383,7 +383,7 @@ class DALILoader:
         # skipped samples leave batches short: re-form full ones from the samples that follow (on the device)
         import warnings
 
-        from lightning_gpu_boost.core.bad_samples import Counted, Refill
+        from lightning_gpu_boost.core.refill import Counted, Refill
 
         resume = saved.get("refill") if applies else None  # type: ignore[union-attr]
         start = int(resume["source"]) if resume else 0
