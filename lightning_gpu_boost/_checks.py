@@ -141,7 +141,9 @@ def check_image_folder(name: str, value: Any, allow_none: bool = False) -> None:
     if not os.path.isdir(value):
         raise ValueError(f"{name} must be a class-per-folder image tree (root/<class>/<image>), got {str(value)!r} "
                          "(a file; an LMDB pack goes to LMDBDataModule).")  # fmt: skip
-    if not any(e.is_dir() and not e.name.startswith(".") for e in os.scandir(value)):
+    with os.scandir(value) as entries:
+        has_class = any(e.is_dir() and not e.name.startswith(".") for e in entries)
+    if not has_class:
         raise ValueError(f"{name} must be a class-per-folder image tree (root/<class>/<image>), got {str(value)!r} "
                          "(it holds no class folder).")  # fmt: skip
 

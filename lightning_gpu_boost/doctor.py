@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -37,7 +38,7 @@ from lightning_gpu_boost.core.verdicts import (
 )
 from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s, tune_num_workers
 
-__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_step', 'measure_step_ms', 'measure_validation_s']
+__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_step', 'measure_step_ms', 'measure_validation_s']
 
 Bottleneck = Literal["loader", "copy", "host", "epoch-start", "compute", "unknown"]
 
@@ -45,6 +46,10 @@ Bottleneck = Literal["loader", "copy", "host", "epoch-start", "compute", "unknow
 VERDICT_OF: dict[str, Verdict | None] = {"loader": "data-bound", "copy": "copy-bound", "host": "host-bound",
                                          "epoch-start": "between-steps", "compute": "ok", "unknown": None}  # fmt: skip
 #: the step on a resident batch is host-bound where the GPU is busy less than this share of it (%)
+#: Lightning's warning for a model with a ``validation_step`` fitted without validation data: the measurements fit
+#: the step alone on purpose
+NO_VALIDATION_WARNING = r".*`validation_step` but have no `val_dataloader`.*"
+
 HOST_BOUND_UTIL = 80.0
 #: seconds of NVML samples the step's utilization is read over (after one driver sample period has passed), at least
 #: this many of the driver's sample periods, and the most seconds the step runs longer for them
@@ -197,7 +202,9 @@ def measure_step(
     if sampler is not None:
         sampler.start()
     try:
-        trainer.fit(model, batches)
+        with warnings.catch_warnings():  # the step is measured alone: the user's validation is not part of it
+            warnings.filterwarnings("ignore", message=NO_VALIDATION_WARNING)
+            trainer.fit(model, batches)
     finally:
         if sampler is not None:
             sampler.stop()

@@ -7,12 +7,12 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lightning-gpu-boost", description="Keep the GPU busy in PyTorch Lightning."
-    )
+    from lightning_gpu_boost.cli._args import OneLineParser
+
+    parser = OneLineParser(prog="lightning-gpu-boost", description="Keep the GPU busy in PyTorch Lightning.")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error (anywhere on the line)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True)  # subcommands parse with OneLineParser too
     from lightning_gpu_boost.cli import bench, demo, doctor, lmdb
 
     demo.add_arguments(commands.add_parser("demo", help=demo.__doc__.splitlines()[0]))

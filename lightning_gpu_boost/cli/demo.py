@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from lightning_gpu_boost.cli._args import at_least, writable_folder
 
 __all__ = ['add_arguments', 'queue_bound', 'run']
 
@@ -35,12 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data", default=os.environ.get("LGB_DEMO_DATA", ".demo-data"), help="demo data folder"
     )
-    parser.add_argument("--images", type=int, help="number of generated JPEGs")
-    parser.add_argument("--classes", type=int, default=100)
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--image-size", type=int)
-    parser.add_argument("--steps", type=int, help="timed training steps per run")
-    parser.add_argument("--warmup", type=int, help="untimed steps before timing")
+    parser.add_argument("--images", type=at_least(1), help="number of generated JPEGs (at least --classes)")
+    parser.add_argument("--classes", type=at_least(1), default=100, help="class folders (default 100)")
+    parser.add_argument("--batch-size", type=at_least(1))
+    parser.add_argument("--image-size", type=at_least(16), help="pixels per side (at least 16)")
+    parser.add_argument("--steps", type=at_least(1), help="timed training steps per run")
+    parser.add_argument("--warmup", type=at_least(0), help="untimed steps before timing")
     parser.add_argument("--arch", choices=["small_cnn", "resnet50"])
     parser.add_argument("--out", help="also write <out>/demo-<date>-<gpu>.json and a Markdown table beside it")
     parser.set_defaults(func=run)
@@ -88,10 +91,14 @@ def _fit(model, data, precision: str, steps: int, warmup: int, callbacks: tuple 
     )
     from lightning.pytorch import LightningDataModule
 
-    if isinstance(data, LightningDataModule):
-        trainer.fit(model, datamodule=data)
-    else:  # a DataLoader or any iterable of batches
-        trainer.fit(model, train_dataloaders=data)
+    from lightning_gpu_boost.doctor import NO_VALIDATION_WARNING
+
+    with warnings.catch_warnings():  # the runs time training alone: the model's validation_step is not used
+        warnings.filterwarnings("ignore", message=NO_VALIDATION_WARNING)
+        if isinstance(data, LightningDataModule):
+            trainer.fit(model, datamodule=data)
+        else:  # a DataLoader or any iterable of batches
+            trainer.fit(model, train_dataloaders=data)
     return meter.summary()
 
 
@@ -108,11 +115,19 @@ def run(args: argparse.Namespace) -> int:
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    # the watchdog's message is printed under the table, once
+    warnings.filterwarnings("ignore", module=r"lightning_gpu_boost\.callbacks\.gpu_util_watchdog")
     gpu = torch.cuda.is_available()
     cfg = _defaults(gpu, module_available("torchvision"))
     for key in ("arch", "images", "batch_size", "image_size", "steps", "warmup"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
+    if cfg["images"] < args.classes:
+        given = "--images" if args.images is not None else "the default --images"
+        raise SystemExit(f"{given} {cfg['images']} is fewer than --classes {args.classes}: each class folder needs an "
+                         "image; raise --images or lower --classes.")  # fmt: skip
+    if args.out:
+        writable_folder("--out", args.out)
     root = Path(args.data) / f"jpeg-{cfg['images']}-{args.classes}"
     make_jpeg_folder(root, n=cfg["images"], num_classes=args.classes)
     device = torch.cuda.get_device_name(0) if gpu else "CPU"
@@ -123,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
     plain_loader = DataLoader(
         plain_image_folder(root, cfg["image_size"]), batch_size=cfg["batch_size"], shuffle=True
     )
+    plain_watchdog = GPUUtilWatchdog(window=10, warmup_steps=cfg["warmup"], on_starvation="ignore", summary=False)
     plain = _fit(
-        ImageClassifier(cfg["arch"], args.classes), plain_loader, "32-true", cfg["steps"], cfg["warmup"]
+        ImageClassifier(cfg["arch"], args.classes), plain_loader, "32-true", cfg["steps"], cfg["warmup"],
+        (plain_watchdog,),
     )
 
     torch.manual_seed(0)
@@ -148,6 +165,13 @@ def run(args: argparse.Namespace) -> int:
         (watchdog, StreamPrefetch()),
     )
     speedup = boosted["samples_per_s"] / plain["samples_per_s"]
+    # one voice: the data wait and utilization columns are each run's GPUUtilWatchdog summary, the figures the
+    # watchdog's line below judges by (the meter's samples/s is its steady window)
+    for r, dog in ((plain, plain_watchdog), (boosted, watchdog)):
+        if dog.summaries:
+            s = dog.summaries[0]
+            r["data_wait_frac"] = s["data_wait_frac"]
+            r["gpu_util"] = None if math.isnan(s["gpu_util"]) else s["gpu_util"]
     rows = [("plain Lightning defaults", "32-true", 0, plain), (
         "lightning-gpu-boost", precision, workers, boosted)]  # fmt: skip
 

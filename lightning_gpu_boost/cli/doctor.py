@@ -13,7 +13,9 @@ import json
 import sys
 from typing import Any
 
-__all__ = ['add_arguments', 'build', 'load_class', 'run']
+from lightning_gpu_boost.cli._args import at_least, positive_float, writable_folder
+
+__all__ = ['add_arguments', 'build', 'check_trainer_args', 'load_class', 'run']
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,18 +26,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="a LightningCLI YAML config with `data:` (and `model:`) sections")
     parser.add_argument("--precision", help="Trainer precision for the step, e.g. bf16-mixed")
     parser.add_argument("--accelerator", default="auto", help="Trainer accelerator for the step")
-    parser.add_argument("--budget", type=float, default=20.0, help="seconds for the loader measurements")
-    parser.add_argument("--steps", type=int, default=10, help="timed training steps on a resident batch")
+    parser.add_argument("--budget", type=positive_float, default=20.0, help="seconds for the loader measurements")
+    parser.add_argument("--steps", type=at_least(1), default=10, help="timed training steps on a resident batch")
     parser.add_argument("--no-tune", action="store_true", help="skip the worker-count search")
     parser.add_argument("--out", help="also write <out>/doctor-<date>-<gpu>.json (the measurements)")
     parser.set_defaults(func=run)
 
 
 def load_class(path: str) -> type:
-    """``package.module.Class`` -> the class, with an error that names what is missing."""
+    """``package.module.Class`` -> the class, with an error that names what is missing. Modules are found from the
+    current folder too, as ``python -m`` finds them (the console script alone would not)."""
     module_name, _, name = path.rpartition(".")
     if not module_name:
         raise SystemExit(f"{path!r} is not a class path: expected package.module.ClassName.")
+    import os
+
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
@@ -54,10 +61,62 @@ def _section(config: dict[str, Any], key: str) -> tuple[str | None, dict[str, An
     return value.get("class_path"), dict(value.get("init_args") or {})
 
 
+def _json_object(option: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"{option} must be a JSON object such as '{{\"batch_size\": 64}}', got {text!r} ({err.msg}).") from None
+    if not isinstance(value, dict):
+        raise SystemExit(f"{option} must be a JSON object such as '{{\"batch_size\": 64}}', got {text!r}.")
+    return value
+
+
+def _make(option: str, path: str, kwargs: dict[str, Any], kind: str) -> Any:
+    """``path``'s class built with ``kwargs``, checked to be a Lightning ``kind``."""
+    import lightning.pytorch as pl
+
+    cls = load_class(path)
+    want = pl.LightningDataModule if kind == "data" else pl.LightningModule
+    if isinstance(cls, type) and not issubclass(cls, want):
+        other = "a LightningModule: pass it as --model" if issubclass(cls, pl.LightningModule) else (
+            "a LightningDataModule: pass it as --data" if issubclass(cls, pl.LightningDataModule) else "neither")
+        raise SystemExit(f"{option} {path} must be a {want.__name__}; it is {other}.")
+    try:
+        obj = cls(**kwargs)
+    except TypeError as err:
+        args_option = "--data-args" if kind == "data" else "--model-args"
+        raise SystemExit(f"{args_option} {json.dumps(kwargs)} do not fit {path}: {err}.") from None
+    if not isinstance(obj, want):
+        raise SystemExit(f"{option} {path} must give a {want.__name__}, got {type(obj).__name__}.")
+    return obj
+
+
+def check_trainer_args(args: argparse.Namespace) -> None:
+    """``--precision`` and ``--accelerator`` as Lightning takes them, and a GPU where one is asked for, checked
+    before any measurement."""
+    from typing import get_args
+
+    from lightning.fabric.connector import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+
+    if args.precision is not None:
+        valid = [*get_args(_PRECISION_INPUT_STR), *get_args(_PRECISION_INPUT_STR_ALIAS)]
+        if args.precision not in valid:
+            raise SystemExit(f"--precision must be one of {', '.join(valid)}, got {args.precision!r}.")
+    accelerators = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+    if args.accelerator not in accelerators:
+        raise SystemExit(f"--accelerator must be one of {', '.join(accelerators)}, got {args.accelerator!r}.")
+    if args.accelerator in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--accelerator {args.accelerator} asks for a CUDA GPU and this machine has none "
+                             "(torch.cuda.is_available() is False); use --accelerator cpu or auto.")  # fmt: skip
+
+
 def build(args: argparse.Namespace) -> tuple[Any, Any]:
     """The DataModule and the LightningModule (or ``None``) that ``args`` name."""
     data_path, model_path = args.data, args.model
-    data_args, model_args = json.loads(args.data_args), json.loads(args.model_args)
+    data_args, model_args = _json_object("--data-args", args.data_args), _json_object("--model-args", args.model_args)
     if args.config:
         import yaml
 
@@ -71,14 +130,17 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         raise SystemExit(
             "Name the DataModule: --data package.module.Class, or --config with a `data:` section."
         )
-    datamodule = load_class(data_path)(**data_args)
-    model = load_class(model_path)(**model_args) if model_path else None
+    datamodule = _make("--data", data_path, data_args, "data")
+    model = _make("--model", model_path, model_args, "model") if model_path else None
     return datamodule, model
 
 
 def run(args: argparse.Namespace) -> int:
     from lightning_gpu_boost.doctor import diagnose
 
+    check_trainer_args(args)
+    if args.out:
+        writable_folder("--out", args.out)
     datamodule, model = build(args)
     trainer_kwargs: dict[str, Any] = {"accelerator": args.accelerator}
     if args.precision:

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from lightning_gpu_boost.cli._args import SEED_MAX, at_least, between
+
 __all__ = ['add_pack_arguments', 'add_verify_arguments', 'run_pack', 'run_verify']
 
 
@@ -13,10 +15,10 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="class-per-folder image tree")
     parser.add_argument("dst", help="the pack file to write (written as DST.partial, renamed when complete)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted pack (DST.partial)")
-    parser.add_argument("--workers", type=int, help="reader threads (default: none, reading between commits, for files under 32 KiB on average, else 2; more add GIL contention when files are in the page cache; raise it on network filesystems)")
-    parser.add_argument("--commit-every", type=int, default=1000, help="records per commit")
+    parser.add_argument("--workers", type=at_least(0), help="reader threads (default: none, reading between commits, for files under 32 KiB on average, else 2; more add GIL contention when files are in the page cache; raise it on network filesystems)")
+    parser.add_argument("--commit-every", type=at_least(1), default=1000, help="records per commit")
     parser.add_argument(
-        "--shard-size", type=int, help="records per file: DST becomes a JSON manifest of the shards"
+        "--shard-size", type=at_least(1), help="records per file: DST becomes a JSON manifest of the shards"
     )
     parser.add_argument(
         "--on-bad", choices=("skip", "fail"), default="skip",
@@ -29,13 +31,13 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
              "reduced decode (catches damage inside the compressed data; about a reduced decode per file), or not",
     )  # fmt: skip
     parser.add_argument(
-        "--max-side", type=int,
+        "--max-side", type=at_least(8),
         help="store images whose shorter side is larger resized to this many pixels and re-encoded as JPEG (as FFCV "
              "does; e.g. 256 for 224 crops); smaller images keep their bytes",
     )  # fmt: skip
-    parser.add_argument("--quality", type=int, default=90, help="JPEG quality of resized images (default 90)")
+    parser.add_argument("--quality", type=between(1, 100), default=90, help="JPEG quality of resized images (default 90)")
     parser.add_argument(
-        "--shuffle-seed", type=int,
+        "--shuffle-seed", type=between(0, SEED_MAX),
         help="write the records in a random order by this seed instead of class by class, so that a block-shuffled "
              "read (LMDBDataModule(order='block')) mixes classes in every batch",
     )  # fmt: skip
@@ -52,11 +54,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_pack(args: argparse.Namespace) -> int:
-    from lightning_gpu_boost.core.lmdb import pack_image_folder
-
-    if args.commit_every < 1:
-        raise SystemExit(f"--commit-every must be >= 1, got {args.commit_every}.")
-    from lightning_gpu_boost.core.lmdb import bad_samples_report_path, open_pack
+    from lightning_gpu_boost.core.lmdb import bad_samples_report_path, open_pack, pack_image_folder
 
     path = pack_image_folder(args.src, args.dst, resume=args.resume, workers=args.workers,
                              commit_every=args.commit_every, shard_size=args.shard_size, on_bad=args.on_bad,

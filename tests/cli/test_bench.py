@@ -20,4 +20,6 @@ def test_bench_runs_every_case_and_writes_json_markdown_and_chart(tmp_path, caps
     assert all(c["samples_per_s"] > 0 for c in cases.values())
     assert {"boosted_cpu_vs_hand_tuned", "boosted_best_vs_plain"} <= set(data["bars"])
     assert result.with_suffix(".md").exists()
-    assert "| ceiling |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "No CUDA GPU: these figures are not meaningful" in printed  # this machine has none
+    assert "| ceiling |" not in printed and " % |" not in printed and "| boosted_cpu |" in printed

@@ -235,8 +235,8 @@ def pack_image_folder(
     follows the order, so a resume with another seed is refused.
 
     Raises:
-        FileNotFoundError, ValueError: from the tree scan (missing root, empty tree, empty class folder), or a bad
-            ``on_bad``/``check``.
+        FileNotFoundError, ValueError: from the tree scan (missing root, empty tree, empty class folder), a bad
+            argument, or a ``dst`` whose folder is missing or takes no new file (checked before anything is read).
         FileExistsError: ``dst`` exists, or an interrupted pack exists and ``resume`` is False.
         BadSampleError: a bad file with ``on_bad="fail"``.
     """
@@ -246,7 +246,12 @@ def pack_image_folder(
     checks.check_choice("check", check, ("structure", "decode", "none"))
     checks.check_int("max_side", max_side, low=8, allow_none=True)
     checks.check_int("quality", quality, low=1, high=100)
-    checks.check_int("shuffle_seed", shuffle_seed, low=0, allow_none=True)
+    checks.check_int("shuffle_seed", shuffle_seed, low=0, high=2**64 - 1, allow_none=True)
+    checks.check_int("workers", workers, low=0, allow_none=True)
+    checks.check_int("commit_every", commit_every, low=1)
+    checks.check_int("shard_size", shard_size, low=1, allow_none=True)
+    checks.check_bool("resume", resume)
+    checks.check_writable_file("dst", str(dst), allow_none=False)  # before any file is read
     resize = None if max_side is None else (max_side, quality)
     if shard_size is not None:
         return _pack_shards(src, dst, resume, workers, commit_every, progress, shard_size, on_bad, check, resize,
