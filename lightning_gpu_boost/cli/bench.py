@@ -1,5 +1,6 @@
 """Reproduce the headline table on this machine, side by side in one run: ceiling, plain Lightning, hand-tuned
-DataLoader, the boosted CPU path, LMDB, DALI from folder and from LMDB, on generated demo JPEGs.
+DataLoader, the one-line ``GPUBoost()`` on the plain loader, the boosted CPU path, LMDB, DALI from folder and from
+LMDB, on generated demo JPEGs.
 
 Writes ``<out>/bench-<date>-<gpu>.json``, a Markdown table beside it and a bar chart PNG (with matplotlib).
 """
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lightning_gpu_boost._imports import module_available
     from lightning_gpu_boost.baselines import plain_image_folder
-    from lightning_gpu_boost.callbacks import StreamPrefetch
+    from lightning_gpu_boost.callbacks import GPUBoost, StreamPrefetch
     from lightning_gpu_boost.cli.demo import _fit
     from lightning_gpu_boost.core.cpus import usable_cpus
     from lightning_gpu_boost.core.images import make_jpeg_folder
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning_gpu_boost.core.steady import ResidentBatches, worst_halves_diff
     from lightning_gpu_boost.datamodules import ImageFolderDataModule
     from lightning_gpu_boost.models import ImageClassifier
+    from lightning_gpu_boost.strategies import recommended_precision
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -114,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
                        pin_memory=gpu, persistent_workers=True, prefetch_factor=4)  # fmt: skip
     case("hand_tuned", tuned, fast, steps)
     del tuned
+    # the one-line change: the plain loader as written, with GPUBoost() and recommended_precision()
+    one_line = DataLoader(plain_image_folder(root, size), batch_size=bs, shuffle=True)
+    case("gpu_boost", one_line, recommended_precision(), steps, channels_last=False,
+         callbacks=(GPUBoost(workers_budget_s=args.workers_budget),))  # fmt: skip
+    del one_line
     boosted = dict(
         image_size=size, batch_size=bs, num_workers="auto", workers_budget_s=args.workers_budget
     )
@@ -148,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     bars = {
         "boosted_cpu_vs_hand_tuned": bar(rate["boosted_cpu"] / rate["hand_tuned"], 1.2, "x"),
         "boosted_best_vs_plain": bar(boosted_best / rate["plain"], 10.0, "x"),
+        "gpu_boost_vs_plain": bar(rate["gpu_boost"] / rate["plain"], 10.0, "x"),
     }
     if "dali_folder" in rate:
         bars["dali_folder_of_ceiling"] = bar(results["dali_folder"]["of_ceiling"], 0.95, "ratio")
