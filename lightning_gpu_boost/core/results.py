@@ -41,6 +41,18 @@ def _git_commit() -> str | None:
         return None
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux), which sets single-process figures such as a plain DataLoader's."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def environment() -> dict[str, Any]:
     """GPU, CPU count, library versions and git commit of this run."""
     from importlib.metadata import version
@@ -51,6 +63,7 @@ def environment() -> dict[str, Any]:
         "gpu_count": torch.cuda.device_count(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpus(),
+        "cpu_model": _cpu_model(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
