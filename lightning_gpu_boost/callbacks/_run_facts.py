@@ -1,5 +1,6 @@
-"""The run record GPUBoost's parts share: what the loaders and tuners of a fit state about themselves, read from the
-Trainer by their attributes, never by class names.
+"""The run's facts as GPUBoost's parts state them: the choices in the run record
+(:mod:`~lightning_gpu_boost.core.run_record`: a worker tuner's ``num_workers``), and what the loaders and tuners of a
+fit state about themselves, read from the Trainer by their attributes, never by class names.
 
 What each part states:
 - a worker tuner (``AutoNumWorkers``, and ``GPUBoost`` through its ``parts``): ``tunes_num_workers = True`` and
@@ -21,6 +22,7 @@ import lightning.pytorch as pl
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.loaders import loader_entries
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.verdicts import RunFacts, fetches_batches
 
 __all__ = ["loader_facts", "run_facts", "worker_probe"]
@@ -62,8 +64,9 @@ def run_facts(trainer: pl.Trainer, batch_kind: str | None = None, found: dict[st
     procs = processes_per_node(trainer)
     probe = worker_probe(trainer)
     dm = getattr(trainer, "datamodule", None)
-    tuner = (probe is not None or any(getattr(p, "tunes_num_workers", False) for p in _parts(trainer))
-             or getattr(dm, "num_workers", None) == "auto")  # fmt: skip
+    chosen = run_record(trainer).chosen_by()
+    tuner = (probe is not None or "num_workers" in chosen or any(getattr(p, "tunes_num_workers", False) for p in
+             _parts(trainer)) or getattr(dm, "num_workers", None) == "auto")  # fmt: skip
     val = [(v.num_workers, bool(v.persistent_workers) or spanned)
            for v, spanned in loader_entries(getattr(trainer, "val_dataloaders", None))]  # fmt: skip
     batches = trainer.num_training_batches
@@ -79,6 +82,6 @@ def run_facts(trainer: pl.Trainer, batch_kind: str | None = None, found: dict[st
         persistent_workers=None if loader is None else loader.persistent_workers or spanned,
         prefetch=found["prefetch"], dali=bool(found["dali"]), uint8_images=uint8,
         tuner=tuner, probe=probe, val_loaders=val, batch_kind=batch_kind,
-        batched_fetch=loader is not None and fetches_batches(loader), spans_epochs=spanned,
+        batched_fetch=loader is not None and fetches_batches(loader), spans_epochs=spanned, chosen_by=chosen,
         batches_per_epoch=int(batches) if isinstance(batches, int) or (isinstance(batches, float) and math.isfinite(batches)) else None,
     )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -16,7 +17,8 @@ from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.loaders import iter_loaders, set_num_workers
-from lightning_gpu_boost.core.workers import WorkerProbe
+from lightning_gpu_boost.core.run_record import run_record
+from lightning_gpu_boost.core.workers import WorkerProbe, decide_workers_again
 from lightning_gpu_boost.core.workers_cache import agreed_probe as core_agreed_probe
 
 __all__ = ['AutoNumWorkers', 'agreed_probe']
@@ -153,6 +155,11 @@ class AutoNumWorkers(Callback):
                 rank_zero_warn(f"AutoNumWorkers ({stage}): {probe.reason}")
             if trainer.logger is not None and trainer.global_rank == 0:
                 trainer.logger.log_metrics({f"gpu_boost/num_workers_{stage}": probe.num_workers}, step=0)
+        if stage == "train":  # the run record: the diagnosis asks this part again instead of advising a value
+            run_record(trainer).choose(
+                "num_workers", self.chosen[stage], by="AutoNumWorkers", why=getattr(self.probes.get(stage), "reason", "") or "measured",
+                decide_again=functools.partial(self._decide_again, trainer, loader),
+            )  # fmt: skip
         set_num_workers(
             loader,
             self.chosen[stage],
@@ -161,6 +168,17 @@ class AutoNumWorkers(Callback):
             self.worker_niceness,
             seed_fn=lightning_worker_seed(trainer.global_rank),
         )
+
+    def _decide_again(self, trainer: pl.Trainer, loader: DataLoader, proposal: int, reason: str) -> tuple[int, str]:
+        def apply(count: int) -> None:
+            self.chosen["train"] = count
+            set_num_workers(loader, count, self.prefetch_factor, self.persistent_workers, self.worker_niceness,
+                            seed_fn=lightning_worker_seed(trainer.global_rank))  # fmt: skip
+
+        value, said = decide_workers_again(self.probes.get("train"), loader, proposal, reason, "AutoNumWorkers", apply,
+                                           self.tolerance)  # fmt: skip
+        node_info(trainer, said)
+        return value, said
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         stages = {"train", "val"} if self.tune_val else {"train"}

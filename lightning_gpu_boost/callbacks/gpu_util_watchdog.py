@@ -15,7 +15,9 @@ from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._run_facts import loader_facts, run_facts
+from lightning_gpu_boost.core import watchdog_report as report
 from lightning_gpu_boost.core.nvml import NVMLSampler
+from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
 from lightning_gpu_boost.core.verdicts import (
     RunFacts,
@@ -23,20 +25,6 @@ from lightning_gpu_boost.core.verdicts import (
     advise,
     batch_kind,
     classify,
-)
-from lightning_gpu_boost.core.watchdog_report import (
-    between_message,
-    evidence,
-    format_summary,
-    host_message,
-    plot_timeline,
-    rank_summary,
-    slowest,
-    small_message,
-    starving_message,
-    summary_evidence,
-    window_long_enough,
-    window_metrics,
 )
 
 __all__ = ['GPUStarvationError', 'GPUUtilWatchdog']
@@ -255,7 +243,7 @@ class GPUUtilWatchdog(Callback):
         self._recent.append(timing)
         if self.verdict in ("data-bound", "copy-bound"):
             self.totals["starved_steps"] += 1
-        if len(self._recent) >= self.window and window_long_enough(self._sampler, self._window_start):
+        if len(self._recent) >= self.window and report.window_long_enough(self._sampler, self._window_start):
             metrics = self._window_metrics()
             self.timeline.append(
                 {"step": float(timing.step), **{k: v for k, v in metrics.items() if v is not None}}
@@ -265,7 +253,7 @@ class GPUUtilWatchdog(Callback):
             self._window_start = time.monotonic()
 
     def _window_metrics(self) -> dict[str, float | None]:
-        return window_metrics(self._recent, self._sampler, self._window_start,
+        return report.window_metrics(self._recent, self._sampler, self._window_start,
                               starved=self.verdict in ("data-bound", "copy-bound"))  # fmt: skip
 
     # -- the verdict ------------------------------------------------------------------------------------------
@@ -273,7 +261,7 @@ class GPUUtilWatchdog(Callback):
         wait_frac = m["data_wait_frac"]
         if wait_frac is None or math.isnan(wait_frac):
             return
-        e = evidence(m)
+        e = report.evidence(m)
         verdict = classify(e, self.wait_threshold, self.util_threshold)
         previous = self.verdict
         if previous in ("data-bound", "copy-bound") and verdict not in ("data-bound", "copy-bound"):
@@ -284,12 +272,14 @@ class GPUUtilWatchdog(Callback):
             return
         if verdict in ("data-bound", "copy-bound"):
             found = loader_facts(trainer)
-            self._report(trainer, m, starving_message(m, self.facts(trainer, found), found["loaders"], found["dali"],
+            self._report(trainer, m, report.starving_message(m, self.facts(trainer, found), found["loaders"], found["dali"],
                                                       verdict))  # fmt: skip
-        elif verdict == "host-bound":
-            self._report(trainer, m, host_message(m, self.facts(trainer)), starving=False)
+        elif verdict == "host-bound":  # a worker count one of our parts chose is decided again by that part
+            facts = self.facts(trainer)
+            decided = report.ask_again(run_record(trainer), facts, m)
+            self._report(trainer, m, report.host_message(m, facts, decided), starving=False)
         elif verdict == "small":
-            message = small_message(m)
+            message = report.small_message(m)
             self.warnings.append({"step": trainer.global_step, "verdict": verdict, "message": message})
             rank_zero_info(message)
 
@@ -311,7 +301,7 @@ class GPUUtilWatchdog(Callback):
     def rank_summary(self) -> dict[str, float]:
         # the run from its first step on (start-up before it is paid once per fit, not per epoch)
         wall = (self._end if self._end is not None else time.perf_counter()) - (self._first_start or time.perf_counter())
-        return rank_summary(self.totals, self.timeline, self.warmup_steps, self.between_s, self.validation_s, wall)
+        return report.rank_summary(self.totals, self.timeline, self.warmup_steps, self.between_s, self.validation_s, wall)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -326,20 +316,20 @@ class GPUUtilWatchdog(Callback):
         self.summaries = [
             dict(zip(keys, row.tolist(), strict=True)) for row in gathered.reshape(-1, len(keys)).cpu()
         ]
-        e = summary_evidence(self.summaries[slowest(self.summaries)])
+        e = report.summary_evidence(self.summaries[report.slowest(self.summaries)])
         self.run_verdict = classify(e, self.wait_threshold, self.util_threshold, include_between=True)
         self.run_advice = advise(self.run_verdict, self.facts(trainer), e)
         if self.run_verdict == "between-steps":
-            message = between_message(e, self.run_advice)
+            message = report.between_message(e, self.run_advice)
             self.warnings.append({"step": trainer.global_step, "verdict": "between-steps", "message": message})
             rank_zero_warn(message)
         if self.summary:
             rank_zero_info(self.format_summary())
         if self.plot_path and trainer.global_rank == 0:
-            plot_timeline(self.timeline, self.plot_path)
+            report.plot_timeline(self.timeline, self.plot_path)
 
     def format_summary(self) -> str:
-        return format_summary(self.summaries, self.run_verdict, self.run_advice)
+        return report.format_summary(self.summaries, self.run_verdict, self.run_advice)
 
     @override
     def state_dict(self) -> dict[str, Any]:

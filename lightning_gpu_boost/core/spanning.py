@@ -14,6 +14,7 @@ Framework-free: any training loop that iterates it once per epoch can use it; in
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,6 +107,8 @@ class SpanningLoader:
             )
         checks.check_int("batches_per_epoch", batches_per_epoch, low=1, allow_none=True)
         self.source, self.batches_per_epoch = loader, batches_per_epoch
+        #: the source states it: its workers load across epoch ends (a new worker count would restart them)
+        loader._spanned_by = weakref.ref(self)
         # batch_size=None: the sampler itself yields what to fetch
         self._batched = loader.batch_sampler is not None
         self._chain = _EpochAfterEpoch(loader.batch_sampler if self._batched else loader.sampler, loader.sampler,

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from lightning_gpu_boost.core.shapes import tensors_in
 
-__all__ = ['BETWEEN_STEPS_SHARE', 'COPY_SHARE', 'Evidence', 'RunFacts', 'SMALL_MEMORY', 'SMALL_STEP_MS', 'VERDICTS', 'Verdict', 'advise', 'batch_kind', 'classify', 'fetches_batches', 'format_advice', 'sample_cost_fixes']
+__all__ = ['BETWEEN_STEPS_SHARE', 'COPY_SHARE', 'Evidence', 'RunFacts', 'SMALL_MEMORY', 'SMALL_STEP_MS', 'VERDICTS', 'Verdict', 'advise', 'batch_kind', 'classify', 'crowded', 'fetches_batches', 'format_advice', 'sample_cost_fixes']
 
 Verdict = Literal["data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok"]
 VERDICTS: tuple[str, ...] = ("data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok")
@@ -91,6 +91,14 @@ class RunFacts:
     batched_fetch: bool = False
     #: the train loader runs through a SpanningLoader (its workers load across epoch ends)
     spans_epochs: bool = False
+    #: settings one of our parts chose in this run, ``setting -> part`` (the run record): advice never names a
+    #: value for them; the part is asked to decide again instead
+    chosen_by: dict[str, str] = field(default_factory=dict)
+
+
+def crowded(f: RunFacts) -> bool:
+    """The loader's workers can use every CPU and leave none to the training process, which launches the kernels."""
+    return f.num_workers is not None and f.usable_cpus > 1 and f.num_workers >= f.usable_cpus
 
 
 def fetches_batches(loader: Any) -> bool:
@@ -169,15 +177,15 @@ def advise(verdict: Verdict, facts: RunFacts, e: Evidence | None = None) -> list
     if verdict == "host-bound":
         util = "" if e is None or e.gpu_util is None else f" ({e.gpu_util:.0f} % utilization while steps wait " \
             f"{100 * e.data_wait_frac:.0f} % for data)"
-        crowded: list[str] = []
-        if f.num_workers is not None and f.usable_cpus > 1 and f.num_workers >= f.usable_cpus:
+        too_many: list[str] = []
+        if crowded(f) and "num_workers" not in f.chosen_by:
             # the workers' per-sample work takes every core from the process that launches the GPU's kernels
-            crowded = [
+            too_many = [
                 f"the loader's {f.num_workers} workers can use all {f.usable_cpus} CPUs and leave none to the "
                 f"training process, which launches the GPU's kernels: set num_workers={f.usable_cpus - 1}, or move "
                 "per-sample work to the GPU (StreamPrefetch(transform=...)) so that fewer workers keep up;"
             ]
-        return crowded + [
+        return too_many + [
             f"the GPU idles inside the step{util}, so data is not the limit and more workers will not help: remove "
             "per-step synchronizations (.item(), .cpu(), .tolist(), printing tensors, torch.cuda.synchronize(); "
             "log tensors with self.log(...), which does not sync each step) and Python work between kernels;",

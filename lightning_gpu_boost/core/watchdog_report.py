@@ -8,9 +8,10 @@ import math
 import time
 from typing import Any
 
-from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, format_advice
+from lightning_gpu_boost.core.run_record import RunRecord
+from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, crowded, format_advice
 
-__all__ = ["MIN_WINDOW_PERIODS", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
+__all__ = ["MIN_WINDOW_PERIODS", "ask_again", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
            "starving_message", "summary_evidence"]  # fmt: skip
 
 
@@ -92,13 +93,25 @@ def starving_message(m: dict[str, float | None], facts: RunFacts, loaders: list[
     return "\n".join([*lines, format_advice(advise(verdict, facts, evidence(m)))])  # type: ignore[arg-type]
 
 
-def host_message(m: dict[str, float | None], facts: RunFacts) -> str:
+def ask_again(record: RunRecord, facts: RunFacts, m: dict[str, float | None]) -> str | None:
+    """Where the worker count one of our parts chose leaves the training process no CPU on a host-bound step, that
+    part decides again (the advice never names a value for it); what it says, or ``None``."""
+    if not crowded(facts) or "num_workers" not in facts.chosen_by:
+        return None
+    reason = (f"the GPU idles inside the step ({m['gpu_util']:.0f} % utilization while steps wait "
+              f"{100 * evidence(m).data_wait_frac:.0f} % for data) and its {facts.num_workers} workers can use all "
+              f"{facts.usable_cpus} CPUs, leaving none to the training process that launches the kernels")  # fmt: skip
+    return record.decide_again("num_workers", facts.usable_cpus - 1, reason)
+
+
+def host_message(m: dict[str, float | None], facts: RunFacts, decided: str | None = None) -> str:
+    """The host-bound warning; ``decided``: what the part that chose the worker count said when asked again."""
     e = evidence(m)
     return (
         f"GPU is idle inside the step: utilization {m['gpu_util']:.0f} % while steps wait only "
         f"{100 * e.data_wait_frac:.0f} % of their time for data ({m['step_ms']:.1f} ms per step). The step is "
         "host-bound (a sync, Python work or kernel launches), not data-bound.\n"
-        + format_advice(advise("host-bound", facts, e))
+        + (f"{decided}\n" if decided else "") + format_advice(advise("host-bound", facts, e))
     )
 
 

@@ -7,7 +7,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.steady import MIN_WINDOW_STEPS, SteadyRate, min_warmup, steady_window
 
-__all__ = ['CONTENDER_SPREAD', 'EndlessBatches', 'PROBE_BATCH_S', 'QUICK_SHARE', 'REAL_BATCH_BUDGET_SHARE', 'WorkerProbe', 'WorkersDied', 'ZERO_WORKERS_MARGIN', 'clone_loader', 'max_workers_for_node', 'measure_batches_per_s', 'measure_loader', 'measurement_seconds', 'probe_batch_size', 'sample_seconds', 'tune_num_workers']
+__all__ = ['decide_workers_again', 'CONTENDER_SPREAD', 'EndlessBatches', 'PROBE_BATCH_S', 'QUICK_SHARE', 'REAL_BATCH_BUDGET_SHARE', 'WorkerProbe', 'WorkersDied', 'ZERO_WORKERS_MARGIN', 'clone_loader', 'max_workers_for_node', 'measure_batches_per_s', 'measure_loader', 'measurement_seconds', 'probe_batch_size', 'sample_seconds', 'tune_num_workers']
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,14 @@ class WorkerProbe:
         data["table"] = {int(k): float(v) for k, v in data.get("table", {}).items()}
         data["windows"] = {int(k): dict(v) for k, v in data.get("windows", {}).items()}
         return cls(**data)
+
+    def as_good(self, fewer: int, than: int, tolerance: float) -> tuple[bool, str]:
+        """Whether this probe measured ``fewer`` workers within ``tolerance`` of ``than`` workers, and the figures
+        that say so (not measured: ``False``, the choice stays)."""
+        if fewer not in self.table or than not in self.table:
+            return False, f"the probe did not measure {fewer} workers against {than}"
+        a, b = self.table[fewer], self.table[than]
+        return a >= b * (1 - tolerance), f"the loader alone measured {a:.1f} batches/s at {fewer} workers, {b:.1f} at {than}"
 
     def format_table(self) -> str:
         best = max(self.table.values(), default=0.0) or 1.0
@@ -559,3 +567,22 @@ def _decide(
             return probe
     probe.num_workers = choice
     return probe
+
+
+def decide_workers_again(probe: WorkerProbe | None, loader: Any, proposal: int, reason: str, who: str,
+                         apply: Callable[[int], None], tolerance: float = 0.03) -> tuple[int, str]:  # fmt: skip
+    """A worker count ``who`` chose, decided again in training (the run record's ``decide_again``): ``reason`` says
+    what training showed, ``proposal`` the count it points to. ``apply(proposal)`` runs (from the next epoch) only
+    where ``probe`` measured that count as good as the current one for the loader alone and no SpanningLoader keeps
+    the workers across epochs; else the count stays. Returns the count in force and the sentence to log."""
+    current = loader.num_workers
+    good, figures = probe.as_good(proposal, current, tolerance) if probe is not None else (False, "no probe ran")
+    spanning = getattr(loader, "_spanned_by", None)
+    if spanning is not None and spanning() is not None:
+        return current, f"{who} keeps num_workers={current}: {reason}, but its workers load across epoch ends " \
+            "(SpanEpochs), and a new count would restart them."
+    if not good:
+        return current, f"{who} keeps num_workers={current}: {reason}, but fewer workers would load slower ({figures})."
+    apply(proposal)
+    return proposal, (f"{who} decided again: num_workers {current} -> {proposal} from the next epoch, because {reason}; "
+                      f"{figures}.")  # fmt: skip

@@ -320,7 +320,29 @@ class BoostDataModule(pl.LightningDataModule):
         #: how this loader's uint8 images are normalized (StreamPrefetch does it on the GPU's side stream; else
         #: :meth:`on_after_batch_transfer`, on whatever device the batch is on)
         loader.normalize = normalize
+        if stage == "train" and self.num_workers == "auto" and self.trainer is not None and stage in self.auto_probes:
+            self._record_workers(loader)
         return loader
+
+    def _record_workers(self, loader: DataLoader) -> None:
+        """State the measured worker count in the run record, with how to decide it again in training."""
+        import functools
+
+        from lightning_gpu_boost.core.loaders import set_num_workers
+        from lightning_gpu_boost.core.run_record import run_record
+        from lightning_gpu_boost.core.workers import decide_workers_again
+
+        probe, who = self.auto_probes["train"], f"{type(self).__name__}(num_workers='auto')"
+        apply = functools.partial(set_num_workers, loader, prefetch_factor=self.prefetch_factor,
+                                  persistent_workers=self.persistent_workers, worker_niceness=self.worker_niceness)  # fmt: skip
+
+        def again(proposal: int, reason: str) -> tuple[int, str]:
+            value, said = decide_workers_again(probe, loader, proposal, reason, who, apply)
+            rank_zero_info(said)
+            return value, said
+
+        run_record(self.trainer).choose("num_workers", loader.num_workers, by=who, why=probe.reason or "measured",
+                                        decide_again=again)  # fmt: skip
 
     # -- LightningDataModule hooks ----------------------------------------------------------------------------
     def _loader(self, stage: Stage) -> DataLoader | list:

@@ -110,3 +110,24 @@ def test_ddp_ranks_agree_and_still_shard(tmp_path):
     assert results[0]["workers"] == results[1]["workers"]
     assert set(results[0]["ids"]).isdisjoint(results[1]["ids"])
     assert set(results[0]["ids"]) | set(results[1]["ids"]) == set(range(512))
+
+
+def test_the_tuner_states_its_choice_and_decides_again_by_its_own_measurement(tmp_path, trainer_kwargs):
+    """AutoNumWorkers records num_workers in the run record; asked again, it applies a count its probe measured as
+    good and keeps its own otherwise, saying why."""
+    from lightning_gpu_boost.core.run_record import run_record
+
+    tuner = AutoNumWorkers(workers_budget_s=5, cache_path=str(tmp_path / "cache.json"))
+    trainer = pl.Trainer(max_steps=4, callbacks=[tuner], **trainer_kwargs)
+    trainer.fit(RecordingModel(), DataLoader(Heavy(), batch_size=4))
+    record = run_record(trainer)
+    choice = record.chosen("num_workers")
+    assert choice is not None and choice.by == "AutoNumWorkers" and choice.value == tuner.chosen["train"]
+    probe, chosen = tuner.probes["train"], tuner.chosen["train"]
+    fewer = max((w for w in probe.table if w < chosen), default=None)
+    if fewer is None:
+        pytest.skip("the probe chose its smallest count")
+    said = record.decide_again("num_workers", fewer, "the GPU idles inside the step")
+    good, _ = probe.as_good(fewer, chosen, tuner.tolerance)
+    assert ("decided again" in said) is good and ("keeps" in said) is (not good)
+    assert trainer.train_dataloader.num_workers == (fewer if good else chosen)

@@ -267,3 +267,41 @@ def test_a_step_that_syncs_and_runs_python_is_host_bound_not_starved():
     assert not [w for w in dog.warnings if w["verdict"] in ("data-bound", "copy-bound")]
     message = next(w["message"] for w in dog.warnings if w["verdict"] == "host-bound")
     assert ".item()" in message and "num_workers" not in message.split("Next:")[1]
+
+
+class _ChoosesAllCPUs(pl.Callback):
+    """A part of ours that chose a worker count of every usable CPU, recorded in the run record."""
+
+    def __init__(self, cpus: int) -> None:
+        self.cpus, self.asked = cpus, []
+
+    def setup(self, trainer, pl_module, stage):
+        from lightning_gpu_boost.core.run_record import run_record
+
+        def again(proposal, reason):
+            self.asked.append((proposal, reason))
+            return proposal, f"TestTuner decided again: num_workers {self.cpus} -> {proposal}, because {reason}."
+
+        run_record(trainer).choose("num_workers", self.cpus, by="TestTuner", why="measured", decide_again=again)
+
+
+@pytest.mark.gpu
+def test_a_host_bound_step_asks_the_part_that_chose_the_workers_instead_of_advising_a_count():
+    """One voice: the watchdog never says "set num_workers=15" for a count one of our parts set; it asks the part."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from lightning_gpu_boost.core.cpus import usable_cpus
+
+    cpus = usable_cpus()
+    if cpus < 2:
+        pytest.skip("needs 2 CPUs")
+    data = TensorDataset(torch.randn(64 * 256, 1024))
+    dog, part = GPUUtilWatchdog(window=10, warmup_steps=5), _ChoosesAllCPUs(cpus)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=60, callbacks=[part, dog], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    loader = DataLoader(data, batch_size=256, pin_memory=True, num_workers=cpus, persistent_workers=True)
+    trainer.fit(SyncsEveryStep(), loader)
+    messages = [w["message"] for w in dog.warnings if w["verdict"] == "host-bound"]
+    assert messages and part.asked and part.asked[0][0] == cpus - 1, dog.warnings
+    assert all("set num_workers" not in m for m in messages)
+    assert "TestTuner decided again" in messages[0]

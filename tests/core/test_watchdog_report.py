@@ -22,3 +22,21 @@ def test_a_ranks_summary_and_the_slowest_rank():
 
 def test_nanmean_ignores_missing_readings():
     assert nanmean([1.0, float("nan"), 3.0]) == 2.0 and math.isnan(nanmean([float("nan")]))
+
+
+def test_a_worker_count_one_of_our_parts_chose_is_decided_again_not_advised():
+    from lightning_gpu_boost.core.run_record import RunRecord
+    from lightning_gpu_boost.core.verdicts import RunFacts
+    from lightning_gpu_boost.core.watchdog_report import ask_again, host_message
+
+    m = {"data_wait_frac": 0.01, "data_wait_ms": 0.5, "step_ms": 84.8, "gpu_util": 61.0, "gpu_mem_frac": 0.2}
+    record = RunRecord()
+    record.choose("num_workers", 16, by="AutoNumWorkers", why="measured",
+                  decide_again=lambda proposal, reason: (proposal, f"AutoNumWorkers decided again: 16 -> {proposal}"))
+    facts = RunFacts(cuda=True, num_workers=16, usable_cpus=16, chosen_by=record.chosen_by())
+    said = ask_again(record, facts, m)
+    assert said == "AutoNumWorkers decided again: 16 -> 15"
+    message = host_message(m, facts, said)
+    assert said in message and "set num_workers" not in message  # one voice: the part decides, nobody advises
+    users = RunFacts(cuda=True, num_workers=16, usable_cpus=16)  # the user's own count: advised
+    assert ask_again(RunRecord(), users, m) is None and "set num_workers=15" in host_message(m, users)

@@ -209,3 +209,25 @@ def test_a_loader_of_whole_batches_is_probed():
     assert x.shape == (64, 4) and len(set(next(it)[1].tolist()) | set(y.tolist())) == 128
     probe = tune_num_workers(loader, budget_s=3.0, candidates=[0, 1])
     assert probe.num_workers in (0, 1) and set(probe.table) == {0, 1}
+
+
+def test_a_worker_count_is_decided_again_only_where_the_probe_measured_it_as_good():
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.core.spanning import SpanningLoader
+    from lightning_gpu_boost.core.workers import WorkerProbe, decide_workers_again
+
+    loader = DataLoader(list(range(64)), batch_size=8, num_workers=4)
+    probe = WorkerProbe(num_workers=4, table={2: 40.0, 3: 99.0, 4: 100.0})
+    applied = []
+    value, said = decide_workers_again(probe, loader, 3, "the GPU idles", "Tuner", applied.append)
+    assert value == 3 and applied == [3]
+    assert said.startswith("Tuner decided again: num_workers 4 -> 3 from the next epoch, because the GPU idles")
+    value, said = decide_workers_again(probe, loader, 2, "the GPU idles", "Tuner", applied.append)
+    assert value == 4 and applied == [3] and "fewer workers would load slower" in said  # 40 vs 100 batches/s
+    value, said = decide_workers_again(None, loader, 3, "the GPU idles", "Tuner", applied.append)
+    assert value == 4 and "no probe ran" in said  # inconclusive: the count stays
+    spanning = SpanningLoader(loader)
+    value, said = decide_workers_again(probe, loader, 3, "the GPU idles", "Tuner", applied.append)
+    assert value == 4 and "SpanEpochs" in said and applied == [3]
+    del spanning
