@@ -136,18 +136,20 @@ class GPUUtilWatchdog(Callback):
         self._batch_kind: str | None = None
         self.run_advice: list[str] = []
         self.warnings: list[dict[str, Any]] = []
-        self.timeline: list[dict[str, float]] = []
+        self.timeline: list[dict[str, Any]] = []
         self.totals = {"steps": 0, "wait_ms": 0.0, "busy_ms": 0.0, "starved_steps": 0}
         self._recent: deque[StepTiming] = deque()
         self._window_start = time.monotonic()
         self._last_warn_step = -(10**12)
         self._timer: StepTimer | None = None
         self._sampler: NVMLSampler | None = None
+        self._trainer: pl.Trainer | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
+        self._trainer = trainer
         device = trainer.strategy.root_device
         self._timer = StepTimer(cuda=device.type == "cuda")
         if device.type == "cuda":
@@ -249,6 +251,7 @@ class GPUUtilWatchdog(Callback):
                 {"step": float(timing.step), **{k: v for k, v in metrics.items() if v is not None}}
             )
             self._judge(trainer, metrics)
+            self.timeline[-1]["verdict"] = self.verdict  # the phases of the run's summary
             self._recent.clear()
             self._window_start = time.monotonic()
 
@@ -329,7 +332,8 @@ class GPUUtilWatchdog(Callback):
             report.plot_timeline(self.timeline, self.plot_path)
 
     def format_summary(self) -> str:
-        return report.format_summary(self.summaries, self.run_verdict, self.run_advice)
+        return report.format_summary(self.summaries, self.run_verdict, self.run_advice, self.timeline,
+                                     run_record(self._trainer).changes if self._trainer is not None else [])  # fmt: skip
 
     @override
     def state_dict(self) -> dict[str, Any]:

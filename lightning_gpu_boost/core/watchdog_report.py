@@ -11,7 +11,7 @@ from typing import Any
 from lightning_gpu_boost.core.run_record import RunRecord
 from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, crowded, format_advice
 
-__all__ = ["MIN_WINDOW_PERIODS", "ask_again", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
+__all__ = ["MIN_WINDOW_PERIODS", "agreement", "ask_again", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
            "starving_message", "summary_evidence"]  # fmt: skip
 
 
@@ -163,7 +163,33 @@ def summary_evidence(s: dict[str, float]) -> Evidence:
     )  # fmt: skip
 
 
-def format_summary(summaries: list[dict[str, float]], verdict: str | None, advice: list[str]) -> str:
+def phases(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive windows of one verdict merged: ``{"verdict", "from_step", "to_step", "windows"}`` in order (a run
+    whose windows disagree is a run of phases, not a flip)."""
+    out: list[dict[str, Any]] = []
+    previous = 0.0
+    for point in timeline:
+        verdict = point.get("verdict")
+        if verdict is None:
+            continue
+        if out and out[-1]["verdict"] == verdict:
+            out[-1]["to_step"], out[-1]["windows"] = int(point["step"]), out[-1]["windows"] + 1
+        else:
+            out.append({"verdict": verdict, "from_step": int(previous), "to_step": int(point["step"]), "windows": 1})
+        previous = point["step"]
+    return out
+
+
+def agreement(timeline: list[dict[str, Any]], verdict: str | None) -> tuple[int, int]:
+    """Windows whose verdict is the run's, and windows judged."""
+    judged = [p["verdict"] for p in timeline if p.get("verdict") is not None]
+    return sum(v == verdict for v in judged), len(judged)
+
+
+def format_summary(summaries: list[dict[str, float]], verdict: str | None, advice: list[str],
+                   timeline: list[dict[str, Any]] | None = None, changes: list[dict[str, Any]] | None = None) -> str:  # fmt: skip
+    """The end-of-fit table, the run's verdict with how many of this rank's windows agree and its phases, the
+    decisions our parts took again in training, and the advice."""
     rows = ["rank | steps | GPU util | data wait | step ms | starved | outside steps",
             "---|---|---|---|---|---|---"]  # fmt: skip
     for rank, s in enumerate(summaries):
@@ -174,9 +200,17 @@ def format_summary(summaries: list[dict[str, float]], verdict: str | None, advic
             f"{100 * s['starved_frac']:.0f} % | {between}"
         )
     told = " ".join(f"({i + 1}) {a}" for i, a in enumerate(advice or []))
+    sure = ""
+    agree, judged = agreement(timeline or [], verdict)
+    if judged:
+        steps = phases(timeline or [])
+        sure = f"; {agree} of {judged} windows agree" + (
+            "; phases: " + ", ".join(f"steps {p['from_step']}-{p['to_step']} {p['verdict']}" for p in steps)
+            if len(steps) > 1 else "")  # fmt: skip
+    again = "".join(f"\ndecided again: {c['said']}" for c in changes or [])
     return (
         "GPUUtilWatchdog summary (the slowest rank sets the pace)\n" + "\n".join(rows) +
-        f"\nverdict: {verdict} (slowest rank: {slowest(summaries)}); advice: {told}"
+        f"\nverdict: {verdict} (slowest rank: {slowest(summaries)}{sure}){again}; advice: {told}"
     )  # fmt: skip
 
 

@@ -40,3 +40,18 @@ def test_a_worker_count_one_of_our_parts_chose_is_decided_again_not_advised():
     assert said in message and "set num_workers" not in message  # one voice: the part decides, nobody advises
     users = RunFacts(cuda=True, num_workers=16, usable_cpus=16)  # the user's own count: advised
     assert ask_again(RunRecord(), users, m) is None and "set num_workers=15" in host_message(m, users)
+
+
+def test_windows_that_disagree_are_phases_and_the_verdict_says_how_many_agree():
+    from lightning_gpu_boost.core.watchdog_report import agreement, phases
+
+    timeline = [{"step": 20.0, "verdict": "host-bound"}, {"step": 40.0, "verdict": "data-bound"},
+                {"step": 60.0, "verdict": "data-bound"}, {"step": 80.0, "verdict": "data-bound"}, {"step": 90.0}]  # fmt: skip
+    assert phases(timeline) == [{"verdict": "host-bound", "from_step": 0, "to_step": 20, "windows": 1},
+                                {"verdict": "data-bound", "from_step": 20, "to_step": 80, "windows": 3}]  # fmt: skip
+    assert agreement(timeline, "data-bound") == (3, 4)
+    s = {"steps": 90.0, "data_wait_frac": 0.5, "data_wait_ms": 5.0, "step_ms": 5.0, "gpu_util": float("nan"),
+         "gpu_mem_frac": float("nan"), "starved_frac": 0.7, "between_frac": 0.0, "validation_frac": 0.0}  # fmt: skip
+    text = format_summary([s], "data-bound", ["x"], timeline, [{"said": "Tuner decided again: 4 -> 3."}])
+    assert "verdict: data-bound (slowest rank: 0; 3 of 4 windows agree; phases: steps 0-20 host-bound, steps 20-80 " \
+           "data-bound)\ndecided again: Tuner decided again: 4 -> 3.; advice: (1) x" in text
