@@ -53,6 +53,8 @@ def test_module_entry_point():
         "lightning_gpu_boost.strategies.presets",
         "lightning_gpu_boost.core.workers",
         "lightning_gpu_boost.core.resume",
+        "lightning_gpu_boost.core.run_record",
+        "lightning_gpu_boost.core.mfu",
         "lightning_gpu_boost.callbacks.bad_samples",
     ],
 )

@@ -25,7 +25,7 @@ from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.verdicts import RunFacts, fetches_batches
 
-__all__ = ["loader_facts", "run_facts", "worker_probe"]
+__all__ = ["loader_facts", "peak_flops", "run_facts", "worker_probe"]
 
 
 def _parts(trainer: pl.Trainer) -> list[Any]:
@@ -85,3 +85,17 @@ def run_facts(trainer: pl.Trainer, batch_kind: str | None = None, found: dict[st
         batched_fetch=loader is not None and fetches_batches(loader), spans_epochs=spanned, chosen_by=chosen,
         batches_per_epoch=int(batches) if isinstance(batches, int) or (isinstance(batches, float) and math.isfinite(batches)) else None,
     )  # fmt: skip
+
+
+def peak_flops(trainer: pl.Trainer) -> float | None:
+    """The GPU's peak FLOP/s at the precision the step computes in (Lightning's throughput utilities, as its
+    ThroughputMonitor reads them), or ``None`` (no CUDA, a chip Lightning does not list)."""
+    if trainer.strategy.root_device.type != "cuda":
+        return None
+    try:
+        from lightning.fabric.utilities.throughput import get_available_flops
+        from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+
+        return get_available_flops(trainer.strategy.root_device, _plugin_to_compute_dtype(trainer.precision_plugin))
+    except Exception:  # a Lightning without them, an unknown chip
+        return None

@@ -14,18 +14,13 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.callbacks._run_facts import loader_facts, run_facts
+from lightning_gpu_boost.callbacks._run_facts import loader_facts, peak_flops, run_facts
 from lightning_gpu_boost.core import watchdog_report as report
+from lightning_gpu_boost.core.mfu import StepFlops
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
-from lightning_gpu_boost.core.verdicts import (
-    RunFacts,
-    Verdict,
-    advise,
-    batch_kind,
-    classify,
-)
+from lightning_gpu_boost.core.verdicts import RunFacts, Verdict, advise, batch_kind, classify
 
 __all__ = ['GPUStarvationError', 'GPUUtilWatchdog']
 
@@ -62,6 +57,9 @@ class GPUUtilWatchdog(Callback):
         - ``gpu_boost/step_ms``: mean step time (GPU time on CUDA), rolling window
         - ``gpu_boost/gpu_util``: mean NVML utilization (%) over the window (where NVML works)
         - ``gpu_boost/gpu_mem_frac``: GPU memory in use / total (where NVML works)
+        - ``gpu_boost/sm_active``: share of the SMs busy (%, NVML GPM on Hopper and newer)
+        - ``gpu_boost/mfu``: model FLOPs utilization: one step's FLOPs (counted once, torch's FlopCounterMode) per
+          step time over the GPU's peak at the step's precision (Lightning's throughput utilities)
         - ``gpu_boost/starved``: 1.0 while the verdict is "starved", else 0.0
 
     Args:
@@ -144,6 +142,7 @@ class GPUUtilWatchdog(Callback):
         self._timer: StepTimer | None = None
         self._sampler: NVMLSampler | None = None
         self._trainer: pl.Trainer | None = None
+        self._flops, self._peak = StepFlops(), None  # MFU: one step's FLOPs counted once, the GPU's peak
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @override
@@ -153,6 +152,7 @@ class GPUUtilWatchdog(Callback):
         device = trainer.strategy.root_device
         self._timer = StepTimer(cuda=device.type == "cuda")
         if device.type == "cuda":
+            self._peak = peak_flops(trainer)
             self._sampler = NVMLSampler(device.index or 0, self.sample_interval_s).start()
             if not self._sampler.available:
                 rank_zero_info(f"GPUUtilWatchdog: {self._sampler.reason}; timing-only mode.")
@@ -211,6 +211,8 @@ class GPUUtilWatchdog(Callback):
         elif self._in_gap:  # an epoch's end (workers restart), validation, a checkpoint
             self.between_s += now - self._last_end
         self._in_gap = False
+        if self._peak and self._flops.flops is None and 1 <= trainer.global_step < self.warmup_steps:  # once, warm
+            self._flops.start()
         if self._timer is not None:
             self._timer.step_start()
 
@@ -219,6 +221,8 @@ class GPUUtilWatchdog(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._last_end = time.perf_counter()
+        if self._flops.counting:  # a step inside the warm-up (its timing is not judged)
+            self._flops.stop()
         if self._timer is None:
             return
         self._timer.step_end(trainer.global_step)
@@ -257,7 +261,7 @@ class GPUUtilWatchdog(Callback):
 
     def _window_metrics(self) -> dict[str, float | None]:
         return report.window_metrics(self._recent, self._sampler, self._window_start,
-                              starved=self.verdict in ("data-bound", "copy-bound"))  # fmt: skip
+                                     self.verdict in ("data-bound", "copy-bound"), self._flops.flops, self._peak)
 
     # -- the verdict ------------------------------------------------------------------------------------------
     def _judge(self, trainer: pl.Trainer, m: dict[str, float | None]) -> None:

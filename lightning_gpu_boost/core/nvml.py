@@ -5,6 +5,11 @@ buffered samples, cheap to poll, each kept with the driver's time stamp), fallin
 ``nvmlDeviceGetUtilizationRates``. Either is "share of time any kernel ran" over the driver's sample period (1/6 s
 to 1 s): coarse, not SM occupancy, and a window needs several periods after it opens to be read
 (:meth:`NVMLSampler.sample_period`, ``mean_util(settle=True)``).
+
+SM activity comes from NVML's GPU performance monitoring (GPM, Hopper and newer): ``NVML_GPM_METRIC_SM_UTIL``
+between two GPM samples, one per poll, is the share of the SMs that were busy: a GPU can read 100 % utilization
+with most SMs idle (small kernels). Where the GPU or driver has no GPM, :attr:`NVMLSampler.sm_reason` says so and
+:meth:`NVMLSampler.mean_sm_active` is ``None``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import threading
 import time
 from collections import deque
+from typing import Any
 
 __all__ = ['NVMLSampler', 'nvml_device']
 
@@ -57,6 +63,12 @@ class NVMLSampler:
         self.interval = interval
         #: (monotonic time, utilization %) pairs
         self.util: deque[tuple[float, float]] = deque(maxlen=keep)
+        #: (monotonic time, SM activity %) pairs, where GPM works
+        self.sm: deque[tuple[float, float]] = deque(maxlen=keep)
+        #: why SM activity is not sampled ("" where it is)
+        self.sm_reason = "not started"
+        self._gpm: list[Any] = []
+        self._gpm_have = False
         self.memory_used = 0
         self.memory_total = 0
         self.available = False
@@ -108,9 +120,46 @@ class NVMLSampler:
         if not entries and not self._periods:  # no buffered samples on this GPU: the driver's current rate
             entries.append((now, float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)))
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        sm = self._poll_gpm(now)
         with self._lock:
             self.util.extend((t, min(100.0, max(0.0, u))) for t, u in entries)
             self.memory_used, self.memory_total = int(memory.used), int(memory.total)
+            if sm is not None:
+                self.sm.append((now, sm))
+
+    def _open_gpm(self) -> None:
+        nvml = self._nvml
+        try:
+            if not nvml.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice:
+                self.sm_reason = "this GPU has no GPM counters (NVML GPM needs Hopper or newer)"
+                return
+            self._gpm = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+            self.sm_reason = ""
+        except Exception as err:  # an older driver or nvidia-ml-py without GPM, no permission
+            self.sm_reason = f"NVML GPM: {err}"
+
+    def _poll_gpm(self, now: float) -> float | None:
+        """SM activity (%) since the previous poll, from two GPM samples (``None`` on the first or without GPM)."""
+        if not self._gpm:
+            return None
+        nvml = self._nvml
+        try:
+            nvml.nvmlGpmSampleGet(self._handle, self._gpm[1])
+            value = None
+            if self._gpm_have:
+                get = nvml.c_nvmlGpmMetricsGet_t()
+                get.version, get.numMetrics = nvml.NVML_GPM_METRICS_GET_VERSION, 1
+                get.sample1, get.sample2 = self._gpm[0], self._gpm[1]
+                get.metrics[0].metricId = nvml.NVML_GPM_METRIC_SM_UTIL
+                nvml.nvmlGpmMetricsGet(get)
+                if get.metrics[0].nvmlReturn == 0:
+                    value = min(100.0, max(0.0, float(get.metrics[0].value)))
+            self._gpm.reverse()  # this sample is the next one's start
+            self._gpm_have = True
+            return value
+        except Exception as err:
+            self.sm_reason, self._gpm = f"NVML GPM: {err}", []
+            return None
 
     def _skip_history(self) -> None:
         """Start after the samples the driver buffered before this sampler started (they describe other work)."""
@@ -145,17 +194,24 @@ class NVMLSampler:
                 log.info("GPU utilization is not sampled (%s); timings only.", self.reason)
                 return self
             self._skip_history()
+            self._open_gpm()
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="gpu-boost-nvml", daemon=True)
             self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop the thread (idempotent)."""
+        """Stop the thread (idempotent) and free the GPM samples."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=5)
             self._thread = None
+        gpm, self._gpm, self._gpm_have = self._gpm, [], False
+        for sample in gpm:
+            try:
+                self._nvml.nvmlGpmSampleFree(sample)
+            except Exception:
+                pass
 
     @property
     def running(self) -> bool:
@@ -165,6 +221,14 @@ class NVMLSampler:
         """Forget the samples taken so far (e.g. after warm-up)."""
         with self._lock:
             self.util.clear()
+            self.sm.clear()
+
+    def mean_sm_active(self, since: float | None = None, until: float | None = None) -> float | None:
+        """Mean SM activity (%) of the GPM readings after ``since`` (and not after ``until``), or ``None`` where GPM
+        is not sampled (:attr:`sm_reason`) or no reading falls in the window."""
+        with self._lock:
+            values = [v for t, v in self.sm if (since is None or t >= since) and (until is None or t <= until)]
+        return sum(values) / len(values) if values else None
 
     def mean_util(self, since: float | None = None, settle: bool = False, until: float | None = None) -> float | None:
         """Mean utilization (%) of the samples taken after ``since`` (``time.monotonic()``), or of all; ``until``:

@@ -9,7 +9,8 @@ Verdicts (:data:`VERDICTS`):
   GPU (``.item()``, ``.cpu()``, printing a tensor), runs Python between kernels, or launches kernels slower than
   they run. No data change helps.
 - ``small``: the GPU is busy and waits for nothing, with little of its memory in use and steps of a few
-  milliseconds (where fixed per-kernel costs weigh): a larger batch may raise throughput. Not a problem to warn
+  milliseconds (where fixed per-kernel costs weigh), or with few of its SMs active (NVML GPM, where measured):
+  a larger batch may raise throughput. Not a problem to warn
   about. Steps of tens of milliseconds are ``ok`` whatever the memory in use (NVML cannot see how full the SMs are;
   ResNet-50 at batch 256 in bf16 fills 17 % of an H100's memory and runs at its ceiling).
 - ``between-steps``: time outside the steps (epoch ends with worker restarts, validation, checkpoints) is a large
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 from lightning_gpu_boost.core.shapes import tensors_in
 
-__all__ = ['BETWEEN_STEPS_SHARE', 'COPY_SHARE', 'Evidence', 'RunFacts', 'SMALL_MEMORY', 'SMALL_STEP_MS', 'VERDICTS', 'Verdict', 'advise', 'batch_kind', 'classify', 'crowded', 'fetches_batches', 'format_advice', 'sample_cost_fixes']
+__all__ = ['BETWEEN_STEPS_SHARE', 'COPY_SHARE', 'Evidence', 'RunFacts', 'SMALL_MEMORY', 'SMALL_SM_ACTIVE', 'SMALL_STEP_MS', 'VERDICTS', 'Verdict', 'advise', 'batch_kind', 'classify', 'crowded', 'fetches_batches', 'format_advice', 'sample_cost_fixes']
 
 Verdict = Literal["data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok"]
 VERDICTS: tuple[str, ...] = ("data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok")
@@ -42,6 +43,8 @@ COPY_SHARE = 0.5
 SMALL_MEMORY = 0.3
 #: steps shorter than this (ms) on a busy GPU with little memory in use are "small"
 SMALL_STEP_MS = 15.0
+#: a busy GPU whose SMs are active less than this share of the time (%, NVML GPM) is "small"
+SMALL_SM_ACTIVE = 40.0
 
 
 @dataclass
@@ -59,6 +62,8 @@ class Evidence:
     between_frac: float | None = None
     #: of that, validation's share of the run's wall time
     validation_frac: float | None = None
+    #: share of the SMs busy (%, NVML GPM on Hopper and newer), ``None`` where not measured
+    sm_active: float | None = None
 
 
 @dataclass
@@ -146,6 +151,8 @@ def classify(
         return "host-bound"
     if util_known and e.gpu_mem_frac is not None and e.gpu_mem_frac < SMALL_MEMORY and e.step_ms < SMALL_STEP_MS:
         return "small"
+    if util_known and e.sm_active is not None and e.sm_active < SMALL_SM_ACTIVE:
+        return "small"  # kernels run all the time, on few of the SMs: utilization reads busy, the GPU is not
     return "ok"
 
 

@@ -8,6 +8,7 @@ import math
 import time
 from typing import Any
 
+from lightning_gpu_boost.core.mfu import mfu
 from lightning_gpu_boost.core.run_record import RunRecord
 from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, crowded, format_advice
 
@@ -33,18 +34,23 @@ def window_long_enough(sampler: Any, since: float) -> bool:
     return time.monotonic() - since >= least
 
 
-def window_metrics(recent: Any, sampler: Any, since: float, starved: bool) -> dict[str, float | None]:
-    """A window's figures from its step timings (``recent``) and the NVML sampler's readings since ``since``."""
+def window_metrics(recent: Any, sampler: Any, since: float, starved: bool, flops: float | None = None,
+                   peak: float | None = None) -> dict[str, float | None]:  # fmt: skip
+    """A window's figures from its step timings (``recent``) and the NVML sampler's readings since ``since``; with
+    the FLOPs of one step and the GPU's peak FLOP/s, the model FLOPs utilization over the window's steps."""
     wait = nanmean([t.wait_ms for t in recent])
     busy = nanmean([t.busy_ms for t in recent])
     util = sampler.mean_util(since=since, settle=True) if sampler is not None else None
     mem = sampler.memory_fraction() if sampler is not None else None
+    sm = sampler.mean_sm_active(since=since) if sampler is not None else None
     return {
         "data_wait_frac": wait / (wait + busy) if wait + busy > 0 else float("nan"),
         "data_wait_ms": wait,
         "step_ms": busy,
         "gpu_util": util,
         "gpu_mem_frac": mem,
+        "sm_active": sm,
+        "mfu": mfu(flops, (wait + busy) / 1000 if not math.isnan(wait + busy) else None, peak),
         "starved": 1.0 if starved else 0.0,
     }
 
@@ -63,7 +69,7 @@ def evidence(m: dict[str, float | None]) -> Evidence:
     return Evidence(
         data_wait_frac=float("nan") if m["data_wait_frac"] is None else float(m["data_wait_frac"]),
         step_ms=float(m["step_ms"] or 0.0), data_wait_ms=float(m["data_wait_ms"] or 0.0),
-        gpu_util=m["gpu_util"], gpu_mem_frac=m["gpu_mem_frac"],
+        gpu_util=m["gpu_util"], gpu_mem_frac=m["gpu_mem_frac"], sm_active=m.get("sm_active"),
     )  # fmt: skip
 
 
@@ -130,6 +136,8 @@ def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmu
     wait, busy = totals["wait_ms"], totals["busy_ms"]
     utils = [p["gpu_util"] for p in timeline if "gpu_util" in p]
     mems = [p["gpu_mem_frac"] for p in timeline if "gpu_mem_frac" in p]
+    sms = [p["sm_active"] for p in timeline if p.get("sm_active") is not None]
+    mfus = [p["mfu"] for p in timeline if p.get("mfu") is not None]
     return {
         "steps": float(totals["steps"]),
         "data_wait_frac": wait / (wait + busy) if wait + busy > 0 else float("nan"),
@@ -137,6 +145,8 @@ def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmu
         "step_ms": busy / max(1, totals["steps"] - warmup_steps),
         "gpu_util": sum(utils) / len(utils) if utils else float("nan"),
         "gpu_mem_frac": sum(mems) / len(mems) if mems else float("nan"),
+        "sm_active": sum(sms) / len(sms) if sms else float("nan"),
+        "mfu": sum(mfus) / len(mfus) if mfus else float("nan"),
         "starved_frac": totals["starved_steps"] / max(1, totals["steps"] - warmup_steps),
         "between_frac": between_s / wall_s if wall_s > 0 else float("nan"),
         "validation_frac": validation_s / wall_s if wall_s > 0 else float("nan"),
@@ -159,6 +169,7 @@ def summary_evidence(s: dict[str, float]) -> Evidence:
         data_wait_frac=s["data_wait_frac"], step_ms=s["step_ms"], data_wait_ms=s["data_wait_ms"],
         gpu_util=None if math.isnan(s["gpu_util"]) else s["gpu_util"],
         gpu_mem_frac=None if math.isnan(s["gpu_mem_frac"]) else s["gpu_mem_frac"],
+        sm_active=None if math.isnan(s.get("sm_active", math.nan)) else s["sm_active"],
         between_frac=s["between_frac"], validation_frac=s["validation_frac"],
     )  # fmt: skip
 
@@ -190,14 +201,17 @@ def format_summary(summaries: list[dict[str, float]], verdict: str | None, advic
                    timeline: list[dict[str, Any]] | None = None, changes: list[dict[str, Any]] | None = None) -> str:  # fmt: skip
     """The end-of-fit table, the run's verdict with how many of this rank's windows agree and its phases, the
     decisions our parts took again in training, and the advice."""
-    rows = ["rank | steps | GPU util | data wait | step ms | starved | outside steps",
-            "---|---|---|---|---|---|---"]  # fmt: skip
+    rows = ["rank | steps | GPU util | SM active | MFU | data wait | step ms | starved | outside steps",
+            "---|---|---|---|---|---|---|---|---"]  # fmt: skip
+
+    def pct(value: float, scale: float = 1.0) -> str:
+        return "n/a" if value is None or math.isnan(value) else f"{scale * value:.0f} %"
+
     for rank, s in enumerate(summaries):
-        util = "n/a" if math.isnan(s["gpu_util"]) else f"{s['gpu_util']:.0f} %"
-        between = "n/a" if math.isnan(s["between_frac"]) else f"{100 * s['between_frac']:.0f} %"
         rows.append(
-            f"{rank} | {s['steps']:.0f} | {util} | {100 * s['data_wait_frac']:.0f} % | {s['step_ms']:.1f} | "
-            f"{100 * s['starved_frac']:.0f} % | {between}"
+            f"{rank} | {s['steps']:.0f} | {pct(s['gpu_util'])} | {pct(s.get('sm_active', math.nan))} | "
+            f"{pct(s.get('mfu', math.nan), 100)} | {100 * s['data_wait_frac']:.0f} % | {s['step_ms']:.1f} | "
+            f"{100 * s['starved_frac']:.0f} % | {pct(s['between_frac'], 100)}"
         )
     told = " ".join(f"({i + 1}) {a}" for i, a in enumerate(advice or []))
     sure = ""

@@ -305,3 +305,42 @@ def test_a_host_bound_step_asks_the_part_that_chose_the_workers_instead_of_advis
     assert messages and part.asked and part.asked[0][0] == cpus - 1, dog.warnings
     assert all("set num_workers" not in m for m in messages)
     assert "TestTuner decided again" in messages[0]
+
+
+@pytest.mark.gpu
+def test_sm_activity_and_mfu_are_logged_and_summarized_on_the_gpu():
+    """SM activity from NVML GPM (Hopper and newer; elsewhere the sampler says why) and MFU from one step's counted
+    FLOPs over the GPU's peak, beside utilization in the summary."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
+    class Matmuls(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096))
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).float().pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    data = TensorDataset(torch.randn(4096, 4096))
+    dog = GPUUtilWatchdog(window=10, warmup_steps=5)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=200, precision="bf16-mixed", callbacks=[dog],
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)  # fmt: skip
+    trainer.fit(Matmuls(), DataLoader(data, batch_size=1024, pin_memory=True, num_workers=2, persistent_workers=True))
+    flops = dog._flops.flops
+    # two linears forward, and backward the second's input and weight gradients and the first's weight gradient
+    assert flops == 5 * 2 * 1024 * 4096 * 4096
+    summary = dog.summaries[0]
+    assert 0.0 < summary["mfu"] < 1.0, summary
+    sampler = dog._sampler
+    if sampler.sm_reason:
+        print(f"SM activity not sampled: {sampler.sm_reason}")
+        assert summary["sm_active"] != summary["sm_active"]  # NaN
+    else:
+        assert 0.0 < summary["sm_active"] <= 100.0, summary
+    print(f"MFU {summary['mfu']:.3f}, SM active {summary['sm_active']:.1f} %, GPU util {summary['gpu_util']:.0f} %")
+    assert "SM active | MFU" in dog.format_summary()

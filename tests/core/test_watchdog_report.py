@@ -16,7 +16,7 @@ def test_a_ranks_summary_and_the_slowest_rank():
     other = dict(s, data_wait_frac=float("nan"))
     assert slowest([other, s]) == 1
     table = format_summary([s], "data-bound", ["set num_workers=8"])
-    assert "0 | 12 | 50 % | 30 % | 70.0 | 50 % | 10 %" in table
+    assert "0 | 12 | 50 % | n/a | n/a | 30 % | 70.0 | 50 % | 10 %" in table
     assert table.endswith("verdict: data-bound (slowest rank: 0); advice: (1) set num_workers=8")
 
 
