@@ -67,8 +67,11 @@ class NVMLSampler:
         self.sm: deque[tuple[float, float]] = deque(maxlen=keep)
         #: why SM activity is not sampled ("" where it is)
         self.sm_reason = "not started"
+        #: the GPM errors met (a transient one starts a fresh pair of samples)
+        self.sm_errors: deque[str] = deque(maxlen=20)
         self._gpm: list[Any] = []
         self._gpm_have = False
+        self._gpm_failures = 0
         self.memory_used = 0
         self.memory_total = 0
         self.available = False
@@ -155,11 +158,23 @@ class NVMLSampler:
                 if get.metrics[0].nvmlReturn == 0:
                     value = min(100.0, max(0.0, float(get.metrics[0].value)))
             self._gpm.reverse()  # this sample is the next one's start
-            self._gpm_have = True
+            self._gpm_have, self._gpm_failures = True, 0
             return value
-        except Exception as err:
-            self.sm_reason, self._gpm = f"NVML GPM: {err}", []
+        except Exception as err:  # a transient error starts a fresh pair; ten in a row stop GPM for this run
+            self._gpm_have, self._gpm_failures = False, self._gpm_failures + 1
+            self.sm_errors.append(f"{type(err).__name__}: {err}")
+            if self._gpm_failures >= 10:
+                self.sm_reason = f"NVML GPM failed 10 times in a row ({err})"
+                self._free_gpm()
             return None
+
+    def _free_gpm(self) -> None:
+        gpm, self._gpm, self._gpm_have = self._gpm, [], False
+        for sample in gpm:
+            try:
+                self._nvml.nvmlGpmSampleFree(sample)
+            except Exception:
+                pass
 
     def _skip_history(self) -> None:
         """Start after the samples the driver buffered before this sampler started (they describe other work)."""
@@ -206,12 +221,7 @@ class NVMLSampler:
             self._stop.set()
             self._thread.join(timeout=5)
             self._thread = None
-        gpm, self._gpm, self._gpm_have = self._gpm, [], False
-        for sample in gpm:
-            try:
-                self._nvml.nvmlGpmSampleFree(sample)
-            except Exception:
-                pass
+        self._free_gpm()
 
     @property
     def running(self) -> bool:

@@ -71,3 +71,56 @@ def test_settled_mean_leaves_out_the_period_before_the_window(driver):
     # the sample stamped one period after busy_from still covers idle time; settle leaves it out
     assert sampler.mean_util(since=busy_from, settle=True) == 100
     assert sampler.mean_util(since=busy_from - 2 * PERIOD) < 100
+
+
+class _Metric:
+    def __init__(self) -> None:
+        self.metricId, self.nvmlReturn, self.value = 0, 0, 0.0
+
+
+class _MetricsGet:
+    def __init__(self) -> None:
+        self.version = self.numMetrics = 0
+        self.sample1 = self.sample2 = None
+        self.metrics = [_Metric()]
+
+
+class FakeGPM:
+    """NVML's GPM calls: SM activity 75 % between any two samples; ``fail`` calls of nvmlGpmSampleGet raise first."""
+
+    NVML_GPM_METRICS_GET_VERSION, NVML_GPM_METRIC_SM_UTIL = 1, 2
+    c_nvmlGpmMetricsGet_t = _MetricsGet
+
+    def __init__(self, fail: int = 0) -> None:
+        self.fail, self.freed = fail, 0
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("NVML_ERROR_UNKNOWN")
+
+    def nvmlGpmMetricsGet(self, get):
+        get.metrics[0].value = 75.0
+
+    def nvmlGpmSampleFree(self, sample):
+        self.freed += 1
+
+
+def _gpm_sampler(fake: FakeGPM) -> NVMLSampler:
+    sampler = NVMLSampler(0)
+    sampler._nvml, sampler._gpm, sampler.sm_reason = fake, [object(), object()], ""
+    return sampler
+
+
+def test_sm_activity_between_gpm_samples_survives_a_transient_error():
+    sampler = _gpm_sampler(FakeGPM(fail=1))
+    readings = [sampler._poll_gpm(float(t)) for t in range(4)]
+    assert readings == [None, None, 75.0, 75.0]  # the error, then a fresh pair
+    assert list(sampler.sm_errors) == ["RuntimeError: NVML_ERROR_UNKNOWN"] and sampler.sm_reason == ""
+
+
+def test_gpm_stops_after_ten_errors_in_a_row_and_says_why():
+    fake = FakeGPM(fail=10)
+    sampler = _gpm_sampler(fake)
+    assert [sampler._poll_gpm(float(t)) for t in range(12)] == [None] * 12
+    assert "failed 10 times in a row" in sampler.sm_reason and fake.freed == 2 and sampler.mean_sm_active() is None
