@@ -120,7 +120,7 @@ def restore_normalize(dataset: Any) -> None:
 
 
 def _unwrap_subsets(dataset: Any) -> Any:
-    while type(dataset).__name__ == "Subset" and hasattr(dataset, "dataset"):
+    while isinstance(dataset, torch.utils.data.Subset):
         dataset = dataset.dataset
     return dataset
 
