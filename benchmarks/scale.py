@@ -59,8 +59,8 @@ def child(args: argparse.Namespace) -> None:
 
     import lightning_gpu_boost  # noqa: F401  (registers ddp_boost)
     from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-    from lightning_gpu_boost.cli.demo import queue_bound
     from lightning_gpu_boost.core.steady import EXTRA_WARMUP, ResidentBatches, min_warmup
+    from lightning_gpu_boost.doctor import queue_bound
     from lightning_gpu_boost.models import ImageClassifier
 
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")

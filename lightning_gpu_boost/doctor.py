@@ -38,7 +38,7 @@ from lightning_gpu_boost.core.verdicts import (
 )
 from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s, tune_num_workers
 
-__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_step', 'measure_step_ms', 'measure_validation_s']
+__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s']
 
 Bottleneck = Literal["loader", "copy", "host", "epoch-start", "compute", "unknown"]
 
@@ -85,6 +85,9 @@ class Diagnosis:
     batch_kind: str | None = None
     #: the loader fetches whole batches at once (:func:`~lightning_gpu_boost.core.verdicts.fetches_batches`)
     batched_fetch: bool = False
+    #: samples/s of short fits of the model with the real loader, as training sees it (steady state), by worker count:
+    #: the current count and the advised one (``trials=True``, a model, and a worker count to advise)
+    fit_samples_per_s: dict[int, float] = field(default_factory=dict)
     bottleneck: Bottleneck = "unknown"
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -124,6 +127,8 @@ class Diagnosis:
                        + (f", validation {self.val_s:.1f} s" if self.val_s is not None else "") + ")"
                        if self.between_frac is not None else "")  # fmt: skip
             lines.append(f"  first batch of a fresh iterator: {self.startup_s:.2f} s{restart}")
+        for w, r in sorted(self.fit_samples_per_s.items()):
+            lines.append(f"  training (a short fit of the model) at num_workers={w}: {rate(r)}")
         lines.append(f"Bottleneck: {self.bottleneck}" + (f" (verdict: {self.verdict})" if self.verdict else ""))
         lines += [f"  -> {a}" for a in self.advice] + [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -249,6 +254,7 @@ def diagnose(
     progress: Callable[[str], None] | None = None,
     val_loader: Any = None,
     val_batches: int | None = None,
+    trials: bool = True,
     **trainer_kwargs: Any,
 ) -> Diagnosis:
     """Measure ``datamodule``'s training loader, the copy of a batch and ``model``'s step, and name the bottleneck.
@@ -265,6 +271,9 @@ def diagnose(
             (all of them by default; Lightning's ``limit_val_batches`` as a count) is timed as each epoch pays it
             (a fresh iterator; with persistent workers, the second pass), and counts as time between steps.
         val_batches: batches validation reads per epoch, ``>= 1`` or ``None``.
+        trials: where the advice is another worker count, also fit the model with the real loader at the current
+            and at that count (short fits timed in steady state, :func:`measure_fit`): the expected effect is then
+            what training measured, not an estimate from the loader alone.
         **trainer_kwargs: Trainer arguments for the step (``precision="bf16-mixed"``, ``accelerator``...).
 
     Raises:
@@ -349,8 +358,56 @@ def diagnose(
         result.step_ms, result.step_gpu_util = measure_step(model, first, steps=steps, **trainer_kwargs)
     else:
         result.notes.append("no model given (--model): the training step, the ceiling, is not measured.")
+    advised = result.tuned_workers
+    if trials and model is not None and isinstance(loader, DataLoader) and advised not in (None, loader.num_workers):
+        for count in (loader.num_workers, advised):
+            say(f"a short fit of the model with the loader at num_workers={count} ...")
+            fit = measure_fit(model, clone_loader(loader, count), steps=max(steps, 16), warmup=3, **trainer_kwargs)
+            result.fit_samples_per_s[count] = fit["samples_per_s"]
     _conclude(result)
     return result
+
+
+def measure_fit(model: Any, data: Any, steps: int, warmup: int, callbacks: tuple = (), **trainer_kwargs: Any) -> dict[str, Any]:
+    """Fit ``model`` on ``data`` (a DataLoader or a LightningDataModule) for ``steps`` steps timed by
+    :class:`~lightning_gpu_boost.callbacks.throughput_meter.ThroughputMeter` after the warm-up and the loader's queue
+    (the timing rule, ``core/steady.py``); its summary (``samples_per_s``...). ``trainer_kwargs``: ``precision``,
+    ``accelerator``..."""
+    import lightning.pytorch as pl
+
+    from lightning_gpu_boost.callbacks.throughput_meter import MAX_EXTENSION, ThroughputMeter
+    from lightning_gpu_boost.core.steady import EXTRA_WARMUP, min_warmup
+
+    meter = ThroughputMeter(warmup=warmup, steps=steps)  # ends fit once `steps` are timed after the queue drained
+    queue = queue_bound(data)
+    kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
+              "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
+              "limit_val_batches": 0, **trainer_kwargs}  # fmt: skip
+    trainer = pl.Trainer(max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + MAX_EXTENSION * steps,
+                         callbacks=[meter, *callbacks], **kwargs)  # fmt: skip
+    with warnings.catch_warnings():  # the fits time training alone: the model's validation_step is not used
+        warnings.filterwarnings("ignore", message=NO_VALIDATION_WARNING)
+        if isinstance(data, pl.LightningDataModule):
+            trainer.fit(model, datamodule=data)
+        else:  # a DataLoader or any iterable of batches
+            trainer.fit(model, train_dataloaders=data)
+    return meter.summary()
+
+
+def queue_bound(data: Any, procs_per_node: int = 1) -> int:
+    """The most batches ``data``'s loader can hold queued: exact for a DataLoader, else the most a DataModule of ours
+    can set up in one of ``procs_per_node`` processes (its share of the usable CPUs a worker each,
+    ``prefetch_factor=4``, plus the prefetch depth)."""
+    from lightning_gpu_boost.core.cpus import usable_cpus
+    from lightning_gpu_boost.core.steady import queue_batches
+
+    if isinstance(data, DataLoader):
+        return queue_batches(data) + 1
+    if hasattr(data, "prefetch_queue_depth"):  # DALI
+        return int(getattr(data, "prefetch_queue_depth", 2) or 2) + 2
+    if hasattr(data, "train_dataloader") or hasattr(data, "num_workers"):
+        return max(1, usable_cpus() // max(1, procs_per_node)) * 4 + 2
+    return 1
 
 
 def _join_fixes(d: Diagnosis) -> str:
@@ -358,6 +415,15 @@ def _join_fixes(d: Diagnosis) -> str:
     facts = RunFacts(cuda=d.device.startswith("cuda"), num_workers=d.num_workers, batch_size=d.batch_size,
                      batch_kind=d.batch_kind, batched_fetch=d.batched_fetch)  # fmt: skip
     return "; ".join(sample_cost_fixes(facts))
+
+
+def _measured(d: Diagnosis) -> str:
+    """``" (short fits of the model measured A -> B samples/s, Nx)"`` where both fits ran, else ``""``."""
+    fits = d.fit_samples_per_s
+    if d.tuned_workers not in fits or d.num_workers not in fits:
+        return ""
+    now, then = fits[d.num_workers], fits[d.tuned_workers]
+    return f" (short fits of the model measured {now:,.0f} -> {then:,.0f} samples/s, {then / now:.2f}x)"
 
 
 def _conclude(d: Diagnosis) -> None:
@@ -398,14 +464,28 @@ def _conclude(d: Diagnosis) -> None:
         d.advice.append(
             f"num_workers=0 loads each batch in the training process, between the steps: {1000 * load_s:.1f} ms of "
             f"every {1000 * (load_s + step_s + copy_s):.1f} ms ({100 * share:.0f} %). "
-            + (f"set num_workers={d.tuned_workers} (or add AutoNumWorkers()) to load while the step runs; "
+            + (f"set num_workers={d.tuned_workers} (or add AutoNumWorkers()) to load while the step runs"
+               + _measured(d) + "; "
                if d.tuned_workers else "add AutoNumWorkers() to the Trainer's callbacks to load while the step runs; ")
             + "and make each sample cheaper: " + _join_fixes(d) + "."
         )  # fmt: skip
     elif loader < 0.9 * with_copy:
         d.bottleneck = "loader"
         expected = min(tuned, with_copy)
-        if d.tuned_workers is not None and tuned > 1.1 * loader:
+        fits = d.fit_samples_per_s
+        if d.tuned_workers in fits and d.num_workers in fits:  # measured the way training sees it
+            now, then = fits[d.num_workers], fits[d.tuned_workers]
+            if then > 1.05 * now:
+                d.advice.append(
+                    f"set num_workers={d.tuned_workers} (or add AutoNumWorkers() to the Trainer's callbacks): short fits "
+                    f"of the model measured {now:,.0f} -> {then:,.0f} samples/s ({then / now:.2f}x)."
+                )
+            else:
+                d.notes.append(
+                    f"num_workers={d.tuned_workers} loads faster alone ({loader:,.0f} -> {tuned:,.0f} samples/s), but "
+                    f"short fits of the model measured {now:,.0f} -> {then:,.0f} samples/s: not advised."
+                )
+        elif d.tuned_workers is not None and tuned > 1.1 * loader:
             d.advice.append(
                 f"set num_workers={d.tuned_workers} (or add AutoNumWorkers() to the Trainer's callbacks): the loader "
                 f"goes from {loader:,.0f} to {tuned:,.0f} samples/s; expect about {expected:,.0f} samples/s "

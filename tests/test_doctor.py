@@ -20,6 +20,18 @@ def test_a_slow_loader_is_the_bottleneck():
     assert f"set num_workers={d.tuned_workers}" in d.advice[0]
     assert any("searching the worker count" in line for line in lines)
     assert "no CUDA device" in d.format() or d.copy_ms is not None
+    # the expected effect is what short fits of the model measured at both counts, the way training sees it
+    fits = d.fit_samples_per_s
+    assert set(fits) == {0, d.tuned_workers} and fits[d.tuned_workers] > 1.5 * fits[0], d.format()
+    assert "short fits of the model measured" in d.advice[0] and "training (a short fit" in d.format()
+    # without the loader's queue to play with, the fit at 0 workers runs at the loader's pace (4 ms a sample)
+    assert 0.7 < fits[0] / d.loader_samples_per_s < 1.3, (fits, d.loader_samples_per_s)
+
+
+def test_trials_can_be_turned_off():
+    d = diagnose(VectorDataModule(delay_s=0.004), VectorModel(), budget_s=4, steps=5, trials=False,
+                 accelerator="cpu")  # fmt: skip
+    assert d.fit_samples_per_s == {} and "short fits" not in d.format()
 
 
 def test_a_heavy_step_is_the_bottleneck():

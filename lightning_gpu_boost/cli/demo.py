@@ -18,7 +18,7 @@ import torch
 
 from lightning_gpu_boost.cli._args import at_least, writable_folder
 
-__all__ = ['add_arguments', 'queue_bound', 'run']
+__all__ = ['add_arguments', 'run']
 
 
 def _defaults(gpu: bool, has_torchvision: bool) -> dict[str, Any]:
@@ -49,57 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def queue_bound(data: Any, procs_per_node: int = 1) -> int:
-    """The most batches ``data``'s loader can hold queued: exact for a DataLoader, else the most a DataModule of
-    ours can set up in one of ``procs_per_node`` processes (its share of the usable CPUs a worker each,
-    ``prefetch_factor=4``, plus the prefetch depth)."""
-    from torch.utils.data import DataLoader
-
-    from lightning_gpu_boost.core.cpus import usable_cpus
-    from lightning_gpu_boost.core.steady import queue_batches
-
-    if isinstance(data, DataLoader):
-        return queue_batches(data) + 1
-    if hasattr(data, "prefetch_queue_depth"):  # DALI
-        return int(getattr(data, "prefetch_queue_depth", 2) or 2) + 2
-    if hasattr(data, "train_dataloader") or hasattr(data, "num_workers"):
-        return max(1, usable_cpus() // max(1, procs_per_node)) * 4 + 2
-    return 1
-
-
 def _fit(model, data, precision: str, steps: int, warmup: int, callbacks: tuple = ()) -> dict[str, Any]:
     """Train ``steps`` steps after the warm-up and the loader's queue (``core/steady.py``); the meter's summary."""
-    from lightning.pytorch import Trainer
+    from lightning_gpu_boost.doctor import measure_fit
 
-    from lightning_gpu_boost.callbacks.throughput_meter import MAX_EXTENSION, ThroughputMeter
-    from lightning_gpu_boost.core.steady import EXTRA_WARMUP, min_warmup
-
-    meter = ThroughputMeter(warmup=warmup, steps=steps)  # ends fit once `steps` are timed after the queue drained
-    queue = queue_bound(data)
-    trainer = Trainer(
-        accelerator="auto",
-        devices=1,
-        precision=precision,
-        max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + MAX_EXTENSION * steps,
-        callbacks=[meter, *callbacks],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
-    from lightning.pytorch import LightningDataModule
-
-    from lightning_gpu_boost.doctor import NO_VALIDATION_WARNING
-
-    with warnings.catch_warnings():  # the runs time training alone: the model's validation_step is not used
-        warnings.filterwarnings("ignore", message=NO_VALIDATION_WARNING)
-        if isinstance(data, LightningDataModule):
-            trainer.fit(model, datamodule=data)
-        else:  # a DataLoader or any iterable of batches
-            trainer.fit(model, train_dataloaders=data)
-    return meter.summary()
+    return measure_fit(model, data, steps, warmup, callbacks, precision=precision)
 
 
 def run(args: argparse.Namespace) -> int:
