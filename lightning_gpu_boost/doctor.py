@@ -362,7 +362,7 @@ def diagnose(
     if trials and model is not None and isinstance(loader, DataLoader) and advised not in (None, loader.num_workers):
         for count in (loader.num_workers, advised):
             say(f"a short fit of the model with the loader at num_workers={count} ...")
-            fit = measure_fit(model, clone_loader(loader, count), steps=max(steps, 16), warmup=3, **trainer_kwargs)
+            fit = measure_fit(model, clone_loader(loader, count), steps=max(2 * steps, 32), warmup=3, **trainer_kwargs)
             result.fit_samples_per_s[count] = fit["samples_per_s"]
     _conclude(result)
     return result

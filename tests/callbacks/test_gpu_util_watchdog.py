@@ -261,7 +261,8 @@ def test_a_step_that_syncs_and_runs_python_is_host_bound_not_starved():
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     # the batches come from two workers: made in the training process, they were a fifth of each step on a slow
     # machine (9.4 of 34.7 ms: a real wait for data, which this test is not about)
-    loader = DataLoader(data, batch_size=256, pin_memory=True, num_workers=2, persistent_workers=True)
+    loader = DataLoader(data, batch_size=256, pin_memory=True, num_workers=2, persistent_workers=True,
+                        multiprocessing_context="forkserver")  # forked beside the NVML and pin threads, a worker died
     trainer.fit(SyncsEveryStep(), loader)
     assert dog.verdict == "host-bound" and dog.run_verdict == "host-bound", dog.summaries
     assert not [w for w in dog.warnings if w["verdict"] in ("data-bound", "copy-bound")]
@@ -298,7 +299,8 @@ def test_a_host_bound_step_asks_the_part_that_chose_the_workers_instead_of_advis
     dog, part = GPUUtilWatchdog(window=10, warmup_steps=5), _ChoosesAllCPUs(cpus)
     trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=60, callbacks=[part, dog], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    loader = DataLoader(data, batch_size=256, pin_memory=True, num_workers=cpus, persistent_workers=True)
+    loader = DataLoader(data, batch_size=256, pin_memory=True, num_workers=cpus, persistent_workers=True,
+                        multiprocessing_context="forkserver")  # forked beside the NVML and pin threads, a worker died
     trainer.fit(SyncsEveryStep(), loader)
     messages = [w["message"] for w in dog.warnings if w["verdict"] == "host-bound"]
     assert messages and part.asked and part.asked[0][0] == cpus - 1, dog.warnings
@@ -329,7 +331,8 @@ def test_sm_activity_and_mfu_are_logged_and_summarized_on_the_gpu():
     trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=200, precision="bf16-mixed", callbacks=[dog],
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)  # fmt: skip
-    trainer.fit(Matmuls(), DataLoader(data, batch_size=1024, pin_memory=True, num_workers=2, persistent_workers=True))
+    trainer.fit(Matmuls(), DataLoader(data, batch_size=1024, pin_memory=True, num_workers=2, persistent_workers=True,
+                                      multiprocessing_context="forkserver"))
     assert dog._peak == 989.4e12 or "H200" not in torch.cuda.get_device_name(0)  # dense bf16 (H100 SXM's cores)
     flops = dog._flops.flops
     # two linears forward, and backward the second's input and weight gradients and the first's weight gradient
