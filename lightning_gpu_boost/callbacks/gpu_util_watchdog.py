@@ -321,14 +321,12 @@ class GPUUtilWatchdog(Callback):
         keys = list(mine)
         local = torch.tensor([mine[k] for k in keys], dtype=torch.float64, device=pl_module.device)
         gathered = trainer.strategy.all_gather(local) if trainer.world_size > 1 else local.unsqueeze(0)
-        self.summaries = [
-            dict(zip(keys, row.tolist(), strict=True)) for row in gathered.reshape(-1, len(keys)).cpu()
-        ]
-        e = report.summary_evidence(self.summaries[report.slowest(self.summaries)])
+        self.summaries = [dict(zip(keys, row.tolist(), strict=True)) for row in gathered.reshape(-1, len(keys)).cpu()]
+        e, facts = report.summary_evidence(self.summaries[report.slowest(self.summaries)]), self.facts(trainer)
         self.run_verdict = classify(e, self.wait_threshold, self.util_threshold, include_between=True)
-        self.run_advice = advise(self.run_verdict, self.facts(trainer), e)
-        if self.run_verdict == "between-steps":
-            message = report.between_message(e, self.run_advice)
+        self.run_advice = advise(self.run_verdict, facts, e)
+        if self.run_verdict == "between-steps":  # SpanEpochs, where it chose not to span, decides again
+            message = report.between_message(e, self.run_advice, report.ask_again_between(run_record(trainer), facts, e))
             self.warnings.append({"step": trainer.global_step, "verdict": "between-steps", "message": message})
             rank_zero_warn(message)
         if self.summary:

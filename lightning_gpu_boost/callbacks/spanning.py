@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import RESTART_SHARE, SpanningLoader, span_decision
 
 __all__ = ['SpanEpochs']
@@ -74,6 +75,7 @@ class SpanEpochs(Callback):
         #: ``(stage, wrapped, why)`` for each loader considered in the last fit
         self.decisions: list[tuple[str, bool, str]] = []
         self._spanning: list[SpanningLoader] = []
+        self._span_next_fit = False  # set where a fit ended showing that its train loader should have been spanned
         self._strategy: Any = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -100,7 +102,11 @@ class SpanEpochs(Callback):
                 span, why = False, "no batches per epoch"
             else:
                 span, why = span_decision(dataloader, batches, self.min_restart_share)
+            if loader_stage == "train" and self._span_next_fit:  # decided again after the last fit (see below)
+                span, why = span_decision(dataloader, batches, 0.0) if batches else (span, why)
             self.decisions.append((loader_stage, span, why))
+            if loader_stage == "train":  # the run record: asked again instead of advised a threshold
+                run_record(trainer).choose("span_epochs", span, by="SpanEpochs", why=why, decide_again=self._again)
             if not span or batches is None or length is None:
                 return dataloader
             full = batches >= length
@@ -112,6 +118,13 @@ class SpanEpochs(Callback):
         # after the worker tuners' hooks (registered earlier in setup), before the strategy's and the prefetcher's
         add_dataloader_hook(trainer.strategy, f"SpanEpochs-{id(self)}", hook, before=True)
         self._strategy = trainer.strategy
+
+    def _again(self, proposal: bool, reason: str) -> tuple[bool, str]:
+        """The run showed ``reason`` with the train loader's workers restarting each epoch: its loader cannot be
+        swapped mid-fit, so the next fit of this callback spans it, whatever the estimate."""
+        self._span_next_fit = bool(proposal)
+        return False, (f"SpanEpochs decided again: {reason}; the next fit with this callback keeps the train loader's "
+                       "workers loading across epoch ends (this fit's loader cannot be swapped mid-fit).")  # fmt: skip
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for loader in self._spanning:

@@ -346,7 +346,7 @@ def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
                 ", or keep the workers loading across epoch ends: SpanEpochs(min_restart_share=0) in the callbacks "
                 "(GPUBoost() includes it at 5 %), or return SpanningLoader(DataLoader(...)) from train_dataloader() "
                 "and val_dataloader() (lightning_gpu_boost.core.spanning)"
-                if f.num_workers and not f.spans_epochs
+                if f.num_workers and not f.spans_epochs and "span_epochs" not in f.chosen_by
                 else ""
             )
         )

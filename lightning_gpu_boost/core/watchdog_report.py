@@ -12,7 +12,7 @@ from lightning_gpu_boost.core.mfu import mfu
 from lightning_gpu_boost.core.run_record import RunRecord
 from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, crowded, format_advice
 
-__all__ = ["MIN_WINDOW_PERIODS", "agreement", "ask_again", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
+__all__ = ["MIN_WINDOW_PERIODS", "agreement", "ask_again", "ask_again_between", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
            "starving_message", "summary_evidence"]  # fmt: skip
 
 
@@ -55,12 +55,13 @@ def window_metrics(recent: Any, sampler: Any, since: float, starved: bool, flops
     }
 
 
-def between_message(e: Evidence, advice: list[str]) -> str:
-    """The end-of-run warning where the time outside the steps set the pace."""
+def between_message(e: Evidence, advice: list[str], decided: str | None = None) -> str:
+    """The end-of-run warning where the time outside the steps set the pace; ``decided``: what SpanEpochs said when
+    asked again."""
     return (
         f"{100 * e.between_frac:.0f} % of the training run passed outside the steps (epoch ends with worker "
         f"restarts, validation {100 * (e.validation_frac or 0):.0f} %, checkpoints), which the per-step figures leave "
-        "out.\n" + format_advice(advice)
+        "out.\n" + (f"{decided}\n" if decided else "") + format_advice(advice)
     )
 
 
@@ -108,6 +109,16 @@ def ask_again(record: RunRecord, facts: RunFacts, m: dict[str, float | None]) ->
               f"{100 * evidence(m).data_wait_frac:.0f} % for data) and its {facts.num_workers} workers can use all "
               f"{facts.usable_cpus} CPUs, leaving none to the training process that launches the kernels")  # fmt: skip
     return record.decide_again("num_workers", facts.usable_cpus - 1, reason)
+
+
+def ask_again_between(record: RunRecord, facts: RunFacts, e: Evidence) -> str | None:
+    """Where a run ends with much of its time outside the steps and SpanEpochs chose not to span its train loader,
+    SpanEpochs decides again (the advice never names a threshold for it); what it says, or ``None``."""
+    choice = record.chosen("span_epochs")
+    if choice is None or choice.value or not facts.num_workers or e.between_frac is None:
+        return None
+    return record.decide_again("span_epochs", True, f"{100 * e.between_frac:.0f} % of the run passed outside the "
+                               "steps (its estimate was below its threshold)")  # fmt: skip
 
 
 def host_message(m: dict[str, float | None], facts: RunFacts, decided: str | None = None) -> str:

@@ -181,3 +181,24 @@ def test_uint8_images_moved_to_the_gpu_are_normalized_through_a_spanning_loader(
     trainer.fit(model, DataLoader(Images(), batch_size=4, num_workers=2))
     assert isinstance(trainer.fit_loop._combined_loader.flattened[0].loader, SpanningLoader)
     assert model.values == pytest.approx([2.0] * 8)  # (1 - 0.5) / 0.25: normalized once, on the GPU
+
+
+def test_a_fit_that_shows_spanning_was_wrongly_left_off_makes_span_epochs_decide_again(trainer_kwargs):
+    """One voice: SpanEpochs chose not to span (its threshold), the run then passed most of its time outside the
+    steps: the watchdog does not advise SpanEpochs a threshold; SpanEpochs decides again, and the next fit spans."""
+    from lightning_gpu_boost.callbacks import GPUUtilWatchdog
+    from lightning_gpu_boost.core.run_record import run_record
+
+    span = SpanEpochs(val=False, min_restart_share=0.99)  # an estimate of a few % is below it: not spanned
+    dog = GPUUtilWatchdog(window=2, warmup_steps=0, summary=False)
+    train = DataLoader(IndexDataset(16), batch_size=4, num_workers=2, persistent_workers=False)
+    trainer = pl.Trainer(callbacks=[span, dog], max_epochs=4, **trainer_kwargs)
+    with pytest.warns(UserWarning, match="outside the steps"):
+        trainer.fit(RecordingModel(), train)
+    assert span.decisions[0][:2] == ("train", False) and dog.run_verdict == "between-steps", dog.summaries
+    message = next(w["message"] for w in dog.warnings if w["verdict"] == "between-steps")
+    assert "SpanEpochs decided again" in message and "min_restart_share" not in message
+    assert run_record(trainer).changes[0]["setting"] == "span_epochs"
+    trainer = pl.Trainer(callbacks=[span], max_epochs=1, **trainer_kwargs)
+    trainer.fit(RecordingModel(), DataLoader(IndexDataset(16), batch_size=4, num_workers=2))
+    assert span.decisions[0][:2] == ("train", True)  # the next fit spans it
