@@ -45,11 +45,10 @@ Bottleneck = Literal["loader", "copy", "host", "epoch-start", "compute", "unknow
 #: each bottleneck's name in the taxonomy the watchdog shares (:mod:`~lightning_gpu_boost.core.verdicts`)
 VERDICT_OF: dict[str, Verdict | None] = {"loader": "data-bound", "copy": "copy-bound", "host": "host-bound",
                                          "epoch-start": "between-steps", "compute": "ok", "unknown": None}  # fmt: skip
-#: the step on a resident batch is host-bound where the GPU is busy less than this share of it (%)
 #: Lightning's warning for a model with a ``validation_step`` fitted without validation data: the measurements fit
 #: the step alone on purpose
 NO_VALIDATION_WARNING = r".*`validation_step` but have no `val_dataloader`.*"
-
+#: the step on a resident batch is host-bound where the GPU is busy less than this share of it (%)
 HOST_BOUND_UTIL = 80.0
 #: seconds of NVML samples the step's utilization is read over (after one driver sample period has passed), at least
 #: this many of the driver's sample periods, and the most seconds the step runs longer for them
@@ -132,8 +131,6 @@ class Diagnosis:
         lines.append(f"Bottleneck: {self.bottleneck}" + (f" (verdict: {self.verdict})" if self.verdict else ""))
         lines += [f"  -> {a}" for a in self.advice] + [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
-
-
 
 
 class _ResidentUntil:

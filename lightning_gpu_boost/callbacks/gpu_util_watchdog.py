@@ -154,9 +154,10 @@ class GPUUtilWatchdog(Callback):
         if device.type == "cuda":
             self._peak = peak_flops(trainer)
             self._sampler = NVMLSampler(device.index or 0, self.sample_interval_s).start()
-            if not self._sampler.available or self._sampler.sm_reason:
-                rank_zero_info(f"GPUUtilWatchdog: {self._sampler.reason}; timing-only mode." if not self._sampler.
-                               available else f"GPUUtilWatchdog: SM activity not sampled: {self._sampler.sm_reason}.")
+            sampler = self._sampler
+            if not sampler.available or sampler.sm_reason:
+                said = f"{sampler.reason}; timing-only mode" if not sampler.available else f"no SM activity: {sampler.sm_reason}"
+                rank_zero_info(f"GPUUtilWatchdog: {said}.")
         else:
             rank_zero_info("GPUUtilWatchdog: no CUDA device in use; host timings only.")
 

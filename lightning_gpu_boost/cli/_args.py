@@ -4,7 +4,6 @@ line that names the option, the value and what is valid (argparse adds the optio
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -70,10 +69,8 @@ def writable_folder(name: str, path: str) -> None:
     folder = Path(path).expanduser()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".lgb-write-check-"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".lgb-write-check-"):  # tried, as check_writable_file does
             pass
     except OSError as err:
         raise SystemExit(f"{name} {path!r} must be a folder that can be made and written: "
                          f"{err.strerror or err}.") from None  # fmt: skip
-    if not os.access(folder, os.W_OK):
-        raise SystemExit(f"{name} {path!r} is not writable.")

@@ -15,40 +15,34 @@ log = logging.getLogger(__name__)
 
 __all__ = ['LowPriorityWorkerInit', 'iter_loaders', 'leaf_loaders', 'loader_entries', 'set_num_workers', 'spanned_loaders']
 
-def loader_entries(obj: Any, spanned: bool = False) -> Iterable[tuple[DataLoader, bool]]:
-    """``(DataLoader, spanned)`` for each DataLoader inside ``obj`` (a loader, a list/tuple/dict of loaders, a
-    CombinedLoader's iterables, a StreamPrefetcher); ``spanned``: a ``SpanningLoader`` wraps it (its workers never
-    restart between epochs, whatever its ``persistent_workers`` says; its settings are what those workers take)."""
+def _leaves(obj: Any, spanned: bool = False) -> Iterable[tuple[Any, bool]]:
+    """``(loader, spanned)`` for each loader inside ``obj``, DataLoader or not (see :func:`loader_entries`)."""
     if isinstance(obj, DataLoader):
         yield obj, spanned
     elif isinstance(obj, dict):
         for value in obj.values():
-            yield from loader_entries(value, spanned)
+            yield from _leaves(value, spanned)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            yield from loader_entries(value, spanned)
+            yield from _leaves(value, spanned)
     elif getattr(obj, "spans_epochs", False):  # a SpanningLoader
-        yield from loader_entries(obj.source, True)
+        yield from _leaves(obj.source, True)
     elif hasattr(obj, "loader"):  # a StreamPrefetcher
-        yield from loader_entries(obj.loader, spanned)
+        yield from _leaves(obj.loader, spanned)
+    elif obj is not None:
+        yield obj, spanned
+
+
+def loader_entries(obj: Any, spanned: bool = False) -> Iterable[tuple[DataLoader, bool]]:
+    """``(DataLoader, spanned)`` for each DataLoader inside ``obj`` (a loader, a list/tuple/dict of loaders, a
+    CombinedLoader's iterables, a StreamPrefetcher); ``spanned``: a ``SpanningLoader`` wraps it (its workers never
+    restart between epochs, whatever its ``persistent_workers`` says; its settings are what those workers take)."""
+    return ((leaf, s) for leaf, s in _leaves(obj, spanned) if isinstance(leaf, DataLoader))
 
 
 def leaf_loaders(obj: Any) -> Iterable[Any]:
     """Every loader inside ``obj`` (see :func:`loader_entries`), DataLoaders or not (a ``DALILoader``)."""
-    if isinstance(obj, DataLoader):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from leaf_loaders(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from leaf_loaders(value)
-    elif getattr(obj, "spans_epochs", False):
-        yield from leaf_loaders(obj.source)
-    elif hasattr(obj, "loader"):
-        yield from leaf_loaders(obj.loader)
-    elif obj is not None:
-        yield obj
+    return (leaf for leaf, _ in _leaves(obj))
 
 
 def iter_loaders(obj: Any) -> Iterable[DataLoader]:
