@@ -16,9 +16,11 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(BIN)/lightning-gpu-boost demo $(DEMO_ARGS)
 
+# one pytest process per CPU (pytest-xdist; tests that need several processes start their own): PYTEST_ARGS="-n 0"
+# runs them in one process
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --dist worksteal $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -98,3 +98,6 @@ def broken_tree(tmp_path_factory):
     root = make_jpeg_folder(tmp_path_factory.mktemp("broken") / "src", n=BROKEN_TREE_GOOD, num_classes=3,
                             size_range=(48, 80, 40, 64), progress=False)  # fmt: skip
     return str(root), add_broken_files(root)
+
+
+from tests.s3_server import s3, s3_server  # noqa: E402, F401  (fixtures: a real S3 endpoint on 127.0.0.1)

@@ -42,6 +42,8 @@ WRONG: dict[str, list[Any]] = {
     "callable?": [3, "collate"],
     "dict?": ["a=1", [("a", 1)], {1: 2}],
     "key?": [2.5, True, [0]],
+    "str": [3, "", None, True],
+    "str?": [3, "", True],
 }
 
 
@@ -65,6 +67,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
     from lightning_gpu_boost.datamodules.dali import DALIDataModule
     from lightning_gpu_boost.datamodules.image_folder import ImageFolderDataset
     from lightning_gpu_boost.datamodules.lmdb import LMDBDataModule, LMDBImageDataset, LMDBSampleDataset
+    from lightning_gpu_boost.datamodules.streaming import StreamingDataModule
     from lightning_gpu_boost.strategies.presets import DDPBoostStrategy
 
     tree, lmdb = str(jpeg_tree), str(pack)
@@ -103,6 +106,10 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (LMDBDataModule, {"train_root": lmdb}, {"train_root": "pack", "check_crc": "bool", **folder_dm,
                                                  "val_root": "pack?", "order": "dtype", "block_bytes": "int>=1",
                                                  "window_blocks": "int>=1"}),
+        (StreamingDataModule, {"train_dir": "s3://bucket/prefix"},
+         {"train_dir": "str", "val_dir": "str?", "image_size": "int>=1", "val_resize": "int>=1?", "scale": "pair01",
+          "storage_options": "dict?", "cache_dir": "str?", "max_cache_size": "str", "max_pre_download": "int>=1",
+          "seed": "int>=0", "check_source": "bool", **boost}),
         (DDPBoostStrategy, {}, {"process_group_backend": "backend?", "timeout": "timeout?", "start_method": "dtype",
                                 "gradient_as_bucket_view": "bool", "broadcast_buffers": "bool",
                                 "bucket_cap_mb": "float>0", "static_graph": "bool", "find_unused_parameters": "bool",

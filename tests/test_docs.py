@@ -1,13 +1,14 @@
-"""Every Python code block in the README and docs/ runs, and every example script runs (small, on CPU)."""
+"""Every Python code block in the README and docs/ runs, and every example script runs (small, on CPU), each as a
+program of its own (``tests/warm_python.py``: forked from a process that has imported torch and Lightning)."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.warm_python import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -21,15 +22,14 @@ def python_blocks(page: Path) -> list[str]:
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
 def test_code_blocks_run(page, tmp_path):
     code = "\n\n".join(python_blocks(page))
-    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=240, env=_env())
+    status, output = run_python(code=code, cwd=tmp_path, env=_env())
+    assert status == 0, output[-4000:]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_examples_run(example, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=240, env=_env()
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    status, output = run_python(path=example, cwd=tmp_path, env=_env())
+    assert status == 0, output[-4000:]
 
 
 def _env() -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 def test_import_is_light():
     code = (
         "import lightning_gpu_boost, sys; "
-        "heavy = {'nvidia.dali', 'lmdb', 'pynvml', 'matplotlib'} & set(sys.modules); "
+        "heavy = {'nvidia.dali', 'lmdb', 'pynvml', 'matplotlib', 'litdata', 'boto3'} & set(sys.modules); "
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -56,6 +56,7 @@ def test_module_entry_point():
         "lightning_gpu_boost.core.run_record",
         "lightning_gpu_boost.core.mfu",
         "lightning_gpu_boost.callbacks.bad_samples",
+        "lightning_gpu_boost.datamodules.streaming",
     ],
 )
 def test_docstring_examples_run(module):

@@ -24,4 +24,7 @@ else
     || "$venv/bin/python" -m pip install -q "torch==$torch_version"
 fi
 "$venv/bin/python" -m pip install -q -c "$constraints" -e ".[dev]"
+# litdata (the `stream` extra) requires torchvision, which has no CPU build for every CPU torch: installed without
+# its requirements, which the dev extra lists but torchvision (litdata imports it only to decode images itself)
+"$venv/bin/python" -m pip install -q -c "$constraints" --no-deps "litdata>=0.2.50"
 "$venv/bin/python" -c 'import torch, lightning; print("venv ready: torch", torch.__version__, "lightning", lightning.__version__)'

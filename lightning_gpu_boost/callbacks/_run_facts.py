@@ -73,7 +73,10 @@ def run_facts(trainer: pl.Trainer, batch_kind: str | None = None, found: dict[st
     spanned = loader is not None and id(loader) in found.get("spanned", ())
     uint8 = loader is not None and (getattr(loader.dataset, "uint8_images", False) is True
                                     or isinstance(getattr(loader, "normalize", None), tuple))  # fmt: skip
+    from lightning_gpu_boost.core.streaming.source import remote_stream
+
     return RunFacts(
+        remote_stream=None if loader is None else remote_stream(loader.dataset),
         cuda=trainer.strategy.root_device.type == "cuda",
         num_workers=None if loader is None else loader.num_workers,
         usable_cpus=max(1, usable_cpus() // procs),

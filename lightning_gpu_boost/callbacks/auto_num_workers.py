@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost import _checks as checks
@@ -16,7 +16,7 @@ from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
-from lightning_gpu_boost.core.loaders import iter_loaders, set_num_workers
+from lightning_gpu_boost.core.loaders import fixed_worker_count, iter_loaders, set_num_workers
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.workers import WorkerProbe, decide_workers_again
 from lightning_gpu_boost.core.workers_cache import agreed_probe as core_agreed_probe
@@ -128,9 +128,16 @@ class AutoNumWorkers(Callback):
         #: stage -> chosen worker count (restored from checkpoints)
         self.chosen: dict[str, int] = {}
         self.probes: dict[str, WorkerProbe] = {}
+        self._left_alone: set[str] = set()
 
     def _tune(self, trainer: pl.Trainer, loader: DataLoader, stage: str) -> None:
         if self.keep_user_value and loader.num_workers > 0:
+            return
+        fixed = fixed_worker_count(loader)
+        if fixed is not None:  # the count stays the user's: said once per stage
+            if stage not in self._left_alone:
+                self._left_alone.add(stage)
+                rank_zero_info(f"AutoNumWorkers leaves the {stage} loader at num_workers={loader.num_workers}: {fixed}.")
             return
         if stage not in self.chosen:
             probe = agreed_probe(

@@ -1,6 +1,6 @@
 """Bad samples: found cheaply where bytes are read, named by their original path, skipped or raised by policy.
 
-Framework-free: :func:`check_image` (used by ``pack`` in its reading threads and by the DALI feeder),
+Framework-free: :func:`check_image` (used by ``pack`` as it stores what its threads read, and by the DALI feeder),
 :class:`BadSample` (what a dataset returns in place of a sample it cannot decode under ``bad_samples="skip"``),
 :class:`SkipBadCollate` (drops them from the batch; :mod:`~lightning_gpu_boost.core.refill` re-forms full batches) and :class:`BadSampleTracker` (counts them across DataLoader
 worker processes through shared memory, so the training process can report them per epoch).
@@ -40,9 +40,22 @@ class BadSampleError(RuntimeError):
     """A sample that cannot be read or decoded; the message names its original path and the fix."""
 
 
+_SEGMENT = struct.Struct(">BBH").unpack_from  # 0xFF, the marker, the segment's length
+
+
 def _jpeg_problem(data: bytes | memoryview) -> str | None:
     n, i, frame = len(data), 2, False
     while i < n:
+        if i + 4 <= n:  # the usual case in one call: a marker with a segment, no fill bytes
+            ff, marker, length = _SEGMENT(data, i)
+            if ff == 0xFF and marker != 0xFF and marker != 0x01 and not 0xD0 <= marker <= 0xD9 and length >= 2:
+                if marker == 0xDA:  # start of scan: the compressed data follows, then (eventually) the end marker
+                    if not (frame or marker in _JPEG_SOF):
+                        return "damaged JPEG: image data without a frame header"
+                    return _jpeg_scan_end(data, i + 2 + length)
+                frame = frame or marker in _JPEG_SOF
+                i += 2 + length
+                continue
         if data[i] != 0xFF:
             return f"damaged JPEG: no marker at byte {i}"
         while i < n and data[i] == 0xFF:  # fill bytes
@@ -61,14 +74,22 @@ def _jpeg_problem(data: bytes | memoryview) -> str | None:
         if length < 2:
             return f"damaged JPEG: segment of length {length} at byte {i}"
         frame = frame or marker in _JPEG_SOF
-        if marker == 0xDA:  # start of scan: the compressed data follows, then (eventually) the end marker
+        if marker == 0xDA:
             if not frame:
                 return "damaged JPEG: image data without a frame header"
-            if bytes(data[-2:]) == b"\xff\xd9" or bytes(data).find(b"\xff\xd9", i + length) >= 0:
-                return None
-            return "truncated JPEG: no end-of-image marker after the image data"
+            return _jpeg_scan_end(data, i + length)
         i += length
     return f"truncated JPEG: the file ends inside its headers ({n} bytes)"
+
+
+def _jpeg_scan_end(data: bytes | memoryview, start: int) -> str | None:
+    """The image data from ``start`` is followed by an end-of-image marker (usually the file's last two bytes)."""
+    n = len(data)
+    if n >= 2 and data[n - 2] == 0xFF and data[n - 1] == 0xD9:
+        return None
+    if bytes(data).find(b"\xff\xd9", start) >= 0:
+        return None
+    return "truncated JPEG: no end-of-image marker after the image data"
 
 
 def _png_problem(data: bytes | memoryview) -> str | None:
@@ -106,7 +127,7 @@ def check_image(data: bytes | bytearray | memoryview, level: CheckLevel = "struc
     if len(data) == 0:
         return "empty file (0 bytes)"
     head = bytes(data[:16])
-    if head[:3] == b"\xff\xd8\xff":
+    if head.startswith(b"\xff\xd8\xff"):
         problem = _jpeg_problem(data)
     elif head[:8] == _PNG_SIGNATURE:
         problem = _png_problem(data)

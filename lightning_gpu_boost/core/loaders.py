@@ -55,6 +55,23 @@ def spanned_loaders(obj: Any) -> set[int]:
     return {id(loader) for loader, spanned in loader_entries(obj) if spanned}
 
 
+def fixed_worker_count(loader: Any) -> str | None:
+    """Why ``loader``'s worker count must stay what it is, or ``None``: a loader that keeps its own resume state
+    (litdata's ``StreamingDataLoader``, torchdata's ``StatefulDataLoader``; a dataset with ``state_dict`` such as
+    MosaicML streaming's) splits its data across its workers and records how many produced that state, so another
+    count would change which samples a resumed epoch sees. Our own resumable loaders record sample positions,
+    whatever the count."""
+    from lightning_gpu_boost.core.resume import ResumableDataLoader
+
+    if isinstance(loader, ResumableDataLoader):
+        return None
+    owner = next((o for o in (loader, getattr(loader, "dataset", None)) if callable(getattr(o, "state_dict", None))), None)
+    if owner is None:
+        return None
+    return (f"{type(owner).__name__} keeps its own resume state, which its split of the data across workers is part "
+            "of: another count would change which samples a resumed epoch sees")  # fmt: skip
+
+
 def set_num_workers(
     loader: DataLoader,
     num_workers: int,

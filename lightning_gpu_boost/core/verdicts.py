@@ -99,6 +99,9 @@ class RunFacts:
     #: settings one of our parts chose in this run, ``setting -> part`` (the run record): advice never names a
     #: value for them; the part is asked to decide again instead
     chosen_by: dict[str, str] = field(default_factory=dict)
+    #: the train loader streams from object storage: ``{"url", "max_pre_download"}``
+    #: (:func:`~lightning_gpu_boost.core.streaming.source.remote_stream`), else ``None``
+    remote_stream: dict[str, Any] | None = None
 
 
 def crowded(f: RunFacts) -> bool:
@@ -209,8 +212,23 @@ def advise(verdict: Verdict, facts: RunFacts, e: Evidence | None = None) -> list
     return ["nothing to change: the " + ("GPU" if f.cuda else "training step") + " is the limit."]
 
 
+def _stream_advice(f: RunFacts) -> list[str]:
+    """A stream from object storage: where steps wait while chunks are still being downloaded (the first epoch, or
+    every epoch where the cache cannot hold the stream), the fix is on the download side, not the CPU's."""
+    stream = f.remote_stream or {}
+    ahead = stream.get("max_pre_download")
+    more = f"StreamingDataModule(max_pre_download={2 * ahead}), {ahead} now" if ahead else "max_pre_download"
+    return [
+        f"while chunks are downloaded from {stream.get('url')} (the first epoch, or every epoch where the local "
+        f"cache cannot hold the stream), steps wait on the link, not on the CPU: let each worker download more chunks "
+        f"ahead ({more}), write larger chunks where the store's per-request latency dominates "
+        "(write_image_stream(chunk_bytes=...)), and keep cache_dir on a local NVMe disk with max_cache_size above "
+        "the stream's size, so that later epochs read it locally; where the wait stays with a warm cache:"
+    ]
+
+
 def _loader_advice(f: RunFacts) -> list[str]:
-    advice: list[str] = []
+    advice: list[str] = _stream_advice(f) if f.remote_stream else []
     workers = f.num_workers
     probe = f.probe
     if f.dali:
@@ -224,7 +242,16 @@ def _loader_advice(f: RunFacts) -> list[str]:
         rows_fix = f.batch_kind == "rows" and not (probe is not None and probe.num_workers == workers)
         if rows_fix:  # per-sample Python: batched fetching beats any worker count (3.3 M vs 0.93 M rows/s measured)
             advice += sample_cost_fixes(f)
-        if probe is not None and probe.num_workers == workers and not probe.conclusive:
+        if f.remote_stream and "num_workers" not in f.chosen_by:  # the count is part of its resume state: the user's
+            if workers < f.usable_cpus - 1:
+                advice.append(
+                    f"{workers} workers decode and download: set num_workers to about {max(1, f.usable_cpus - 1)} when "
+                    "the run starts (a stream's loader keeps its count for a whole run; AutoNumWorkers leaves it alone)."
+                )
+            else:
+                advice.append("the workers already use every CPU, so CPU-side loading is the ceiling: "
+                              + _join(sample_cost_fixes(f)) + ".")  # fmt: skip
+        elif probe is not None and probe.num_workers == workers and not probe.conclusive:
             advice.append(
                 f"num_workers={workers} is yours, kept because the worker probe could not rank the counts within its "
                 f"budget ({probe.reason}): raise its budget_s (AutoNumWorkers/GPUBoost workers_budget_s)."

@@ -9,6 +9,10 @@ def __getattr__(name: str):  # the LMDB classes need the `lmdb` extra: import th
         from lightning_gpu_boost.datamodules import lmdb
 
         return getattr(lmdb, name)
+    if name == "StreamingDataModule":  # litdata (the `stream` extra) is imported when a loader is built
+        from lightning_gpu_boost.datamodules.streaming import StreamingDataModule
+
+        return StreamingDataModule
     if name == "DALIDataModule":  # imports DALI only when a pipeline is built, but keep the module off the import path
         from lightning_gpu_boost.datamodules.dali import DALIDataModule
 
@@ -17,4 +21,4 @@ def __getattr__(name: str):  # the LMDB classes need the `lmdb` extra: import th
 
 
 __all__ = ["BoostDataModule", "DALIDataModule", "ImageFolderDataModule", "ImageFolderDataset", "LMDBDataModule", "LMDBImageDataset",
-           "LMDBSampleDataset"]  # fmt: skip
+           "LMDBSampleDataset", "StreamingDataModule"]  # fmt: skip

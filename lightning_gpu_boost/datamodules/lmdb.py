@@ -160,10 +160,12 @@ class LMDBDataModule(ImageFolderDataModule):
             block = block_size_for(len(dataset), _pack_bytes(self.train_root, len(dataset)), self.block_bytes)
             sampler = BlockShuffleSampler(dataset, block, self.window_blocks, seed=self.split_seed,
                                           drop_last=bool(kwargs.get("drop_last")))  # fmt: skip
-            if isinstance(dataset, LMDBImageDataset):  # blocks are read in one piece, a window ahead of their records
-                # (mapped ahead too where this process reads them itself: no workers)
+            # blocks are read in one piece, a window ahead of their records (mapped ahead too where this process
+            # reads them itself: no workers); with workers, not where the whole pack was asked for when it was
+            # opened (it fits in memory): asking again would only take CPU time from the training process
+            in_process = not kwargs.get("num_workers")
+            if isinstance(dataset, LMDBImageDataset) and (in_process or not getattr(dataset.reader, "read_whole", False)):
                 reader = dataset.reader
-                in_process = not kwargs.get("num_workers")
                 sampler.will_need = partial(reader.will_need, populate=True) if in_process else reader.will_need
             kwargs["sampler"] = sampler
         return kwargs

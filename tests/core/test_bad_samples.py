@@ -62,3 +62,15 @@ def test_bad_sample_log_warns_once_per_pass_also_when_the_loop_stops_early():
     del it
     assert said[-1].startswith("Skipped 1 bad train samples") and log.history[-1]["skipped"] == 1
     assert list(log.watch(iter(range(3)))) == [0, 1, 2] and len(said) == 2  # a clean pass says nothing
+
+
+def test_a_jpeg_cut_anywhere_in_its_headers_or_before_its_end_marker_fails(broken_tree):
+    root, _ = broken_tree
+    folder = os.path.join(root, "class_000")
+    jpeg = open(os.path.join(folder, sorted(os.listdir(folder))[-1]), "rb").read()
+    scan = jpeg.index(b"\xff\xda")
+    for cut in [*range(3, scan + 4), len(jpeg) - 2, len(jpeg) - 1]:
+        assert check_image(jpeg[:cut]) is not None, cut
+        assert check_image(memoryview(bytearray(jpeg[:cut]))) is not None, cut  # as pack reads it
+    fill = jpeg[:2] + b"\xff\xff" + jpeg[2:]  # fill bytes before a marker are allowed
+    assert check_image(jpeg) is None and check_image(fill) is None

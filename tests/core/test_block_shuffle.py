@@ -181,15 +181,21 @@ def test_a_block_is_asked_for_in_one_read_the_first_time_one_of_its_records_is_r
         BlockReadAhead(reader, block_size=0, records=30)
 
 
-def test_the_lmdb_datamodule_reads_blocks_a_window_ahead(tmp_path):
+def test_the_lmdb_datamodule_reads_blocks_a_window_ahead(tmp_path, monkeypatch):
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.core.lmdb import pack_image_folder
+    from lightning_gpu_boost.core.lmdb import close_readers, pack_image_folder, page_cache
     from lightning_gpu_boost.datamodules import LMDBDataModule
 
     root = make_jpeg_folder(tmp_path / "src", n=24, num_classes=2, size_range=(64, 80, 48, 64), progress=False)
     pack = pack_image_folder(root, tmp_path / "train.lmdb", progress=False, shuffle_seed=0)
-    dm = LMDBDataModule(str(pack), image_size=32, batch_size=4, num_workers=2, order="block", block_bytes=16384,
-                        window_blocks=2)  # fmt: skip
+    args = {"image_size": 32, "batch_size": 4, "order": "block", "block_bytes": 16384, "window_blocks": 2}
+    dm = LMDBDataModule(str(pack), num_workers=2, **args)
+    dm.setup("fit")
+    loader = dm.train_dataloader()  # a pack that fits in memory was asked for whole when opened: nothing more
+    assert loader.dataset.reader.read_whole and loader.sampler.will_need is None
+    close_readers(pack)
+    monkeypatch.setattr(page_cache, "WHOLE_PACK_PREFETCH_FRACTION", 0.0)  # read as one bigger than memory is
+    dm = LMDBDataModule(str(pack), num_workers=2, **args)
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert loader.sampler.will_need == loader.dataset.reader.will_need  # the sampler asks a window ahead

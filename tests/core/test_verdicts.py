@@ -126,3 +126,18 @@ def test_rows_fetched_whole_get_no_advice_to_fetch_them_whole():
     whole = sample_cost_fixes(RunFacts(cuda=True, batch_size=8192, batch_kind="rows", batched_fetch=True))
     assert "__getitems__(indices)" in plain[0] and "__getitems__" not in " ".join(whole)
     assert "gathered" in whole[0]
+
+
+def test_a_stream_waiting_on_downloads_is_told_the_download_side_fixes_and_never_autonumworkers():
+    from lightning_gpu_boost.core.verdicts import RunFacts, advise
+
+    stream = {"url": "s3://bucket/train", "max_pre_download": 2}
+    advice = advise("data-bound", RunFacts(num_workers=1, usable_cpus=16, remote_stream=stream, uint8_images=True,
+                                           batch_kind="images", persistent_workers=True))  # fmt: skip
+    assert "downloaded from s3://bucket/train" in advice[0] and "max_pre_download=4), 2 now" in advice[0]
+    assert "cache_dir on a local NVMe disk" in advice[0]
+    assert "set num_workers to about 15" in advice[1] and "AutoNumWorkers leaves it alone" in advice[1]
+    assert not any("add AutoNumWorkers()" in a for a in advice)
+    tuned = advise("data-bound", RunFacts(num_workers=15, usable_cpus=16, remote_stream=stream, tuner=True,
+                                          batch_kind="images", uint8_images=True))  # fmt: skip
+    assert not any("set by the worker tuner" in a for a in tuned)  # GPUBoost's tuner never touched the stream

@@ -463,6 +463,13 @@ class PackReader:
             raise CorruptRecordError(f"Record {index} is missing from {self.path!r}.")
         return decode(decode_record(index, value, self.check_crc))
 
+    @property
+    def read_whole(self) -> bool:
+        """Whether the whole pack was asked into the page cache when it was opened (it fits in memory: see
+        :func:`~lightning_gpu_boost.core.lmdb.page_cache._prefetch_if_small`), which leaves :meth:`will_need`
+        nothing to do."""
+        return os.path.realpath(self.path) in _PREFETCHED
+
     def will_need(self, lo: int, hi: int, populate: bool = False) -> bool:
         """Start reading records ``lo .. hi - 1`` into the page cache in the background, as one large read (Linux
         ``madvise(MADV_WILLNEED)`` over their span of the memory map, in :func:`readahead_chunk` pieces; records are

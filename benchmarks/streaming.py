@@ -1,0 +1,238 @@
+"""Streaming from an S3-compatible store through litdata, against the same images from local files, in one run.
+
+    python benchmarks/streaming.py                      # GPU machine: moto's S3 server and the link proxy in-process
+    python benchmarks/streaming.py --images 2000 --cap-mb 20
+
+The demo JPEG tree is written as a litdata stream (``write_image_stream``) and uploaded to moto's S3 server on
+127.0.0.1 (a process of its own); every streamed case reads it through ``tests/link_proxy.py`` (its own process
+too: neither shares the training process's GIL), which adds ``--latency-ms`` before every
+request and caps what comes back at ``--cap-mb`` MB/s (both recorded). Each case trains ResNet-50 (bf16,
+channels_last, 100 classes) for two epochs from a fresh chunk cache: the first epoch streams over the link, the
+second reads the warm cache. An epoch's rate is its samples over the time from its first to its last step (the
+steps' halves are recorded: the second epoch's within 5 % is the steady-state check); the first epoch's bytes/s
+are the link proxy's bytes from the epoch's 10th step to its last over that time (the whole epoch's, from its start,
+recorded too).
+
+Cases: ``stream_gpu_boost`` (``StreamingDataModule`` + ``GPUBoost()``, bf16), ``local_gpu_boost``
+(``ImageFolderDataModule`` over the same tree + ``GPUBoost()``), ``stream_plain`` (litdata's
+``StreamingDataset``/``StreamingDataLoader`` as its README shows them, with a torchvision transform
+(RandomResizedCrop, flip, ToTensor, Normalize) in the workers, one worker per usable CPU but one, a plain Trainer in
+fp32).
+
+Bars (issue 42): ``first_epoch_of_link`` >= 0.8 (the bytes/s training consumed in the first epoch's steady part,
+its second half, against the cap; from the epoch's start, recorded too); ``warm_epoch_of_local`` >= 0.9 and ``gpu_boost_vs_plain`` >= 1.5 (the second epochs' steady
+parts, their second halves: litdata's loader with its defaults starts its workers again each epoch);
+``steady_state_halves_max_diff`` <= 0.05 (the GPUBoost cases' second epochs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from _common import demo_tree, parser_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/link_proxy.py
+
+from lightning_gpu_boost.callbacks import GPUBoost
+from lightning_gpu_boost.core.cpus import usable_cpus
+from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.core.streaming import check_stream_source, write_image_stream
+from lightning_gpu_boost.datamodules import ImageFolderDataModule, StreamingDataModule
+from lightning_gpu_boost.models import ImageClassifier
+
+
+class EpochClock(pl.Callback):
+    """Per epoch: samples, the time from its first step's start to its last step's end, and its halves' rates."""
+
+    def __init__(self, link_bytes=None) -> None:
+        self.epochs: list[dict] = []
+        self._ends: list[float] = []
+        self._samples: list[int] = []
+        self._bytes: list[int] = []
+        self._link_bytes = link_bytes  # bytes the link has carried so far (the proxy's counter), or None
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._ends, self._samples, self._bytes, self._start = [], [], [], None
+        self._epoch_start = time.perf_counter()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._start is None:
+            self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._ends.append(time.perf_counter())
+        if self._link_bytes is not None:
+            self._bytes.append(self._link_bytes())
+        self._samples.append(len(batch[1]))
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if torch.cuda.is_available():  # the epoch ends when its last step's kernels do
+            torch.cuda.synchronize()
+            self._ends[-1] = time.perf_counter()
+        n, ends = len(self._ends), self._ends
+        seconds = ends[-1] - self._start
+        half = n // 2
+        first = sum(self._samples[1:half]) / (ends[half - 1] - ends[0]) if half > 1 else 0.0
+        second = sum(self._samples[half + 1 :]) / (ends[-1] - ends[half]) if n - half > 1 else 0.0
+        self.epochs.append({"samples": sum(self._samples), "seconds": seconds, "rate": sum(self._samples) / seconds,
+                            "seconds_from_epoch_start": ends[-1] - self._epoch_start,
+                            # the link's bytes/s from the 10th step to the last (its start-up and first chunks out)
+                            "link_bytes_s": (self._bytes[-1] - self._bytes[9]) / (ends[-1] - ends[9])
+                            if len(self._bytes) > 12 else None,
+                            "steps": n, "first_half": first, "second_half": second,
+                            "halves_diff": abs(first - second) / max(first, second) if first and second else 0.0})  # fmt: skip
+
+
+ARCH = ["resnet50"]
+
+
+def fit(data, callbacks: list, precision: str, link_bytes=None) -> tuple[list[dict], pl.Trainer]:
+    clock = EpochClock(link_bytes)
+    torch.manual_seed(0)
+    trainer = pl.Trainer(max_epochs=2, precision=precision, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         callbacks=[clock, *callbacks])  # fmt: skip
+    trainer.fit(ImageClassifier(ARCH[0], num_classes=100, channels_last=precision != "32-true"), datamodule=data)
+    return clock.epochs, trainer
+
+
+class PlainTransform:
+    """What a litdata user writes: PIL decode, torchvision's RandomResizedCrop + flip + ToTensor + Normalize."""
+
+    def __init__(self) -> None:
+        from torchvision import transforms as T
+
+        self.t = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                            T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])  # fmt: skip
+
+    def __call__(self, sample: dict):
+        import io
+
+        from PIL import Image
+
+        return self.t(Image.open(io.BytesIO(sample["image"])).convert("RGB")), int(sample["label"])
+
+
+class PlainStream(pl.LightningDataModule):
+    def __init__(self, url: str, options: dict, cache: str, batch_size: int, workers: int) -> None:
+        super().__init__()
+        self.url, self.options, self.cache, self.batch_size, self.workers = url, options, cache, batch_size, workers
+
+    def train_dataloader(self):
+        import litdata
+
+        from lightning_gpu_boost.core.streaming.source import litdata_storage_options
+
+        dataset = litdata.StreamingDataset(self.url, cache_dir=self.cache, shuffle=True, transform=PlainTransform(),
+                                           storage_options=litdata_storage_options(self.url, self.options))  # fmt: skip
+        # workers from a fork server: forked from this process after the earlier cases' CUDA work, one died
+        # initializing CUDA (cudaErrorInitializationError) in a run on the H200
+        # (and litdata's http-endpoint workaround applied in them, as StreamingDataModule does: see core/streaming)
+        from lightning_gpu_boost.core.streaming.source import ReapplyInWorker
+
+        return litdata.StreamingDataLoader(dataset, batch_size=self.batch_size, num_workers=self.workers,
+                                           multiprocessing_context="forkserver",
+                                           worker_init_fn=ReapplyInWorker(self.url, self.options))  # fmt: skip
+
+
+def main() -> None:
+    parser = parser_for(__doc__)
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="added before every request")
+    parser.add_argument("--cap-mb", type=float, default=100.0, help="the link's cap, MB/s")
+    parser.add_argument("--chunk", default="16MB", help="litdata chunk size")
+    parser.add_argument("--cases", default="stream_gpu_boost,local_gpu_boost,stream_plain", help="comma-separated")
+    parser.add_argument("--arch", default="resnet50", help="the model (small_cnn for a smoke run on a CPU)")
+    parser.set_defaults(images=24000)
+    args = parser.parse_args()
+    ARCH[0] = args.arch
+    import subprocess
+
+    from tests.link_proxy import LinkProxyProcess
+    from tests.s3_server import CREDENTIALS, free_port
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):  # fmt: skip
+        os.environ.setdefault(name, value)
+    tree = demo_tree(args)
+    port = free_port()  # the store in a process of its own (threaded), as a remote one shares nothing with training
+    server = subprocess.Popen([sys.executable, "-c", f"from moto.server import main; main(['-H', '127.0.0.1', '-p', '{port}'])"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    direct = {"endpoint_url": f"http://127.0.0.1:{port}", **CREDENTIALS}
+    import boto3
+
+    for _ in range(100):
+        try:
+            boto3.client("s3", endpoint_url=direct["endpoint_url"]).create_bucket(Bucket="bench")
+            break
+        except Exception:  # not listening yet
+            time.sleep(0.2)
+    url = "s3://bench/train"
+    start = time.perf_counter()
+    written = write_image_stream(tree, url, chunk_bytes=args.chunk, storage_options=direct)
+    upload_s = time.perf_counter() - start
+    source = check_stream_source(url, direct)
+    proxy = LinkProxyProcess("127.0.0.1", port, latency_s=args.latency_ms / 1000, bandwidth=args.cap_mb * 1e6)
+    linked = {**direct, "endpoint_url": proxy.url}
+    workers = max(1, usable_cpus() - 1)
+    figures: dict = {"config": vars(args), "link": {"latency_ms": args.latency_ms, "cap_MB_s": args.cap_mb},
+                     "stream": {"samples": source.samples, "chunks": len(source.chunks), "bytes": source.chunk_bytes,
+                                "written": written["samples"], "write_and_upload_s": upload_s},
+                     "workers": workers, "cases": {}}  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=os.environ.get("LGB_BENCH_TMP")) as tmp:
+        cases = {
+            "stream_gpu_boost": lambda: fit(StreamingDataModule(url, batch_size=args.batch_size, num_workers=workers,
+                                                                cache_dir=f"{tmp}/cache-boost", storage_options=linked),
+                                            [GPUBoost(auto_workers=False)], "bf16-mixed", lambda: proxy.bytes_down),  # fmt: skip
+            "local_gpu_boost": lambda: fit(ImageFolderDataModule(str(tree), batch_size=args.batch_size,
+                                                                 num_workers=workers),
+                                           [GPUBoost(auto_workers=False)], "bf16-mixed"),  # fmt: skip
+            "stream_plain": lambda: fit(PlainStream(url, linked, f"{tmp}/cache-plain", args.batch_size, workers), [],
+                                        "32-true", lambda: proxy.bytes_down),  # fmt: skip
+        }
+        for name, run in ((n, cases[n]) for n in args.cases.split(",")):
+            before = proxy.bytes_down
+            epochs, trainer = run()
+            boost = next((c for c in trainer.callbacks if isinstance(c, GPUBoost)), None)
+            dog = boost.parts["watchdog"] if boost is not None else None
+            verdicts = {"run_verdict": getattr(dog, "run_verdict", None), "run_advice": getattr(dog, "run_advice", None)}
+            figures["cases"][name] = {"epochs": epochs, "link_bytes": proxy.bytes_down - before, "verdicts": verdicts}
+            print(f"{name}: " + ", ".join(f"epoch {k}: {e['rate']:,.0f} img/s in {e['seconds']:.1f} s"
+                                          for k, e in enumerate(epochs)), verdicts)  # fmt: skip
+    proxy.stop()
+    server.terminate()
+    c = figures["cases"]
+    if set(c) != set(cases):
+        print("not every case ran: no bars")
+        print(f"wrote {write_result('streaming', figures, {}, args.out)}")
+        return
+    link_epoch = c["stream_gpu_boost"]["epochs"][0]
+    # what training consumed over the link in the first epoch's steady part, its second half (the first half also
+    # drew on the chunks downloaded ahead as the workers started): images/s times the stream's bytes per image;
+    # the whole epoch's, from its start (worker start-up, the first chunks' wait, cuDNN's autotuning), recorded too
+    per_image = source.chunk_bytes / source.samples
+    consumed = link_epoch["second_half"] * per_image
+    figures["first_epoch_bytes_s"] = consumed
+    figures["first_epoch_bytes_s_from_epoch_start"] = source.chunk_bytes / link_epoch["seconds_from_epoch_start"]
+    # the warm epochs in steady state: their second halves (an epoch's start is one-off: plain's loader, litdata's
+    # defaults, starts its workers again each epoch); the whole epochs' rates are in the cases' figures
+    warm = {name: v["epochs"][1]["second_half"] for name, v in c.items()}
+    figures["warm_epoch_second_half_img_s"] = warm
+    bars = {
+        "first_epoch_of_link": bar(consumed / (args.cap_mb * 1e6), 0.8, "fraction of the cap"),
+        "warm_epoch_of_local": bar(warm["stream_gpu_boost"] / warm["local_gpu_boost"], 0.9, "x"),
+        "gpu_boost_vs_plain": bar(warm["stream_gpu_boost"] / warm["stream_plain"], 1.5, "x"),
+        # the GPUBoost cases' warm epochs (plain's restarts its workers: its halves differ by design, recorded)
+        "steady_state_halves_max_diff": bar(max(c[n]["epochs"][1]["halves_diff"] for n in ("stream_gpu_boost", "local_gpu_boost")),
+                                            0.05, "ratio", higher_is_better=False),  # fmt: skip
+    }
+    print(f"wrote {write_result('streaming', figures, bars, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
