@@ -20,7 +20,8 @@ from lightning_gpu_boost.core.mfu import StepFlops
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
-from lightning_gpu_boost.core.verdicts import RunFacts, Verdict, advise, batch_kind, classify
+from lightning_gpu_boost.core.verdicts import STARVED, RunFacts, Verdict, advise, batch_kind, classify
+from lightning_gpu_boost.core.worker_cpu import WorkerCPU
 
 __all__ = ['GPUStarvationError', 'GPUUtilWatchdog']
 
@@ -40,6 +41,8 @@ class GPUUtilWatchdog(Callback):
     Over a rolling ``window`` of steps after ``warmup_steps`` it gives a verdict from the taxonomy that ``doctor``
     shares (:mod:`~lightning_gpu_boost.core.verdicts`): **data-bound** when the data wait is at least
     ``wait_threshold`` of the step time *and* the GPU utilization is below ``util_threshold`` (or unknown);
+    **remote-io-bound** when steps wait while the loader's workers sit idle (their CPU time, from ``/proc``) and a
+    remote stream's local cache grows (litdata's ``StreamingDataset`` over ``s3://...``): the wait is on downloads;
     **host-bound** when the GPU idles inside the step while steps hardly wait for data (syncs such as ``.item()``,
     Python work, launch overhead: no data change helps); **small** when the GPU is busy with little of its memory in
     use; else **ok**. It leaves data-bound only when the wait falls below half the threshold (hysteresis). On
@@ -61,6 +64,8 @@ class GPUUtilWatchdog(Callback):
         - ``gpu_boost/mfu``: model FLOPs utilization: one step's FLOPs (counted once, torch's FlopCounterMode) per
           step time over the GPU's peak at the step's precision (Lightning's throughput utilities)
         - ``gpu_boost/starved``: 1.0 while the verdict is "starved", else 0.0
+        - ``gpu_boost/workers_busy``: share of the loader workers' time on a CPU over the last window (Linux)
+        - ``gpu_boost/download_mb_s``: MiB/s arriving in a remote stream's local cache over the last window
 
     Args:
         window: steps per verdict, ``>= 2``. Where NVML samples the GPU, a window also lasts at least
@@ -143,6 +148,9 @@ class GPUUtilWatchdog(Callback):
         self._sampler: NVMLSampler | None = None
         self._trainer: pl.Trainer | None = None
         self._flops, self._peak = StepFlops(), None  # MFU: one step's FLOPs counted once, the GPU's peak
+        # whether waiting steps wait on busy workers or on a remote stream's downloads (read per window)
+        self._workers, self._workers_cpu, self._growth = 0, WorkerCPU(), None
+        self._io: tuple[float | None, float | None] = (None, None)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @override
@@ -187,6 +195,24 @@ class GPUUtilWatchdog(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_start = time.perf_counter()
         self._in_gap = True
+        loaders = loader_facts(trainer)["loaders"]
+        if loaders:
+            from lightning_gpu_boost.core.streaming.cache import CacheGrowth
+            from lightning_gpu_boost.core.streaming.source import remote_stream
+
+            self._workers = loaders[0].num_workers
+            stream = remote_stream(loaders[0].dataset)
+            self._growth = CacheGrowth(stream["cache_dir"]) if stream and stream["cache_dir"] else None
+        self._restart_window()
+
+    def _restart_window(self) -> None:
+        """A window starts now: NVML's samples, the workers' CPU time and the cache's size count from here."""
+        self._window_start = time.monotonic()
+        if self._sampler is not None:
+            self._sampler.reset()
+        self._workers_cpu.busy_share(self._workers)
+        if self._growth is not None:
+            self._growth.bytes_per_s()
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -241,18 +267,16 @@ class GPUUtilWatchdog(Callback):
     def _observe(self, trainer: pl.Trainer, timing: StepTiming) -> None:
         self.totals["steps"] += 1
         if self.totals["steps"] <= self.warmup_steps:
-            self._window_start = time.monotonic()
-            if self._sampler is not None:
-                self._sampler.reset()
+            self._restart_window()
             return
         if not math.isnan(timing.wait_ms):
             self.totals["wait_ms"] += timing.wait_ms
             self.totals["busy_ms"] += timing.busy_ms
         self._recent.append(timing)
-        if self.verdict in ("data-bound", "copy-bound"):
+        if self.verdict in STARVED:
             self.totals["starved_steps"] += 1
         if len(self._recent) >= self.window and report.window_long_enough(self._sampler, self._window_start):
-            metrics = self._window_metrics()
+            metrics = self._window_metrics(close=True)
             self.timeline.append(
                 {"step": float(timing.step), **{k: v for k, v in metrics.items() if v is not None}}
             )
@@ -261,9 +285,15 @@ class GPUUtilWatchdog(Callback):
             self._recent.clear()
             self._window_start = time.monotonic()
 
-    def _window_metrics(self) -> dict[str, float | None]:
-        return report.window_metrics(self._recent, self._sampler, self._window_start,
-                                     self.verdict in ("data-bound", "copy-bound"), self._flops.flops, self._peak)
+    def _window_metrics(self, close: bool = False) -> dict[str, float | None]:
+        """The window's figures; ``close``: the window ends here (the workers' CPU share and the cache's growth are
+        read once per window, from its start)."""
+        if close:  # between windows the logged figures are the last window's
+            self._io = (self._workers_cpu.busy_share(self._workers),
+                        self._growth.bytes_per_s() if self._growth is not None else None)  # fmt: skip
+        busy, down = self._io
+        return report.window_metrics(self._recent, self._sampler, self._window_start, self.verdict in STARVED,
+                                     self._flops.flops, self._peak, busy, down)  # fmt: skip
 
     # -- the verdict ------------------------------------------------------------------------------------------
     def _judge(self, trainer: pl.Trainer, m: dict[str, float | None]) -> None:
@@ -273,13 +303,13 @@ class GPUUtilWatchdog(Callback):
         e = report.evidence(m)
         verdict = classify(e, self.wait_threshold, self.util_threshold)
         previous = self.verdict
-        if previous in ("data-bound", "copy-bound") and verdict not in ("data-bound", "copy-bound"):
+        if previous in STARVED and verdict not in STARVED:
             if wait_frac >= self.wait_threshold / 2:
                 return  # hysteresis: back to another verdict only once the wait has halved
         self.verdict = verdict
         if verdict == previous:
             return
-        if verdict in ("data-bound", "copy-bound"):
+        if verdict in STARVED:
             found = loader_facts(trainer)
             self._report(trainer, m, report.starving_message(m, self.facts(trainer, found), found["loaders"], found["dali"],
                                                       verdict))  # fmt: skip

@@ -5,6 +5,9 @@ Verdicts (:data:`VERDICTS`):
 
 - ``data-bound``: steps wait for their batch and the GPU idles meanwhile: the loader is the limit.
 - ``copy-bound``: steps wait, and most of the wait is the host-to-GPU copy (estimated from the batch's bytes).
+- ``remote-io-bound``: steps wait for their batch while the loader's workers sit idle and the stream's local cache
+  grows: the wait is on downloads from object storage, not on the CPU. The fix is on the download side (chunks
+  fetched further ahead, larger chunks, more workers downloading at once, a cache that holds the stream).
 - ``host-bound``: steps hardly wait for data, yet the GPU idles *inside* the step: the step synchronizes with the
   GPU (``.item()``, ``.cpu()``, printing a tensor), runs Python between kernels, or launches kernels slower than
   they run. No data change helps.
@@ -30,10 +33,13 @@ from typing import Any, Literal
 
 from lightning_gpu_boost.core.shapes import tensors_in
 
-__all__ = ['BETWEEN_STEPS_SHARE', 'COPY_SHARE', 'Evidence', 'RunFacts', 'SMALL_MEMORY', 'SMALL_SM_ACTIVE', 'SMALL_STEP_MS', 'VERDICTS', 'Verdict', 'advise', 'batch_kind', 'classify', 'crowded', 'fetches_batches', 'format_advice', 'sample_cost_fixes']
+__all__ = ['BETWEEN_STEPS_SHARE', 'COPY_SHARE', 'Evidence', 'IDLE_WORKERS', 'STARVED', 'byte_rate', 'downloading', 'RunFacts', 'SMALL_MEMORY', 'SMALL_SM_ACTIVE', 'SMALL_STEP_MS', 'VERDICTS', 'Verdict', 'advise', 'batch_kind', 'classify', 'crowded', 'fetches_batches', 'format_advice', 'sample_cost_fixes']
 
-Verdict = Literal["data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok"]
-VERDICTS: tuple[str, ...] = ("data-bound", "copy-bound", "host-bound", "small", "between-steps", "ok")
+Verdict = Literal["data-bound", "copy-bound", "remote-io-bound", "host-bound", "small", "between-steps", "ok"]
+VERDICTS: tuple[str, ...] = ("data-bound", "copy-bound", "remote-io-bound", "host-bound", "small", "between-steps",
+                             "ok")
+#: the verdicts of a run that waits for its data
+STARVED: tuple[str, ...] = ("data-bound", "copy-bound", "remote-io-bound")
 
 #: a verdict of ``between-steps`` where time outside the steps is at least this share of the run
 BETWEEN_STEPS_SHARE = 0.25
@@ -45,6 +51,9 @@ SMALL_MEMORY = 0.3
 SMALL_STEP_MS = 15.0
 #: a busy GPU whose SMs are active less than this share of the time (%, NVML GPM) is "small"
 SMALL_SM_ACTIVE = 40.0
+#: a data wait is on downloads where the workers spend less than this share of their time on a CPU while the
+#: stream's cache grows (workers that decode keep a CPU busy: 0.9-1.0 of their time when they are the limit)
+IDLE_WORKERS = 0.5
 
 
 @dataclass
@@ -64,6 +73,10 @@ class Evidence:
     validation_frac: float | None = None
     #: share of the SMs busy (%, NVML GPM on Hopper and newer), ``None`` where not measured
     sm_active: float | None = None
+    #: share of the loader workers' time spent on a CPU (:class:`~lightning_gpu_boost.core.worker_cpu.WorkerCPU`)
+    workers_busy: float | None = None
+    #: bytes/s arriving in a remote stream's local cache (its downloads), ``None`` where no stream is read
+    download_bytes_s: float | None = None
 
 
 @dataclass
@@ -149,6 +162,8 @@ def classify(
     if not math.isnan(e.data_wait_frac) and e.data_wait_frac >= wait_threshold and low_util:
         if e.copy_ms is not None and e.data_wait_ms > 0 and e.copy_ms >= COPY_SHARE * e.data_wait_ms:
             return "copy-bound"
+        if downloading(e):
+            return "remote-io-bound"
         return "data-bound"
     if util_known and e.gpu_util < util_threshold:
         return "host-bound"
@@ -157,6 +172,17 @@ def classify(
     if util_known and e.sm_active is not None and e.sm_active < SMALL_SM_ACTIVE:
         return "small"  # kernels run all the time, on few of the SMs: utilization reads busy, the GPU is not
     return "ok"
+
+
+def downloading(e: Evidence) -> bool:
+    """The workers sit idle while the stream's cache grows: a wait for data is a wait on the link."""
+    return (e.download_bytes_s is not None and e.download_bytes_s > 0 and e.workers_busy is not None
+            and e.workers_busy < IDLE_WORKERS)  # fmt: skip
+
+
+def byte_rate(bytes_s: float) -> str:
+    """``"1.5 MiB/s"``, ``"240 KiB/s"``."""
+    return f"{bytes_s / 2**20:,.1f} MiB/s" if bytes_s >= 2**20 else f"{bytes_s / 2**10:,.0f} KiB/s"
 
 
 def _join(options: list[str]) -> str:
@@ -182,8 +208,10 @@ def advise(verdict: Verdict, facts: RunFacts, e: Evidence | None = None) -> list
                     "or ImageFolderDataModule), bfloat16 features, or int32 token ids instead of int64."
                 )
             return advice or ["the copy runs at the link's speed: fewer bytes per sample is the remaining fix."]
-        advice += _loader_advice(f)
+        advice += _loader_advice(f, e)
         return advice
+    if verdict == "remote-io-bound":
+        return _remote_advice(f, e)
     if verdict == "host-bound":
         util = "" if e is None or e.gpu_util is None else f" ({e.gpu_util:.0f} % utilization while steps wait " \
             f"{100 * e.data_wait_frac:.0f} % for data)"
@@ -227,8 +255,36 @@ def _stream_advice(f: RunFacts) -> list[str]:
     ]
 
 
-def _loader_advice(f: RunFacts) -> list[str]:
-    advice: list[str] = _stream_advice(f) if f.remote_stream else []
+def _remote_advice(f: RunFacts, e: Evidence | None) -> list[str]:
+    """Steps wait on downloads: the fixes on the download side, the one with the most effect first."""
+    stream = f.remote_stream or {}
+    url, ahead, workers = stream.get("url", "the store"), stream.get("max_pre_download"), f.num_workers
+    seen = ""
+    if e is not None and e.workers_busy is not None and e.download_bytes_s is not None:
+        seen = (f" (the workers spend {100 * e.workers_busy:.0f} % of their time on a CPU while "
+                f"{byte_rate(e.download_bytes_s)} arrive in the cache)")  # fmt: skip
+    advice = [
+        f"steps wait on downloads from {url}, not on the CPU{seen}: let each worker download more chunks ahead "
+        + (f"(StreamingDataModule(max_pre_download={2 * ahead}), {ahead} now)" if ahead else "(max_pre_download)")
+    ]
+    if workers is not None and workers < max(2, f.usable_cpus - 1) and "num_workers" not in f.chosen_by:
+        advice.append(
+            f"more workers download at once (each worker downloads its own chunks, one after another): num_workers="
+            f"{workers} now, set it to about {max(2, f.usable_cpus - 1)} when the run starts (a stream's loader keeps "
+            "its count for a whole run; AutoNumWorkers leaves it alone)"
+        )
+    advice += [
+        "write larger chunks where the store's per-request latency dominates (write_image_stream(chunk_bytes=...))",
+        "keep cache_dir on a local NVMe disk with max_cache_size above the stream's size: later epochs then read it "
+        "locally and do not wait on the link",
+    ]
+    return advice
+
+
+def _loader_advice(f: RunFacts, e: Evidence | None = None) -> list[str]:
+    # a stream whose workers were seen busy on the CPU waits on decoding, not on the link: no download advice first
+    busy = e is not None and e.workers_busy is not None and e.workers_busy >= IDLE_WORKERS
+    advice: list[str] = _stream_advice(f) if f.remote_stream and not busy else []
     workers = f.num_workers
     probe = f.probe
     if f.dali:

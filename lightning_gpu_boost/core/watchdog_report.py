@@ -10,7 +10,15 @@ from typing import Any
 
 from lightning_gpu_boost.core.mfu import mfu
 from lightning_gpu_boost.core.run_record import RunRecord
-from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, crowded, format_advice
+from lightning_gpu_boost.core.verdicts import (
+    STARVED,
+    Evidence,
+    RunFacts,
+    advise,
+    byte_rate,
+    crowded,
+    format_advice,
+)
 
 __all__ = ["MIN_WINDOW_PERIODS", "agreement", "ask_again", "ask_again_between", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
            "starving_message", "summary_evidence"]  # fmt: skip
@@ -35,9 +43,11 @@ def window_long_enough(sampler: Any, since: float) -> bool:
 
 
 def window_metrics(recent: Any, sampler: Any, since: float, starved: bool, flops: float | None = None,
-                   peak: float | None = None) -> dict[str, float | None]:  # fmt: skip
+                   peak: float | None = None, workers_busy: float | None = None,
+                   download_bytes_s: float | None = None) -> dict[str, float | None]:  # fmt: skip
     """A window's figures from its step timings (``recent``) and the NVML sampler's readings since ``since``; with
-    the FLOPs of one step and the GPU's peak FLOP/s, the model FLOPs utilization over the window's steps."""
+    the FLOPs of one step and the GPU's peak FLOP/s, the model FLOPs utilization over the window's steps; the
+    loader workers' CPU share and a remote stream's download rate where they were read."""
     wait = nanmean([t.wait_ms for t in recent])
     busy = nanmean([t.busy_ms for t in recent])
     util = sampler.mean_util(since=since, settle=True) if sampler is not None else None
@@ -52,6 +62,8 @@ def window_metrics(recent: Any, sampler: Any, since: float, starved: bool, flops
         "sm_active": sm,
         "mfu": mfu(flops, (wait + busy) / 1000 if not math.isnan(wait + busy) else None, peak),
         "starved": 1.0 if starved else 0.0,
+        "workers_busy": workers_busy,
+        "download_mb_s": None if download_bytes_s is None else download_bytes_s / 2**20,
     }
 
 
@@ -71,7 +83,12 @@ def evidence(m: dict[str, float | None]) -> Evidence:
         data_wait_frac=float("nan") if m["data_wait_frac"] is None else float(m["data_wait_frac"]),
         step_ms=float(m["step_ms"] or 0.0), data_wait_ms=float(m["data_wait_ms"] or 0.0),
         gpu_util=m["gpu_util"], gpu_mem_frac=m["gpu_mem_frac"], sm_active=m.get("sm_active"),
+        workers_busy=m.get("workers_busy"), download_bytes_s=_bytes_s(m.get("download_mb_s")),
     )  # fmt: skip
+
+
+def _bytes_s(mb_s: float | None) -> float | None:
+    return None if mb_s is None or math.isnan(mb_s) else mb_s * 2**20
 
 
 def starving_message(m: dict[str, float | None], facts: RunFacts, loaders: list[Any], dali: list[Any],
@@ -96,7 +113,11 @@ def starving_message(m: dict[str, float | None], facts: RunFacts, loaders: list[
             f"Train loader: DALI pipeline on {pipe.device}, num_threads={pipe.num_threads}, read_threads="
             f"{pipe.read_threads}, prefetch_queue_depth={pipe.prefetch_queue_depth}."
         )
-    verdict = verdict if verdict in ("data-bound", "copy-bound") else "data-bound"
+    if verdict == "remote-io-bound":
+        lines[0] += (f" The loader's workers spend {100 * (m['workers_busy'] or 0):.0f} % of their time on a CPU "
+                     f"while {byte_rate((m['download_mb_s'] or 0) * 2**20)} arrive in the stream's cache: the wait is on "
+                     "downloads.")  # fmt: skip
+    verdict = verdict if verdict in STARVED else "data-bound"
     return "\n".join([*lines, format_advice(advise(verdict, facts, evidence(m)))])  # type: ignore[arg-type]
 
 
@@ -149,6 +170,10 @@ def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmu
     mems = [p["gpu_mem_frac"] for p in timeline if "gpu_mem_frac" in p]
     sms = [p["sm_active"] for p in timeline if p.get("sm_active") is not None]
     mfus = [p["mfu"] for p in timeline if p.get("mfu") is not None]
+    # where the steps waited: were the workers busy, did the stream's cache grow (a wait on downloads)
+    starved = [p for p in timeline if p.get("verdict") in STARVED]
+    cpu = [p["workers_busy"] for p in starved if p.get("workers_busy") is not None]
+    down = [p["download_mb_s"] for p in starved if p.get("download_mb_s") is not None]
     return {
         "steps": float(totals["steps"]),
         "data_wait_frac": wait / (wait + busy) if wait + busy > 0 else float("nan"),
@@ -161,6 +186,8 @@ def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmu
         "starved_frac": totals["starved_steps"] / max(1, totals["steps"] - warmup_steps),
         "between_frac": between_s / wall_s if wall_s > 0 else float("nan"),
         "validation_frac": validation_s / wall_s if wall_s > 0 else float("nan"),
+        "workers_busy": sum(cpu) / len(cpu) if cpu else float("nan"),
+        "download_mb_s": sum(down) / len(down) if down else float("nan"),
     }
 
 
@@ -182,6 +209,8 @@ def summary_evidence(s: dict[str, float]) -> Evidence:
         gpu_mem_frac=None if math.isnan(s["gpu_mem_frac"]) else s["gpu_mem_frac"],
         sm_active=None if math.isnan(s.get("sm_active", math.nan)) else s["sm_active"],
         between_frac=s["between_frac"], validation_frac=s["validation_frac"],
+        workers_busy=None if math.isnan(s.get("workers_busy", math.nan)) else s["workers_busy"],
+        download_bytes_s=_bytes_s(s.get("download_mb_s", math.nan)),
     )  # fmt: skip
 
 

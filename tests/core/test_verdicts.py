@@ -141,3 +141,23 @@ def test_a_stream_waiting_on_downloads_is_told_the_download_side_fixes_and_never
     tuned = advise("data-bound", RunFacts(num_workers=15, usable_cpus=16, remote_stream=stream, tuner=True,
                                           batch_kind="images", uint8_images=True))  # fmt: skip
     assert not any("set by the worker tuner" in a for a in tuned)  # GPUBoost's tuner never touched the stream
+
+
+def test_a_wait_on_idle_workers_while_the_cache_grows_is_remote_io_bound():
+    """Workers idle (their CPU time) while a stream's cache grows: the wait is on downloads; busy workers, or no
+    growth (a warm cache), keep the CPU-side verdict."""
+    link = Evidence(0.6, 10.0, 15.0, workers_busy=0.1, download_bytes_s=5e6)
+    assert classify(link) == "remote-io-bound"
+    assert classify(Evidence(0.6, 10.0, 15.0, workers_busy=0.95, download_bytes_s=5e6)) == "data-bound"  # decoding
+    assert classify(Evidence(0.6, 10.0, 15.0, workers_busy=0.1, download_bytes_s=0.0)) == "data-bound"  # warm cache
+    assert classify(Evidence(0.6, 10.0, 15.0, download_bytes_s=5e6)) == "data-bound"  # workers not measured
+    assert classify(Evidence(0.05, 10.0, 0.5, workers_busy=0.1, download_bytes_s=5e6)) == "ok"  # fed: no warning
+    stream = {"url": "s3://b/p", "max_pre_download": 2, "cache_dir": "/tmp/c"}
+    advice = advise("remote-io-bound", RunFacts(num_workers=1, usable_cpus=8, remote_stream=stream), link)
+    assert "downloads from s3://b/p" in advice[0] and "max_pre_download=4" in advice[0] and "10 %" in advice[0]
+    assert "set it to about 7" in advice[1] and any("chunk_bytes" in a for a in advice)
+    chosen = RunFacts(num_workers=1, usable_cpus=8, remote_stream=stream, chosen_by={"num_workers": "AutoNumWorkers"})
+    assert not any("num_workers" in a for a in advise("remote-io-bound", chosen, link))
+    busy = Evidence(0.6, 10.0, 15.0, workers_busy=0.95, download_bytes_s=5e6)
+    decoding = advise("data-bound", RunFacts(num_workers=7, usable_cpus=8, remote_stream=stream), busy)
+    assert "downloaded from" not in decoding[0]  # busy workers: the CPU side's fixes lead

@@ -194,5 +194,7 @@ def test_the_watchdog_tells_a_starved_stream_the_download_side_fixes(tmp_path, s
         pl.Trainer(max_epochs=1, callbacks=[dog], **trainer_kwargs).fit(ImageIdModel(), datamodule=dm)
     finally:
         proxy.stop()
-    assert dog.run_verdict == "data-bound", dog.format_summary()
-    assert f"downloaded from {url}" in dog.run_advice[0] and "max_pre_download" in dog.run_advice[0]
+    assert dog.run_verdict == "remote-io-bound", dog.format_summary()
+    assert f"downloads from {url}" in dog.run_advice[0] and "max_pre_download=4" in dog.run_advice[0]
+    assert any("num_workers" in a for a in dog.run_advice)  # one worker downloads one chunk at a time
+    assert any(w["verdict"] == "remote-io-bound" and "the wait is on downloads" in w["message"] for w in dog.warnings)

@@ -199,10 +199,22 @@ def check_stream_source(url: str, storage_options: dict[str, Any] | None = None)
 
 
 def remote_stream(dataset: Any) -> dict[str, Any] | None:
-    """``{"url", "max_pre_download"}`` where ``dataset`` streams from object storage (litdata's ``StreamingDataset``
-    over an ``s3://``, ``gs://``, ``azure://``... URL, read by its attributes), else ``None``."""
+    """``{"url", "max_pre_download", "cache_dir"}`` where ``dataset`` streams from object storage (litdata's
+    ``StreamingDataset`` over an ``s3://``, ``gs://``, ``azure://``... URL, read by its attributes), else ``None``.
+    ``cache_dir``: the local folder its chunks are downloaded into, where known."""
     source = getattr(dataset, "input_dir", None)
     url = getattr(source, "url", None) if source is not None and not isinstance(source, str) else source
     if not isinstance(url, str) or urlparse(url).scheme in ("", "file") or "://" not in url:
         return None
-    return {"url": url, "max_pre_download": getattr(dataset, "max_pre_download", None)}
+    return {"url": url, "max_pre_download": getattr(dataset, "max_pre_download", None),
+            "cache_dir": _cache_folder(url, getattr(getattr(dataset, "cache_dir", None), "path", None))}  # fmt: skip
+
+
+def _cache_folder(url: str, root: Any) -> str | None:
+    """The folder litdata downloads ``url``'s chunks into: ``<cache root>/<md5 of the URL>`` (its layout), or the
+    cache root where litdata's helpers are not found."""
+    try:
+        from litdata.utilities.dataset_utilities import generate_md5_hash, get_default_cache_dir
+    except ImportError:
+        return root if isinstance(root, str) else None
+    return os.path.join(root if isinstance(root, str) else get_default_cache_dir(), generate_md5_hash(url))

@@ -1,0 +1,35 @@
+"""``core/worker_cpu.py``: the CPU share of this process's children, read from /proc."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lightning_gpu_boost.core.worker_cpu import WorkerCPU, children_cpu_s
+
+pytestmark = pytest.mark.skipif(children_cpu_s() is None, reason="/proc lists no children here")
+
+
+def test_a_busy_child_reads_busy_and_a_sleeping_one_idle():
+    meter = WorkerCPU()
+    spin = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        assert child.pid in (children_cpu_s() or {})
+        meter.busy_share(1)
+        time.sleep(1.0)
+        assert meter.busy_share(1) > 0.6
+    finally:
+        child.wait()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    try:
+        time.sleep(0.6)  # past its start-up (its imports use a CPU)
+        meter.busy_share(1)
+        time.sleep(1.0)
+        assert meter.busy_share(1) < 0.2
+    finally:
+        sleeper.wait()
+    assert meter.busy_share(0) is None
