@@ -22,7 +22,12 @@ fp32).
 Bars (issue 42): ``first_epoch_of_link`` >= 0.8 (the bytes/s training consumed in the first epoch's steady part,
 its second half, against the cap; from the epoch's start, recorded too); ``warm_epoch_of_local`` >= 0.9 and ``gpu_boost_vs_plain`` >= 1.5 (the second epochs' steady
 parts, their second halves: litdata's loader with its defaults starts its workers again each epoch);
-``steady_state_halves_max_diff`` <= 0.05 (the GPUBoost cases' second epochs).
+``steady_state_halves_max_diff`` <= 0.05 (the GPUBoost cases' second epochs);
+``starved_stream_remote_io_verdict`` (``stream_starved``: ``StreamingDataModule`` with one worker, batches of 64,
+through a second proxy of ``--starved-latency-ms`` and ``--starved-cap-mb``, ``GPUBoost()``, ``--starved-steps``
+steps: the watchdog's run verdict is remote-io-bound and its advice names ``max_pre_download``);
+``fed_epoch_starved_windows`` == 0 (``stream_gpu_boost``'s warm second epoch: no watchdog window starved, so no
+starvation warning).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from lightning_gpu_boost.callbacks import GPUBoost
 from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.core.streaming import check_stream_source, write_image_stream
+from lightning_gpu_boost.core.verdicts import STARVED
 from lightning_gpu_boost.datamodules import ImageFolderDataModule, StreamingDataModule
 from lightning_gpu_boost.models import ImageClassifier
 
@@ -92,12 +98,12 @@ class EpochClock(pl.Callback):
 ARCH = ["resnet50"]
 
 
-def fit(data, callbacks: list, precision: str, link_bytes=None) -> tuple[list[dict], pl.Trainer]:
+def fit(data, callbacks: list, precision: str, link_bytes=None, **trainer_kwargs) -> tuple[list[dict], pl.Trainer]:
     clock = EpochClock(link_bytes)
     torch.manual_seed(0)
-    trainer = pl.Trainer(max_epochs=2, precision=precision, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         callbacks=[clock, *callbacks])  # fmt: skip
+    trainer = pl.Trainer(**{"max_epochs": 2, **trainer_kwargs}, precision=precision, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, callbacks=[clock, *callbacks])  # fmt: skip
     trainer.fit(ImageClassifier(ARCH[0], num_classes=100, channels_last=precision != "32-true"), datamodule=data)
     return clock.epochs, trainer
 
@@ -146,8 +152,12 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added before every request")
     parser.add_argument("--cap-mb", type=float, default=100.0, help="the link's cap, MB/s")
     parser.add_argument("--chunk", default="16MB", help="litdata chunk size")
-    parser.add_argument("--cases", default="stream_gpu_boost,local_gpu_boost,stream_plain", help="comma-separated")
+    parser.add_argument("--cases", default="stream_gpu_boost,local_gpu_boost,stream_plain,stream_starved",
+                        help="comma-separated")
     parser.add_argument("--arch", default="resnet50", help="the model (small_cnn for a smoke run on a CPU)")
+    parser.add_argument("--starved-latency-ms", type=float, default=200.0, help="the starved case's link latency")
+    parser.add_argument("--starved-cap-mb", type=float, default=20.0, help="the starved case's link cap, MB/s")
+    parser.add_argument("--starved-steps", type=int, default=40, help="the starved case's steps (batches of 64)")
     parser.set_defaults(images=24000)
     args = parser.parse_args()
     ARCH[0] = args.arch
@@ -179,6 +189,9 @@ def main() -> None:
     source = check_stream_source(url, direct)
     proxy = LinkProxyProcess("127.0.0.1", port, latency_s=args.latency_ms / 1000, bandwidth=args.cap_mb * 1e6)
     linked = {**direct, "endpoint_url": proxy.url}
+    slow = LinkProxyProcess("127.0.0.1", port, latency_s=args.starved_latency_ms / 1000,
+                            bandwidth=args.starved_cap_mb * 1e6)  # the starved case's link  # fmt: skip
+    starved_link = {**direct, "endpoint_url": slow.url}
     workers = max(1, usable_cpus() - 1)
     figures: dict = {"config": vars(args), "link": {"latency_ms": args.latency_ms, "cap_MB_s": args.cap_mb},
                      "stream": {"samples": source.samples, "chunks": len(source.chunks), "bytes": source.chunk_bytes,
@@ -194,17 +207,29 @@ def main() -> None:
                                            [GPUBoost(auto_workers=False)], "bf16-mixed"),  # fmt: skip
             "stream_plain": lambda: fit(PlainStream(url, linked, f"{tmp}/cache-plain", args.batch_size, workers), [],
                                         "32-true", lambda: proxy.bytes_down),  # fmt: skip
+            # the watchdog's verdict on a starved stream: one worker behind a slow link (issue 42's verdict bar)
+            "stream_starved": lambda: fit(StreamingDataModule(url, batch_size=64, num_workers=1,
+                                                              cache_dir=f"{tmp}/cache-starved",
+                                                              storage_options=starved_link),
+                                          [GPUBoost(auto_workers=False)], "bf16-mixed", lambda: slow.bytes_down,
+                                          max_epochs=1, limit_train_batches=args.starved_steps),  # fmt: skip
         }
         for name, run in ((n, cases[n]) for n in args.cases.split(",")):
             before = proxy.bytes_down
             epochs, trainer = run()
             boost = next((c for c in trainer.callbacks if isinstance(c, GPUBoost)), None)
             dog = boost.parts["watchdog"] if boost is not None else None
-            verdicts = {"run_verdict": getattr(dog, "run_verdict", None), "run_advice": getattr(dog, "run_advice", None)}
+            verdicts = {"run_verdict": getattr(dog, "run_verdict", None), "run_advice": getattr(dog, "run_advice", None),
+                        # the windows' verdicts, and the warnings by step (a fed epoch gives none)
+                        "windows": [(w["step"], w.get("verdict"), w.get("workers_busy"), w.get("download_mb_s"))
+                                    for w in getattr(dog, "timeline", [])],
+                        "warnings": [(w["step"], w["verdict"]) for w in getattr(dog, "warnings", [])],
+                        "steps_per_epoch": epochs[0]["steps"]}  # fmt: skip
             figures["cases"][name] = {"epochs": epochs, "link_bytes": proxy.bytes_down - before, "verdicts": verdicts}
             print(f"{name}: " + ", ".join(f"epoch {k}: {e['rate']:,.0f} img/s in {e['seconds']:.1f} s"
                                           for k, e in enumerate(epochs)), verdicts)  # fmt: skip
     proxy.stop()
+    slow.stop()
     server.terminate()
     c = figures["cases"]
     if set(c) != set(cases):
@@ -221,13 +246,23 @@ def main() -> None:
     figures["first_epoch_bytes_s_from_epoch_start"] = source.chunk_bytes / link_epoch["seconds_from_epoch_start"]
     # the warm epochs in steady state: their second halves (an epoch's start is one-off: plain's loader, litdata's
     # defaults, starts its workers again each epoch); the whole epochs' rates are in the cases' figures
-    warm = {name: v["epochs"][1]["second_half"] for name, v in c.items()}
+    warm = {name: v["epochs"][1]["second_half"] for name, v in c.items() if len(v["epochs"]) > 1}
     figures["warm_epoch_second_half_img_s"] = warm
+    starved = c["stream_starved"]["verdicts"]
+    fed = c["stream_gpu_boost"]["verdicts"]
+    # the warm epoch's windows (a warning is given on entering a starved verdict: a starved window in that epoch is a
+    # warning given or one still standing)
+    fed_starved = [w for w in fed["windows"] if w[0] > fed["steps_per_epoch"] and w[1] in STARVED]
     bars = {
         "first_epoch_of_link": bar(consumed / (args.cap_mb * 1e6), 0.8, "fraction of the cap"),
         "warm_epoch_of_local": bar(warm["stream_gpu_boost"] / warm["local_gpu_boost"], 0.9, "x"),
         "gpu_boost_vs_plain": bar(warm["stream_gpu_boost"] / warm["stream_plain"], 1.5, "x"),
         # the GPUBoost cases' warm epochs (plain's restarts its workers: its halves differ by design, recorded)
+        # the starved stream's verdict names the link and its fix; the warm epoch of the fed stream warns of nothing
+        "starved_stream_remote_io_verdict": bar(float(starved["run_verdict"] == "remote-io-bound"
+                                                      and "max_pre_download" in " ".join(starved["run_advice"] or [])),
+                                                1.0, "1 = remote-io-bound naming max_pre_download"),  # fmt: skip
+        "fed_epoch_starved_windows": bar(float(len(fed_starved)), 0.0, "windows", higher_is_better=False),
         "steady_state_halves_max_diff": bar(max(c[n]["epochs"][1]["halves_diff"] for n in ("stream_gpu_boost", "local_gpu_boost")),
                                             0.05, "ratio", higher_is_better=False),  # fmt: skip
     }

@@ -21,6 +21,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost.core.cpus import usable_cpus
+from lightning_gpu_boost.core.loaders import fixed_worker_count
 from lightning_gpu_boost.core.steady import (
     MIN_WINDOW_STEPS,
     TimedIterable,
@@ -28,22 +30,29 @@ from lightning_gpu_boost.core.steady import (
     min_warmup,
     steady_window,
 )
+from lightning_gpu_boost.core.streaming.cache import CacheGrowth
+from lightning_gpu_boost.core.streaming.source import remote_stream
 from lightning_gpu_boost.core.verdicts import (
     BETWEEN_STEPS_SHARE,
+    Evidence,
     RunFacts,
     Verdict,
+    advise,
     batch_kind,
+    downloading,
     fetches_batches,
     sample_cost_fixes,
 )
+from lightning_gpu_boost.core.worker_cpu import WorkerCPU
 from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s, tune_num_workers
 
 __all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s']
 
-Bottleneck = Literal["loader", "copy", "host", "epoch-start", "compute", "unknown"]
+Bottleneck = Literal["loader", "remote", "copy", "host", "epoch-start", "compute", "unknown"]
 
 #: each bottleneck's name in the taxonomy the watchdog shares (:mod:`~lightning_gpu_boost.core.verdicts`)
-VERDICT_OF: dict[str, Verdict | None] = {"loader": "data-bound", "copy": "copy-bound", "host": "host-bound",
+VERDICT_OF: dict[str, Verdict | None] = {"loader": "data-bound", "remote": "remote-io-bound", "copy": "copy-bound",
+                                         "host": "host-bound",
                                          "epoch-start": "between-steps", "compute": "ok", "unknown": None}  # fmt: skip
 #: Lightning's warning for a model with a ``validation_step`` fitted without validation data: the measurements fit
 #: the step alone on purpose
@@ -87,6 +96,12 @@ class Diagnosis:
     #: samples/s of short fits of the model with the real loader, as training sees it (steady state), by worker count:
     #: the current count and the advised one (``trials=True``, a model, and a worker count to advise)
     fit_samples_per_s: dict[int, float] = field(default_factory=dict)
+    #: the train loader streams from object storage (:func:`~lightning_gpu_boost.core.streaming.source.remote_stream`)
+    stream: dict[str, Any] | None = None
+    #: while the loader alone was measured: its workers' share of time on a CPU, and bytes/s arriving in the
+    #: stream's cache (``None`` where not read)
+    workers_busy: float | None = None
+    download_bytes_s: float | None = None
     bottleneck: Bottleneck = "unknown"
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -305,18 +320,28 @@ def diagnose(
     if isinstance(loader, DataLoader):
         workers = loader.num_workers
         table: dict[int, float] = {}
+        stream = remote_stream(loader.dataset)
+        if tune and fixed_worker_count(loader) is not None:  # a stream's count is part of its resume state
+            tune = False
+            say(f"the loader keeps its own resume state: num_workers={workers} is not searched")
         if tune:
             say(f"searching the worker count, loader alone (budget {budget_s:.0f} s) ...")
             probe = tune_num_workers(loader, budget_s=budget_s)
             # the probe's steady-state rates (batches/s at the loader's batch size) in samples/s
             table = {w: r * batch_size for w, r in probe.table.items()}
+        cpu, growth = WorkerCPU(), CacheGrowth(stream["cache_dir"]) if stream and stream["cache_dir"] else None
         if workers not in table:
             say(f"measuring the loader alone at num_workers={workers} ...")
-            rate = measure_batches_per_s(
-                clone_loader(loader, workers), workers, budget_s / 2, min(2.0, budget_s / 4)
-            )
+            clone = clone_loader(loader, workers)
+            cpu.busy_share(workers)
+            if growth is not None:
+                growth.bytes_per_s()
+            rate = measure_batches_per_s(clone, workers, budget_s / 2, min(2.0, budget_s / 4))
             table[workers] = rate * batch_size
-        result = Diagnosis(str(device), batch_size, workers, table[workers])
+        result = Diagnosis(str(device), batch_size, workers, table[workers], stream=stream)
+        # over the loader's measurement (a probe's where it ran instead): were its workers busy, did the cache grow
+        result.workers_busy = cpu.busy_share(workers)
+        result.download_bytes_s = growth.bytes_per_s() if growth is not None else None
         if tune:
             result.tuned_workers = probe.num_workers
             result.tuned_samples_per_s = table.get(probe.num_workers)
@@ -395,7 +420,6 @@ def queue_bound(data: Any, procs_per_node: int = 1) -> int:
     """The most batches ``data``'s loader can hold queued: exact for a DataLoader, else the most a DataModule of ours
     can set up in one of ``procs_per_node`` processes (its share of the usable CPUs a worker each,
     ``prefetch_factor=4``, plus the prefetch depth)."""
-    from lightning_gpu_boost.core.cpus import usable_cpus
     from lightning_gpu_boost.core.steady import queue_batches
 
     if isinstance(data, DataLoader):
@@ -405,6 +429,14 @@ def queue_bound(data: Any, procs_per_node: int = 1) -> int:
     if hasattr(data, "train_dataloader") or hasattr(data, "num_workers"):
         return max(1, usable_cpus() // max(1, procs_per_node)) * 4 + 2
     return 1
+
+
+def _evidence(d: Diagnosis) -> Evidence:
+    """What the loader's measurement says of where it waits (the workers' CPU share, the stream's downloads)."""
+    load_s = d.batch_size / d.loader_samples_per_s if d.loader_samples_per_s > 0 else float("inf")
+    step_s = (d.step_ms or 0.0) / 1000
+    return Evidence(load_s / (load_s + step_s) if math.isfinite(load_s) else 1.0, d.step_ms or 0.0,
+                    workers_busy=d.workers_busy, download_bytes_s=d.download_bytes_s)  # fmt: skip
 
 
 def _join_fixes(d: Diagnosis) -> str:
@@ -466,6 +498,13 @@ def _conclude(d: Diagnosis) -> None:
                if d.tuned_workers else "add AutoNumWorkers() to the Trainer's callbacks to load while the step runs; ")
             + "and make each sample cheaper: " + _join_fixes(d) + "."
         )  # fmt: skip
+    elif loader < 0.9 * with_copy and d.stream is not None and downloading(_evidence(d)):
+        d.bottleneck = "remote"  # the workers sat idle while the stream's cache grew: the wait is on downloads
+        facts = RunFacts(cuda=d.device.startswith("cuda"), num_workers=d.num_workers, usable_cpus=usable_cpus(),
+                         batch_size=d.batch_size, remote_stream=d.stream)  # fmt: skip
+        d.advice += advise("remote-io-bound", facts, _evidence(d))
+        d.notes.append(f"the loader alone ({loader:,.0f} samples/s) is below what the step can take "
+                       f"({with_copy:,.0f}); a warm cache (a later epoch) reads locally and may not wait.")  # fmt: skip
     elif loader < 0.9 * with_copy:
         d.bottleneck = "loader"
         expected = min(tuned, with_copy)

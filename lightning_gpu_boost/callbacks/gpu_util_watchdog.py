@@ -151,6 +151,8 @@ class GPUUtilWatchdog(Callback):
         # whether waiting steps wait on busy workers or on a remote stream's downloads (read per window)
         self._workers, self._workers_cpu, self._growth = 0, WorkerCPU(), None
         self._io: tuple[float | None, float | None] = (None, None)
+        self._run_cpu, self._run_growth = WorkerCPU(), None  # the same, over the whole run after warm-up
+        self._run_io: tuple[float | None, float | None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @override
@@ -202,7 +204,8 @@ class GPUUtilWatchdog(Callback):
 
             self._workers = loaders[0].num_workers
             stream = remote_stream(loaders[0].dataset)
-            self._growth = CacheGrowth(stream["cache_dir"]) if stream and stream["cache_dir"] else None
+            if stream and stream["cache_dir"]:
+                self._growth, self._run_growth = CacheGrowth(stream["cache_dir"]), CacheGrowth(stream["cache_dir"])
         self._restart_window()
 
     def _restart_window(self) -> None:
@@ -268,6 +271,9 @@ class GPUUtilWatchdog(Callback):
         self.totals["steps"] += 1
         if self.totals["steps"] <= self.warmup_steps:
             self._restart_window()
+            self._run_cpu.busy_share(self._workers)
+            if self._run_growth is not None:
+                self._run_growth.bytes_per_s()
             return
         if not math.isnan(timing.wait_ms):
             self.totals["wait_ms"] += timing.wait_ms
@@ -340,7 +346,12 @@ class GPUUtilWatchdog(Callback):
     def rank_summary(self) -> dict[str, float]:
         # the run from its first step on (start-up before it is paid once per fit, not per epoch)
         wall = (self._end if self._end is not None else time.perf_counter()) - (self._first_start or time.perf_counter())
-        return report.rank_summary(self.totals, self.timeline, self.warmup_steps, self.between_s, self.validation_s, wall)
+        # the workers' CPU share and the cache's growth since warm-up (read once, at the end of training)
+        if self._run_io is None:
+            self._run_io = (self._run_cpu.busy_share(self._workers),
+                            self._run_growth.bytes_per_s() if self._run_growth is not None else None)  # fmt: skip
+        return report.rank_summary(self.totals, self.timeline, self.warmup_steps, self.between_s, self.validation_s,
+                                   wall, *self._run_io)  # fmt: skip
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

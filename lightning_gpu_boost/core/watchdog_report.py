@@ -162,9 +162,12 @@ def small_message(m: dict[str, float | None]) -> str:
 
 
 def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmup_steps: int, between_s: float,
-                 validation_s: float, wall_s: float) -> dict[str, float]:  # fmt: skip
+                 validation_s: float, wall_s: float, workers_busy: float | None = None,
+                 download_bytes_s: float | None = None) -> dict[str, float]:  # fmt: skip
     """One rank's run: its totals after warm-up, its mean utilization and memory, and the shares of the run (from
-    its first step on, ``wall_s``) spent between steps and validating."""
+    its first step on, ``wall_s``) spent between steps and validating. The workers' CPU share and a stream's
+    download rate: over the windows whose steps waited, else ``workers_busy``/``download_bytes_s`` (the run's since
+    warm-up, where no window closed)."""
     wait, busy = totals["wait_ms"], totals["busy_ms"]
     utils = [p["gpu_util"] for p in timeline if "gpu_util" in p]
     mems = [p["gpu_mem_frac"] for p in timeline if "gpu_mem_frac" in p]
@@ -174,6 +177,9 @@ def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmu
     starved = [p for p in timeline if p.get("verdict") in STARVED]
     cpu = [p["workers_busy"] for p in starved if p.get("workers_busy") is not None]
     down = [p["download_mb_s"] for p in starved if p.get("download_mb_s") is not None]
+    if not [p for p in timeline if p.get("verdict")]:  # no window closed: the run's own readings
+        cpu = [] if workers_busy is None else [workers_busy]
+        down = [] if download_bytes_s is None else [download_bytes_s / 2**20]
     return {
         "steps": float(totals["steps"]),
         "data_wait_frac": wait / (wait + busy) if wait + busy > 0 else float("nan"),

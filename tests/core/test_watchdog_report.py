@@ -55,3 +55,19 @@ def test_windows_that_disagree_are_phases_and_the_verdict_says_how_many_agree():
     text = format_summary([s], "data-bound", ["x"], timeline, [{"said": "Tuner decided again: 4 -> 3."}])
     assert "verdict: data-bound (slowest rank: 0; 3 of 4 windows agree; phases: steps 0-20 host-bound, steps 20-80 " \
            "data-bound)\ndecided again: Tuner decided again: 4 -> 3.; advice: (1) x" in text
+
+
+def test_the_runs_worker_and_download_readings_come_from_its_starved_windows_else_from_the_whole_run():
+    from lightning_gpu_boost.core.verdicts import classify
+    from lightning_gpu_boost.core.watchdog_report import rank_summary, summary_evidence
+
+    totals = {"steps": 30, "wait_ms": 900.0, "busy_ms": 100.0, "starved_steps": 20}
+    windows = [{"verdict": "remote-io-bound", "workers_busy": 0.1, "download_mb_s": 2.0},
+               {"verdict": "ok", "workers_busy": 0.9, "download_mb_s": 0.0}]  # fmt: skip
+    s = rank_summary(totals, windows, 10, 0.0, 0.0, 10.0, workers_busy=0.8, download_bytes_s=0.0)
+    assert s["workers_busy"] == 0.1 and s["download_mb_s"] == 2.0  # where the steps waited
+    assert classify(summary_evidence(s)) == "remote-io-bound"
+    s = rank_summary(totals, [], 10, 0.0, 0.0, 10.0, workers_busy=0.1, download_bytes_s=3 * 2**20)
+    assert s["workers_busy"] == 0.1 and s["download_mb_s"] == 3.0  # no window closed: the run's own
+    assert classify(summary_evidence(s)) == "remote-io-bound"
+    assert classify(summary_evidence(rank_summary(totals, [], 10, 0.0, 0.0, 10.0))) == "data-bound"

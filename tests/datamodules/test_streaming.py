@@ -177,10 +177,12 @@ def test_a_chunk_gone_mid_run_raises_naming_it_and_skips_nothing(tmp_path, s3, t
     assert len(sum(model.seen["train"], [])) < N  # the run stopped: no epoch ended with samples missing
 
 
-def test_the_watchdog_tells_a_starved_stream_the_download_side_fixes(tmp_path, s3, trainer_kwargs):
+@pytest.fixture
+def starved_stream(tmp_path, s3):
+    """A stream of 48 images in 16 KB chunks behind a slow link (150 ms per request, 256 KB/s): a DataModule with
+    one worker reading it through the link."""
     from urllib.parse import urlparse
 
-    from lightning_gpu_boost.callbacks import GPUUtilWatchdog
     from tests.link_proxy import LinkProxy
 
     folder = make_jpeg_folder(tmp_path / "jpegs", n=48, num_classes=4, size_range=(64, 80, 48, 64), progress=False)
@@ -189,12 +191,52 @@ def test_the_watchdog_tells_a_starved_stream_the_download_side_fixes(tmp_path, s
     endpoint = urlparse(s3.endpoint)
     proxy = LinkProxy(endpoint.hostname, endpoint.port, latency_s=0.15, bandwidth=256 << 10).start()  # a slow link
     try:
-        dog = GPUUtilWatchdog(window=3, warmup_steps=1)
-        dm = _dm(url, s3, tmp_path, num_workers=1, storage_options={**s3.storage_options, "endpoint_url": proxy.url})
-        pl.Trainer(max_epochs=1, callbacks=[dog], **trainer_kwargs).fit(ImageIdModel(), datamodule=dm)
+        yield url, _dm(url, s3, tmp_path, num_workers=1,
+                       storage_options={**s3.storage_options, "endpoint_url": proxy.url})  # fmt: skip
     finally:
         proxy.stop()
+
+
+def test_the_doctor_tells_a_starved_stream_the_download_side_fixes(starved_stream):
+    from lightning_gpu_boost.doctor import diagnose
+
+    url, dm = starved_stream
+    d = diagnose(dm, ImageIdModel(), budget_s=4, steps=5, accelerator="cpu")
+    assert d.verdict == "remote-io-bound", d.format()
+    assert f"downloads from {url}" in d.advice[0] and "max_pre_download=4" in d.advice[0], d.format()
+    assert d.tuned_workers is None  # a stream's worker count is part of its resume state: not searched
+
+
+def test_the_watchdog_tells_a_starved_stream_the_download_side_fixes(starved_stream, trainer_kwargs):
+    from lightning_gpu_boost.callbacks import GPUUtilWatchdog
+
+    url, dm = starved_stream
+    dog = GPUUtilWatchdog(window=3, warmup_steps=1)
+    pl.Trainer(max_epochs=1, callbacks=[dog], **trainer_kwargs).fit(ImageIdModel(), datamodule=dm)
     assert dog.run_verdict == "remote-io-bound", dog.format_summary()
     assert f"downloads from {url}" in dog.run_advice[0] and "max_pre_download=4" in dog.run_advice[0]
     assert any("num_workers" in a for a in dog.run_advice)  # one worker downloads one chunk at a time
     assert any(w["verdict"] == "remote-io-bound" and "the wait is on downloads" in w["message"] for w in dog.warnings)
+
+
+class _SlowStep(ImageIdModel):
+    """An 80 ms step: a loader of small images keeps up with it, with room for a loaded CI machine's hiccups."""
+
+    def training_step(self, batch, batch_idx):
+        import time
+
+        time.sleep(0.08)
+        return super().training_step(batch, batch_idx)
+
+
+def test_the_watchdog_stays_quiet_on_a_fed_stream(tmp_path, s3, trainer_kwargs):
+    from lightning_gpu_boost.callbacks import GPUUtilWatchdog
+
+    folder = make_jpeg_folder(tmp_path / "jpegs", n=96, num_classes=4, size_range=(64, 80, 48, 64), progress=False)
+    url = f"s3://{s3.bucket('fed')}/images"
+    write_image_stream(folder, url, chunk_bytes="16KB", num_workers=1, storage_options=s3.storage_options)
+    dog = GPUUtilWatchdog(window=6, warmup_steps=4)
+    pl.Trainer(max_epochs=1, callbacks=[dog], **trainer_kwargs).fit(_SlowStep(), datamodule=_dm(url, s3, tmp_path))
+    assert len(dog.timeline) >= 3
+    assert not [w for w in dog.warnings if w["verdict"] in ("data-bound", "remote-io-bound")], dog.warnings
+    assert dog.run_verdict == "ok", dog.format_summary()
