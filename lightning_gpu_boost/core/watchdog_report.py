@@ -21,7 +21,7 @@ from lightning_gpu_boost.core.verdicts import (
 )
 
 __all__ = ["MIN_WINDOW_PERIODS", "agreement", "ask_again", "ask_again_between", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
-           "starving_message", "summary_evidence"]  # fmt: skip
+           "starving_message", "summary_evidence", "upper_bound"]  # fmt: skip
 
 
 #: a verdict's window lasts at least this many of NVML's sample periods, and this many seconds, where NVML samples
@@ -101,6 +101,9 @@ def starving_message(m: dict[str, float | None], facts: RunFacts, loaders: list[
         f"next batch ({m['data_wait_ms']:.1f} ms waiting vs {m['step_ms']:.1f} ms computing per step), "
         f"GPU utilization {util}."
     ]
+    bound = upper_bound(m, facts.batch_size)
+    if bound:
+        lines.append(bound)
     for loader in loaders[:1]:
         lines.append(
             f"Train loader: num_workers={loader.num_workers} of {facts.usable_cpus} usable CPUs per process, "
@@ -119,6 +122,17 @@ def starving_message(m: dict[str, float | None], facts: RunFacts, loaders: list[
                      "downloads.")  # fmt: skip
     verdict = verdict if verdict in STARVED else "data-bound"
     return "\n".join([*lines, format_advice(advise(verdict, facts, evidence(m)))])  # type: ignore[arg-type]
+
+
+def upper_bound(m: dict[str, float | None], batch_size: int | None) -> str | None:
+    """What the data side's fixes can give at most, in samples/s: the window's rate now against the steps' own
+    (the wait gone); ``None`` where the batch size or the timings are unknown."""
+    wait, step = m.get("data_wait_ms"), m.get("step_ms")
+    if not batch_size or wait is None or step is None or math.isnan(wait) or math.isnan(step) or step <= 0:
+        return None
+    now, ceiling = 1000 * batch_size / (wait + step), 1000 * batch_size / step
+    return (f"Expected effect: {now:,.0f} samples/s now; with no wait the steps alone run {ceiling:,.0f} samples/s "
+            f"({ceiling / now:.1f}x), the most that any change below can give.")  # fmt: skip
 
 
 def ask_again(record: RunRecord, facts: RunFacts, m: dict[str, float | None]) -> str | None:

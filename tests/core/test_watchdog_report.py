@@ -71,3 +71,12 @@ def test_the_runs_worker_and_download_readings_come_from_its_starved_windows_els
     assert s["workers_busy"] == 0.1 and s["download_mb_s"] == 3.0  # no window closed: the run's own
     assert classify(summary_evidence(s)) == "remote-io-bound"
     assert classify(summary_evidence(rank_summary(totals, [], 10, 0.0, 0.0, 10.0))) == "data-bound"
+
+
+def test_a_starving_window_says_the_most_the_data_side_can_give():
+    from lightning_gpu_boost.core.watchdog_report import upper_bound
+
+    said = upper_bound({"data_wait_ms": 30.0, "step_ms": 10.0}, 64)
+    assert said.startswith("Expected effect: 1,600 samples/s now") and "6,400 samples/s (4.0x)" in said
+    assert upper_bound({"data_wait_ms": 30.0, "step_ms": 10.0}, None) is None
+    assert upper_bound({"data_wait_ms": float("nan"), "step_ms": 10.0}, 64) is None
