@@ -1,4 +1,4 @@
-"""The seven workloads (and short epochs) at CPU size: the watchdog's CPU-visible verdict on each plain project is
+"""The workloads at CPU size: the watchdog's CPU-visible verdict on each plain project is
 the one written in the workload before it first ran (data-bound, ok or between-steps; host-bound needs a GPU), the
 same in each of three identical runs."""
 
@@ -32,7 +32,8 @@ def data_root(tmp_path_factory):
 
 #: a phrase the advice for each data-bound workload must hold: the fix for what its batches carry, not image advice
 ADVICE = {"jpeg_classification": "uint8", "photos_hr": "uint8", "segmentation": "JointAugment", "audio": "LogMel",
-          "tabular": "__getitems__", "short_epochs": "persistent_workers=True"}  # fmt: skip
+          "tabular": "__getitems__", "short_epochs": "persistent_workers=True", "speech_ctc": "LogMel",
+          "vit_finetune": "uint8"}  # fmt: skip
 
 
 #: identical runs of a workload: the verdict must be the same in each (issue 41: verdicts that stay)
@@ -58,7 +59,7 @@ def test_each_workload_gets_its_expected_verdict_at_cpu_size_in_every_repeat(nam
         assert result["starvation_warnings"] == 0
     if name in ADVICE:
         assert ADVICE[name] in " ".join(result["advice"]), result["advice"]
-    if name in ("audio", "tokens_lm", "tokens_lm_text", "tabular"):
+    if name in ("audio", "speech_ctc", "tokens_lm", "tokens_lm_text", "tabular"):
         assert "uint8 images" not in " ".join(result["advice"]), result["advice"]
 
 

@@ -25,4 +25,6 @@ NAMES = (
     "host_bound",
     "tabular",
     "short_epochs",
+    "speech_ctc",
+    "vit_finetune",
 )

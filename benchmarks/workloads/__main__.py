@@ -192,7 +192,7 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
         else:
             steps = kwargs.get("max_steps", 40)
             train, val = ResidentBatches(move_data_to_device(next(iter(train)), device), steps), None
-            kwargs = {"max_steps": steps}
+            kwargs = {"max_steps": steps, **{k: v for k, v in kwargs.items() if k == "precision"}}  # the same step
     datamodule = isinstance(train, pl.LightningDataModule)  # a best that reads through one (DALIDataModule)
     trainer = pl.Trainer(
         accelerator="gpu" if gpu else "cpu", devices=1, callbacks=callbacks, logger=False, enable_checkpointing=False,
