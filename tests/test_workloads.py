@@ -94,3 +94,22 @@ def test_each_documented_best_trains_at_cpu_size(name, data_root):
     finally:
         torch.set_num_threads(threads)
     assert result["throughput"]["samples_per_s"] > 0, result["throughput"]
+
+
+def test_the_diagnosis_benchmark_applies_the_advice_as_written():
+    """benchmarks/diagnosis.py turns each kind of top advice into the change a user makes (or the workload's
+    documented implementation of it), and leaves alone what it cannot apply."""
+    spec = importlib.util.spec_from_file_location("diagnosis", WORKLOADS.parent / "diagnosis.py")
+    diagnosis = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diagnosis)
+    cases = {
+        "nothing to change: the GPU is the limit.": "repeat",
+        "num_workers=0 loads every batch in the training process: add AutoNumWorkers() to the Trainer": "AutoNumWorkers()",
+        "the loader's 16 workers can use all 16 CPUs ...: set num_workers=15, or move": "num_workers=15",
+        "persistent_workers=False restarts the workers every epoch: set it to True.": "persistent_workers=True",
+        "StreamPrefetch() copies the next batch on a side stream while this step computes.": "StreamPrefetch()",
+    }  # fmt: skip
+    for advice, how in cases.items():
+        assert diagnosis.apply("jpeg_classification", advice)[0] == how, advice
+    assert diagnosis.apply("segmentation", "... StreamPrefetch(transform=JointAugment(...)) ...")[1] == "best"
+    assert diagnosis.apply("speech_ctc", "compute the features on the GPU per batch ... LogMel ...") is None

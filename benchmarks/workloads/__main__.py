@@ -151,10 +151,11 @@ def names() -> tuple[str, ...]:
     return module.NAMES
 
 
-def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str, Any]:
+def fit(name: str, size: str, data_root: Path, case: str = "plain", change: Any = None) -> dict[str, Any]:
     """One run of workload ``name``: ``case`` is ``"plain"`` (as its users run it), ``"gpu_boost"`` (plus
     ``GPUBoost()``), ``"best"`` (the documented fix, for the data-bound ones: ``_best.BEST``) or ``"ceiling"`` (its
-    first batch resident on the device, GPUBoost's step)."""
+    first batch resident on the device, GPUBoost's step). ``change``: ``(model, train, val, kwargs) -> (model, train,
+    val, kwargs, callbacks)``, one change applied to the plain project (``benchmarks/diagnosis.py``'s advice)."""
     module = importlib.import_module(name)
     data = module.prepare(Path(data_root), size)
     extra: list[pl.Callback] = []
@@ -164,6 +165,8 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain") -> dict[str,
         model, train, val, kwargs, extra = BEST[name](data, size)
     else:
         model, train, val, kwargs = module.build(data, size)
+    if change is not None:
+        model, train, val, kwargs, extra = change(model, train, val, kwargs)
     gpu = size == "gpu" and torch.cuda.is_available()
     small = size == "cpu"
     if small:  # one core steps, as one core drives a GPU; the others are the workers' (CI has two)

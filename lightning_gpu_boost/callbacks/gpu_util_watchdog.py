@@ -133,6 +133,9 @@ class GPUUtilWatchdog(Callback):
         self._in_gap = True  # the time before the next step is outside the steps (start, epoch end, validation)
         self.between_s = 0.0
         self.validation_s = 0.0
+        #: of ``between_s``: later epochs' starts, from the epoch's start to its first batch (the loader starting)
+        self.epoch_start_s = 0.0
+        self._epoch_started: float | None = None
         self._val_start: float | None = None
         self._end: float | None = None
         self._first_start: float | None = None
@@ -191,7 +194,12 @@ class GPUUtilWatchdog(Callback):
             self._timer.skip_next_gap()
         self._in_gap = True
 
-    on_train_epoch_start = on_save_checkpoint = _skip  # type: ignore[assignment]
+    on_save_checkpoint = _skip  # type: ignore[assignment]
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._skip()
+        self._epoch_started = time.perf_counter()  # to its first batch: the loader's start (its workers' restart)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -241,6 +249,9 @@ class GPUUtilWatchdog(Callback):
                 self._batch_kind = batch_kind(batch)
         elif self._in_gap:  # an epoch's end (workers restart), validation, a checkpoint
             self.between_s += now - self._last_end
+            if batch_idx == 0 and self._epoch_started is not None:  # a later epoch's start, to its first batch
+                self.epoch_start_s += now - self._epoch_started
+        self._epoch_started = None
         self._in_gap = False
         if self._peak and self._flops.flops is None and 1 <= trainer.global_step < self.warmup_steps:  # once, warm
             self._flops.start()
@@ -351,7 +362,7 @@ class GPUUtilWatchdog(Callback):
             self._run_io = (self._run_cpu.busy_share(self._workers),
                             self._run_growth.bytes_per_s() if self._run_growth is not None else None)  # fmt: skip
         return report.rank_summary(self.totals, self.timeline, self.warmup_steps, self.between_s, self.validation_s,
-                                   wall, *self._run_io)  # fmt: skip
+                                   wall, *self._run_io, epoch_start_s=self.epoch_start_s)  # fmt: skip
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -71,6 +71,8 @@ class Evidence:
     between_frac: float | None = None
     #: of that, validation's share of the run's wall time
     validation_frac: float | None = None
+    #: of that, later epochs' starts to their first batch (the loader starting its workers again)
+    epoch_start_frac: float | None = None
     #: share of the SMs busy (%, NVML GPM on Hopper and newer), ``None`` where not measured
     sm_active: float | None = None
     #: share of the loader workers' time spent on a CPU (:class:`~lightning_gpu_boost.core.worker_cpu.WorkerCPU`)
@@ -409,9 +411,12 @@ def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
     share = "" if e is None or e.between_frac is None else f"{100 * e.between_frac:.0f} % of the run passes "
     lead = f"{share}outside the training steps (epoch ends, validation, checkpoints)"
     if f.num_workers and f.persistent_workers is False:
+        starts = e.epoch_start_frac if e is not None else None
+        gain = (f" (the epochs' starts take {100 * starts:.0f} % of the run: expect up to {1 / (1 - starts):.2f}x "
+                "the samples/s)" if starts is not None and 0 < starts < 1 else "")  # fmt: skip
         advice.append(
             f"{lead}: persistent_workers=True keeps the {f.num_workers} train workers alive across epochs instead "
-            "of starting them again at every epoch"
+            f"of starting them again at every epoch{gain}"
         )
     restart = [w for w, persistent in f.val_loaders if w > 0 and not persistent]
     if restart:

@@ -177,7 +177,7 @@ def small_message(m: dict[str, float | None]) -> str:
 
 def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmup_steps: int, between_s: float,
                  validation_s: float, wall_s: float, workers_busy: float | None = None,
-                 download_bytes_s: float | None = None) -> dict[str, float]:  # fmt: skip
+                 download_bytes_s: float | None = None, epoch_start_s: float = 0.0) -> dict[str, float]:  # fmt: skip
     """One rank's run: its totals after warm-up, its mean utilization and memory, and the shares of the run (from
     its first step on, ``wall_s``) spent between steps and validating. The workers' CPU share and a stream's
     download rate: over the windows whose steps waited, else ``workers_busy``/``download_bytes_s`` (the run's since
@@ -206,6 +206,7 @@ def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmu
         "starved_frac": totals["starved_steps"] / max(1, totals["steps"] - warmup_steps),
         "between_frac": between_s / wall_s if wall_s > 0 else float("nan"),
         "validation_frac": validation_s / wall_s if wall_s > 0 else float("nan"),
+        "epoch_start_frac": epoch_start_s / wall_s if wall_s > 0 else float("nan"),
         "workers_busy": sum(cpu) / len(cpu) if cpu else float("nan"),
         "download_mb_s": sum(down) / len(down) if down else float("nan"),
     }
@@ -229,6 +230,7 @@ def summary_evidence(s: dict[str, float]) -> Evidence:
         gpu_mem_frac=None if math.isnan(s["gpu_mem_frac"]) else s["gpu_mem_frac"],
         sm_active=None if math.isnan(s.get("sm_active", math.nan)) else s["sm_active"],
         between_frac=s["between_frac"], validation_frac=s["validation_frac"],
+        epoch_start_frac=None if math.isnan(s.get("epoch_start_frac", math.nan)) else s["epoch_start_frac"],
         workers_busy=None if math.isnan(s.get("workers_busy", math.nan)) else s["workers_busy"],
         download_bytes_s=_bytes_s(s.get("download_mb_s", math.nan)),
     )  # fmt: skip

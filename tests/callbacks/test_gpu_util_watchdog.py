@@ -231,6 +231,10 @@ def test_short_epochs_that_restart_their_workers_get_the_between_steps_verdict(t
     assert dog.summaries[0]["between_frac"] >= 0.25 and dog.summaries[0]["validation_frac"] > 0
     text = " ".join(dog.run_advice)
     assert "persistent_workers=True keeps the 2 train workers" in text and "validation loader" in text
+    # the later epochs' starts (the workers starting again) are timed: the advice states what removing them gives
+    starts = dog.summaries[0]["epoch_start_frac"]
+    assert 0 < starts < dog.summaries[0]["between_frac"]
+    assert f"the epochs' starts take {100 * starts:.0f} % of the run: expect up to {1 / (1 - starts):.2f}x" in text
 
 
 class SyncsEveryStep(pl.LightningModule):

@@ -1,0 +1,201 @@
+"""Diagnosis with one voice (issue 41): on every workload, the watchdog's verdict over repeated plain runs, its top
+advice applied as a user would apply it, and the effect it predicted against the effect measured, in one run.
+
+    python benchmarks/diagnosis.py                                   # GPU machine: --size gpu there
+    python benchmarks/diagnosis.py --size cpu --only speech_ctc      # a smoke run on a CPU
+
+For each workload of ``benchmarks/workloads`` (their own loaders and models, ``RUNNER.fit``, steady-state windows):
+
+1. ``plain`` ``--repeats`` times (3): the run's verdict and top advice each time; ``verdict_agreement`` is the share
+   of the repeats that give the most common verdict.
+2. The top advice of the first plain run, applied (:func:`apply`): ``"nothing to change"`` runs the project again;
+   ``AutoNumWorkers()``, ``num_workers=N``, ``persistent_workers=True`` and ``StreamPrefetch()`` change the project's
+   Trainer or loader as written; advice whose fix is code (uint8 + GPU transforms, GPU features, batched fetching,
+   spanning epochs) runs the workload's documented implementation of it (``benchmarks/workloads/_best.py``), where
+   it has one; otherwise the advice is recorded as not applied.
+3. The prediction: for a worker count, ``doctor``'s short fits at the current and the advised count (the figure its
+   advice quotes); for ``persistent_workers=True``, the watchdog's stated bound (the run without its later epochs'
+   starts); for another data-side fix, the watchdog's stated bound (the steps' own rate with the wait gone: "with no
+   wait the steps alone run N samples/s"); for "nothing to change", the plain rate. ``prediction_error`` is
+   ``|measured / predicted - 1|`` on the applied run's samples/s.
+4. ``GPUBoost()`` once: a contradiction is advice that names a value for a setting one of our parts chose in that run
+   (``num_workers`` chosen by its tuner, told "set num_workers=..." or "AutoNumWorkers()").
+
+Bars (``diagnosis-<date>-<machine>.json``): ``workloads_with_advice_applied`` >= 10, ``prediction_error_max`` <= 0.25,
+``self_contradictions`` == 0, ``verdict_repeat_agreement_min`` >= 0.9, ``steady_state_halves_max_diff`` <= 0.05 (the
+timed windows of every plain and applied run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+sys.path.insert(1, str(HERE.parent))
+
+import importlib.util  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("workloads_runner", HERE / "workloads" / "__main__.py")
+RUNNER = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(RUNNER)  # type: ignore[union-attr]
+
+from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
+
+#: what a documented best (``_best.BEST``) implements: the advice it answers, by the advice's words
+BEST_ANSWERS = ("uint8", "JointAugment", "LogMel", "__getitems__", "keep the table on the GPU", "SpanEpochs",
+                "SpanningLoader", "persistent_workers=True", "pack --max-side")  # fmt: skip
+
+
+def _rate(result: dict[str, Any]) -> float:
+    return float(result["throughput"]["samples_per_s"])
+
+
+def _halves(result: dict[str, Any]) -> float:
+    value = result["throughput"].get("halves_diff")
+    return float(value) if value is not None else float("nan")
+
+
+def _edit(loader: Any, **changes: Any) -> Any:
+    """The project's loader with ``changes`` (``num_workers``, ``persistent_workers``), as a user edits its
+    arguments: the same dataset, sampler, batches, collate and pinning, its epochs unchanged."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    workers = changes.get("num_workers", loader.num_workers)
+    kwargs: dict[str, Any] = {"num_workers": workers, "collate_fn": loader.collate_fn, "pin_memory": loader.pin_memory,
+                              "worker_init_fn": loader.worker_init_fn, "timeout": loader.timeout}  # fmt: skip
+    if workers:
+        kwargs.update(persistent_workers=changes.get("persistent_workers", loader.persistent_workers),
+                      prefetch_factor=loader.prefetch_factor or 2,
+                      multiprocessing_context=loader.multiprocessing_context)  # fmt: skip
+    if isinstance(loader.dataset, IterableDataset):
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_sampler is None:
+        kwargs.update(sampler=loader.sampler, batch_size=None)
+    else:
+        kwargs["batch_sampler"] = loader.batch_sampler
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def apply(name: str, advice: str) -> tuple[str, Any] | None:
+    """``(how, change)`` for the top ``advice`` of workload ``name``: ``change`` is ``RUNNER.fit``'s ``change`` (or
+    the string ``"best"`` / ``"repeat"``); ``None`` where the harness has no way to apply it."""
+    from lightning_gpu_boost.callbacks import AutoNumWorkers, StreamPrefetch
+
+    if advice.startswith("nothing to change"):
+        return "repeat", "repeat"
+    if "add AutoNumWorkers()" in advice:
+        return "AutoNumWorkers()", lambda m, t, v, k: (m, t, v, k, [AutoNumWorkers()])
+    count = re.search(r"set num_workers=(\d+)", advice) or re.search(r"set num_workers to about (\d+)", advice)
+    if count:
+        n = int(count.group(1))
+        return f"num_workers={n}", lambda m, t, v, k: (m, _edit(t, num_workers=n), v, k, [])
+    if advice.startswith("persistent_workers=False restarts") or "persistent_workers=True keeps" in advice:
+        return "persistent_workers=True", lambda m, t, v, k: (m, _edit(t, persistent_workers=True), v, k, [])
+    if advice.startswith("StreamPrefetch()"):
+        return "StreamPrefetch()", lambda m, t, v, k: (m, t, v, k, [StreamPrefetch()])
+    from _best import BEST
+
+    if name in BEST and any(words in advice for words in BEST_ANSWERS):
+        return "the documented implementation (_best.py)", "best"
+    return None
+
+
+def predicted(name: str, how: str, plain: dict[str, Any], size: str, root: Path) -> tuple[float | None, str]:
+    """What the package predicts for the applied advice, and where the figure comes from."""
+    if how == "repeat":
+        return _rate(plain), "the plain rate (nothing to change)"
+    if how.startswith("num_workers=") or how == "AutoNumWorkers()":
+        doctor = RUNNER.doctor(name, size, root)  # its trial fits, where it advises a count
+        fits = doctor["diagnosis"].get("fit_samples_per_s") or {}
+        advised = doctor["diagnosis"].get("tuned_workers")
+        if advised in fits:
+            return float(fits[advised]), f"doctor's short fit at num_workers={advised}"
+    w = plain.get("watchdog") or {}
+    if how == "persistent_workers=True" and w.get("epoch_start_frac") is not None and w["epoch_start_frac"] < 1:
+        return _rate(plain) / (1 - w["epoch_start_frac"]), "the watchdog's bound (the epochs' starts gone)"
+    step, wait = w.get("step_ms"), w.get("data_wait_ms")
+    if step and wait is not None and step > 0:
+        return _rate(plain) * (wait + step) / step, "the watchdog's bound (the steps' own rate, the wait gone)"
+    return None, "no prediction"
+
+
+def contradictions(result: dict[str, Any]) -> list[str]:
+    """Advice in a GPUBoost() run that names a worker count its tuner chose (our parts never contradict each
+    other: the tuner is asked to decide again instead, which its own line says)."""
+    told = [*result["advice"], *result["messages"]]
+    return [a for a in told if ("set num_workers=" in a or "add AutoNumWorkers()" in a) and "decided again" not in a]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["cpu", "gpu"], default="gpu" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--only", nargs="+", help="workloads to run (default: all)")
+    parser.add_argument("--repeats", type=int, default=3, help="plain runs per workload")
+    parser.add_argument("--data", default=".workloads-data", help="where the workloads write their data")
+    parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
+    args = parser.parse_args()
+    root = Path(args.data)
+    rows: dict[str, dict[str, Any]] = {}
+    for name in RUNNER.names():
+        if args.only and name not in args.only:
+            continue
+        print(f"{name}: plain x{args.repeats} ...", flush=True)
+        plains = [RUNNER.fit(name, args.size, root) for _ in range(args.repeats)]
+        verdicts = [p["verdict"] for p in plains]
+        mode, count = Counter(verdicts).most_common(1)[0]
+        top = (plains[0]["advice"] or [""])[0]
+        row: dict[str, Any] = {"verdicts": verdicts, "verdict": mode, "verdict_agreement": count / len(verdicts),
+                               "top_advice": top, "plain_samples_per_s": [_rate(p) for p in plains],
+                               "plain_halves_diff": [_halves(p) for p in plains]}  # fmt: skip
+        chosen = apply(name, top)
+        if chosen is None:
+            row["applied"] = None
+        else:
+            how, change = chosen
+            guess, source = predicted(name, how, plains[0], args.size, root)
+            print(f"{name}: applying {how} ...", flush=True)
+            if change == "best":
+                run = RUNNER.fit(name, args.size, root, "best")
+            elif change == "repeat":
+                run = RUNNER.fit(name, args.size, root)
+            else:
+                run = RUNNER.fit(name, args.size, root, change=change)
+            base = median(row["plain_samples_per_s"])
+            row["applied"] = {"how": how, "samples_per_s": _rate(run), "halves_diff": _halves(run),
+                              "verdict_after": run["verdict"], "predicted_samples_per_s": guess,
+                              "prediction_source": source, "measured_gain": _rate(run) / base,
+                              "predicted_gain": guess / base if guess else None,
+                              "prediction_error": abs(_rate(run) / guess - 1) if guess else None}  # fmt: skip
+        print(f"{name}: GPUBoost() ...", flush=True)
+        boosted = RUNNER.fit(name, args.size, root, "gpu_boost")
+        row["gpu_boost"] = {"verdict": boosted["verdict"], "advice": boosted["advice"],
+                            "contradictions": contradictions(boosted)}  # fmt: skip
+        rows[name] = row
+        print(f"{name}: {row['verdicts']} top advice applied: {row['applied']}", flush=True)
+    applied = [r["applied"] for r in rows.values() if r["applied"]]
+    errors = [a["prediction_error"] for a in applied if a["prediction_error"] is not None]
+    halves = [h for r in rows.values() for h in r["plain_halves_diff"]] + [a["halves_diff"] for a in applied]
+    figures = {"config": vars(args), "workloads": rows}
+    bars = {
+        "workloads_with_advice_applied": bar(len(applied), 10, "workloads"),
+        "prediction_error_max": bar(max(errors) if errors else float("nan"), 0.25, "|measured/predicted - 1|",
+                                    higher_is_better=False),  # fmt: skip
+        "self_contradictions": bar(sum(len(r["gpu_boost"]["contradictions"]) for r in rows.values()), 0, "advice",
+                                   higher_is_better=False),  # fmt: skip
+        "verdict_repeat_agreement_min": bar(min(r["verdict_agreement"] for r in rows.values()), 0.9, "share"),
+        "steady_state_halves_max_diff": bar(max(h for h in halves if h == h), 0.05, "ratio", higher_is_better=False),
+    }
+    print(f"wrote {write_result('diagnosis', figures, bars, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
