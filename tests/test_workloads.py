@@ -112,4 +112,5 @@ def test_the_diagnosis_benchmark_applies_the_advice_as_written():
     for advice, how in cases.items():
         assert diagnosis.apply("jpeg_classification", advice)[0] == how, advice
     assert diagnosis.apply("segmentation", "... StreamPrefetch(transform=JointAugment(...)) ...")[1] == "best"
-    assert diagnosis.apply("speech_ctc", "compute the features on the GPU per batch ... LogMel ...") is None
+    assert diagnosis.apply("tokens_lm", "tokenize once ahead (a np.memmap of token ids)") is None
+    assert diagnosis.apply("speech_ctc", "compute the features on the GPU per batch ... LogMel ...")[1] == "best"

@@ -26,6 +26,10 @@ kwargs, callbacks)``: the project's own model and precision, its loader changed 
   only each batch's shuffled indices (one tensor, ``ShuffledBatches``, the permutation drawn on the GPU) and
   ``GatherRows``, the GPU transform, gathers the rows there: no per-sample Python, no rows through worker pipes or
   pinned memory.
+- ``speech_ctc``: the workers read 16-bit PCM and the transcripts only; the Kaldi-style filterbank, per-utterance
+  normalization and SpecAugment run on the GPU per batch (``SpeechFeatures``, GPUBoost's transform).
+- ``vit_finetune``: the workers keep the project's augmentation (RandomResizedCrop, flip, RandAugment: Pillow on
+  uint8 pixels) and ship uint8; ToTensor's conversion and Normalize run on the GPU (``GPUBoost(normalize=...)``).
 - ``short_epochs``: on a GPU with DALI installed, ``DALIDataModule`` (DALI plans the next epoch while this one ends
   and validates; its CPU threads decode each random crop, the GPU resizes and normalizes; validation over the
   project's validation images, one whole DALI epoch per pass), with GPUBoost's step settings. Otherwise the jpeg
@@ -382,5 +386,130 @@ def first_images(root: Path, n: int) -> Path:
     return out
 
 
+class Utterances16(Dataset):
+    """The speech utterances as 16-bit PCM with their transcripts' character ids: nothing computed per sample."""
+
+    def __init__(self, root: Path) -> None:
+        import speech_ctc as w
+
+        self.files, self.alphabet = sorted(Path(root).glob("*.wav")), w.ALPHABET
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        path = self.files[i]
+        text = path.with_suffix(".txt").read_text().strip()
+        return torch.from_numpy(read_pcm16(path)), torch.tensor([self.alphabet.index(c) + 1 for c in text])
+
+
+def pad_utterances(batch):
+    waves, labels = zip(*batch, strict=True)
+    return (torch.nn.utils.rnn.pad_sequence(waves, batch_first=True), torch.tensor([len(w) for w in waves]),
+            torch.nn.utils.rnn.pad_sequence(labels, batch_first=True), torch.tensor([len(t) for t in labels]))  # fmt: skip
+
+
+class SpeechFeatures:
+    """The speech project's features for a whole batch on the GPU: its Kaldi-style filterbank (dither, DC removal,
+    pre-emphasis, Povey window, power spectrum, log mel energies), per-utterance mean/variance normalization over
+    each utterance's own frames, and SpecAugment's two frequency and two time masks per utterance, as the workers
+    computed them one utterance at a time."""
+
+    def __init__(self) -> None:
+        import speech_ctc as w
+
+        self.w, self.banks = w, w._mel_banks()
+
+    def __call__(self, batch):
+        waves, lengths, labels, label_lengths = batch
+        w = self.w
+        frames = waves.float().unfold(1, w.FRAME, w.SHIFT)  # N x T x FRAME, int16 scale as Kaldi's
+        frames = frames + torch.randn_like(frames)
+        frames = frames - frames.mean(-1, keepdim=True)
+        frames = torch.cat([frames[..., :1] * 0.03, frames[..., 1:] - 0.97 * frames[..., :-1]], -1)
+        frames = frames * torch.hann_window(w.FRAME, periodic=False, device=frames.device).pow(0.85)
+        power = torch.fft.rfft(frames, w.N_FFT).abs().pow(2)
+        banks = self.banks.to(frames.device)
+        feats = torch.log((power @ banks.T).clamp(min=1.1920929e-07))  # N x T x MELS
+        counts = ((lengths - w.FRAME) // w.SHIFT + 1).clamp(min=1).to(feats.device)
+        valid = (torch.arange(feats.shape[1], device=feats.device)[None] < counts[:, None])[..., None]
+        mean = (feats * valid).sum(1, keepdim=True) / counts[:, None, None]
+        var = ((feats - mean) ** 2 * valid).sum(1, keepdim=True) / (counts[:, None, None] - 1).clamp(min=1)
+        feats = (feats - mean) / (var.sqrt() + 1e-5) * valid
+        n, t, m = feats.shape
+        keep = torch.ones_like(feats, dtype=torch.bool)
+        for _ in range(2):  # frequency masks of up to 27 bands, time masks of up to 40 frames (a fifth at most)
+            width = torch.randint(0, 28, (n, 1), device=feats.device)
+            start = (torch.rand(n, 1, device=feats.device) * (m - width + 1)).long()
+            bands = torch.arange(m, device=feats.device)[None]
+            keep &= ~((bands >= start) & (bands < start + width))[:, None, :]
+            width = (torch.rand(n, 1, device=feats.device) * (torch.minimum(counts[:, None] // 5,
+                                                                              torch.tensor(40, device=feats.device)) + 1)).long()  # fmt: skip
+            start = (torch.rand(n, 1, device=feats.device) * (counts[:, None] - width + 1)).long()
+            steps = torch.arange(t, device=feats.device)[None]
+            keep &= ~((steps >= start) & (steps < start + width))[:, :, None]
+        return feats * keep, counts, labels, label_lengths
+
+
+def speech_ctc(data: Path, size: str):
+    """The workers read 16-bit PCM and transcripts only; filterbank, normalization and SpecAugment run on the GPU
+    per batch (the advice for features: compute them on the GPU)."""
+    import speech_ctc as w
+
+    cfg = w.SIZES[size]
+    model, _, _, kwargs = w.build(data, size)
+    loader = _loader(Utterances16(data), cfg, size, pad_utterances, workers=cfg["workers"])
+    return model, loader, None, kwargs, [_boost(size, SpeechFeatures(), auto_workers=False)]
+
+
+class AugmentedUint8(Dataset):
+    """The ViT project's own augmentation in the workers (RandomResizedCrop, flip, RandAugment: Pillow operations
+    on uint8 pixels), shipped as uint8 CHW: ToTensor's float conversion and Normalize move to the GPU (4x fewer
+    bytes through shared memory, pinning and the copy)."""
+
+    def __init__(self, root: Path, crop: int) -> None:
+        import vit_finetune as w
+
+        self.folder = w.Folder(root, crop)
+        if self.folder.transform is not None:  # timm's transform: its PIL part, without ToTensor and Normalize
+            kept = [t for t in self.folder.transform.transforms
+                    if "ToTensor" not in type(t).__name__ and "Normalize" not in type(t).__name__]  # fmt: skip
+            self.folder.transform = type(self.folder.transform)(kept)
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int):
+        import vit_finetune as w
+
+        path, label = self.folder.samples[i]
+        img = Image.open(path).convert("RGB")
+        if self.folder.transform is not None:
+            img = self.folder.transform(img)
+        else:  # the project's Pillow version of timm's transform, as its Folder runs it, before ToTensor
+            import random
+
+            width, height = img.size
+            scale = random.uniform(0.08, 1.0) ** 0.5
+            cw, ch = max(8, int(width * scale)), max(8, int(height * scale))
+            x, y = random.randint(0, width - cw), random.randint(0, height - ch)
+            img = img.resize((self.folder.crop, self.folder.crop), Image.BICUBIC, box=(x, y, x + cw, y + ch))
+            if random.random() < 0.5:
+                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            img = w._rand_augment(img)
+        return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1), label
+
+
+def vit_finetune(data: Path, size: str):
+    """uint8 images from the workers, normalized on the GPU (the advice's first fix); the augmentation stays."""
+    import vit_finetune as w
+
+    cfg = w.SIZES[size]
+    model, _, _, kwargs = w.build(data, size)
+    loader = _loader(AugmentedUint8(data, cfg["crop"]), cfg, size, workers=cfg["workers"])
+    return model, loader, None, kwargs, [GPUBoost(normalize=(MEAN, STD), auto_workers=False)]
+
+
 BEST = {"jpeg_classification": jpeg_classification, "photos_hr": photos_hr, "segmentation": segmentation,
-        "audio": audio, "tabular": tabular, "short_epochs": short_epochs}  # fmt: skip
+        "audio": audio, "tabular": tabular, "short_epochs": short_epochs, "speech_ctc": speech_ctc,
+        "vit_finetune": vit_finetune}  # fmt: skip
