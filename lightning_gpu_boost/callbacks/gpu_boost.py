@@ -16,6 +16,7 @@ from lightning_gpu_boost.callbacks.bad_samples import BadSampleReport
 from lightning_gpu_boost.callbacks.gpu_util_watchdog import GPUUtilWatchdog
 from lightning_gpu_boost.callbacks.spanning import SpanEpochs
 from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
+from lightning_gpu_boost.core.resume import finish_ended_epoch
 from lightning_gpu_boost.core.shapes import VARIABLE_SHAPES, ShapeWatch
 from lightning_gpu_boost.strategies.presets import (
     backend_settings,
@@ -176,6 +177,14 @@ class GPUBoost(Callback):
         if self._found is not None:  # the next Trainer in this process starts from the user's settings
             restore_backends(self._found)
             self._found, self._shapes = None, None
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # a checkpoint at an epoch's last batch must not make a loader with its own state skip the next epoch
+        if finish_ended_epoch(checkpoint):
+            rank_zero_info("GPUBoost: the checkpoint was saved at an epoch's last batch; the train loader's own saved "
+                           "state is marked finished so that the resumed run starts the next epoch (torchdata's "
+                           "StatefulDataLoader would skip it).")  # fmt: skip
+        self._forward("on_load_checkpoint", trainer, pl_module, checkpoint)
 
     def state_dict(self) -> dict[str, Any]:
         return {name: part.state_dict() for name, part in self.parts.items()}

@@ -76,6 +76,7 @@ class SpanEpochs(Callback):
         self.decisions: list[tuple[str, bool, str]] = []
         self._spanning: list[SpanningLoader] = []
         self._span_next_fit = False  # set where a fit ended showing that its train loader should have been spanned
+        self._blocked: str | None = None  # why the train loader could not be spanned whatever the threshold
         self._strategy: Any = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -105,6 +106,8 @@ class SpanEpochs(Callback):
             if loader_stage == "train" and self._span_next_fit:  # decided again after the last fit (see below)
                 span, why = span_decision(dataloader, batches, 0.0) if batches else (span, why)
             self.decisions.append((loader_stage, span, why))
+            if loader_stage == "train":  # whether anything but the threshold kept it from spanning (asked again)
+                self._blocked = None if span or not batches or span_decision(dataloader, batches, 0.0)[0] else why
             if loader_stage == "train":  # the run record: asked again instead of advised a threshold
                 run_record(trainer).choose("span_epochs", span, by="SpanEpochs", why=why, decide_again=self._again)
             if not span or batches is None or length is None:
@@ -122,8 +125,11 @@ class SpanEpochs(Callback):
     def _again(self, proposal: bool, reason: str) -> tuple[bool, str]:
         """The run showed ``reason`` with the train loader's workers restarting each epoch: its loader cannot be
         swapped mid-fit, so the next fit of this callback spans it, whatever the estimate."""
+        if self._blocked is not None:  # not the threshold: the loader cannot be spanned at all
+            return False, f"SpanEpochs keeps the train loader as it is although {reason}: {self._blocked}."
         self._span_next_fit = bool(proposal)
-        return False, (f"SpanEpochs decided again: {reason}; the next fit with this callback keeps the train loader's "
+        return False, (f"SpanEpochs decided again: {reason} (its estimate was below its threshold); the next fit with "
+                       "this callback keeps the train loader's "
                        "workers loading across epoch ends (this fit's loader cannot be swapped mid-fit).")  # fmt: skip
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -9,11 +9,11 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 log = logging.getLogger(__name__)
 
-__all__ = ['LowPriorityWorkerInit', 'iter_loaders', 'leaf_loaders', 'loader_entries', 'set_num_workers', 'spanned_loaders']
+__all__ = ['LowPriorityWorkerInit', 'fixed_worker_count', 'iter_loaders', 'leaf_loaders', 'loader_entries', 'set_num_workers', 'spanned_loaders', 'splits_by_worker']
 
 def _leaves(obj: Any, spanned: bool = False) -> Iterable[tuple[Any, bool]]:
     """``(loader, spanned)`` for each loader inside ``obj``, DataLoader or not (see :func:`loader_entries`)."""
@@ -66,10 +66,23 @@ def fixed_worker_count(loader: Any) -> str | None:
     if isinstance(loader, ResumableDataLoader):
         return None
     owner = next((o for o in (loader, getattr(loader, "dataset", None)) if callable(getattr(o, "state_dict", None))), None)
-    if owner is None:
-        return None
-    return (f"{type(owner).__name__} keeps its own resume state, which its split of the data across workers is part "
-            "of: another count would change which samples a resumed epoch sees")  # fmt: skip
+    if owner is not None:
+        return (f"{type(owner).__name__} keeps its own resume state, which its split of the data across workers is "
+                "part of: another count would change which samples a resumed epoch sees")  # fmt: skip
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(dataset, IterableDataset) and not splits_by_worker(dataset):
+        return (f"{type(dataset).__name__} is an IterableDataset whose code decides what each worker yields (every "
+                "worker the whole stream, unless it splits it by get_worker_info()): another count could change "
+                "which samples an epoch sees")  # fmt: skip
+    return None
+
+
+def splits_by_worker(dataset: Any) -> bool:
+    """Whether an IterableDataset is known to split its data across workers without overlap, so that its worker
+    count never changes which samples an epoch sees: a WebDataset pipeline with its ``split_by_worker`` stage (each
+    worker reads its own shards)."""
+    stages = getattr(dataset, "pipeline", None)
+    return isinstance(stages, list) and any(getattr(s, "__name__", None) == "split_by_worker" for s in stages)
 
 
 def set_num_workers(

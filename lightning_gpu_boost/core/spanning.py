@@ -239,11 +239,18 @@ def span_decision(loader: Any, batches: int | None, min_share: float = RESTART_S
     """Whether to wrap ``loader`` in a :class:`SpanningLoader` for epochs of ``batches`` batches (``None``: the
     loader's length), and why: only a ``DataLoader`` over a map-style dataset with workers, whose dataset has no
     ``set_epoch`` (a dataset that changes per epoch must not see the next epoch loaded early), and whose epoch start
-    costs at least ``min_share`` of an epoch (:func:`restart_share`)."""
+    costs at least ``min_share`` of an epoch (:func:`restart_share`), and that keeps no resume state of its own.
+    """
+    from lightning_gpu_boost.core.resume import ResumableDataLoader
+
     if not isinstance(loader, DataLoader):
         return False, f"a {type(loader).__name__}, not a DataLoader"
     if isinstance(loader.dataset, IterableDataset):
         return False, "an IterableDataset has no epochs of indices"
+    if callable(getattr(loader, "state_dict", None)) and not isinstance(loader, ResumableDataLoader):
+        # a loader that keeps its own resume state (torchdata's StatefulDataLoader): Lightning saves and restores it
+        # only where it is the train loader itself, not wrapped
+        return False, f"{type(loader).__name__} keeps its own resume state, which Lightning saves only unwrapped"
     if loader.num_workers <= 0:
         return False, "no workers to keep loading"
     if getattr(loader.collate_fn, "refill", False):

@@ -153,7 +153,7 @@ def ask_again_between(record: RunRecord, facts: RunFacts, e: Evidence) -> str | 
     if choice is None or choice.value or not facts.num_workers or e.between_frac is None:
         return None
     return record.decide_again("span_epochs", True, f"{100 * e.between_frac:.0f} % of the run passed outside the "
-                               "steps (its estimate was below its threshold)")  # fmt: skip
+                               "steps")  # fmt: skip
 
 
 def host_message(m: dict[str, float | None], facts: RunFacts, decided: str | None = None) -> str:

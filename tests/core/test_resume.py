@@ -56,3 +56,19 @@ def test_one_process_states_are_their_own_rank():
     assert gather_ranks(state) is state and own_rank(state) is state
     assert own_rank({"ranks": [state, {"epoch": 0, "batches": 2}]}) == state
     assert torch.distributed.is_available()
+
+
+def test_a_loader_state_saved_at_an_epochs_last_batch_is_marked_finished():
+    """torchdata's state at an epoch's last batch says its iterator is not finished: resumed as it is, the next
+    epoch would be its empty remainder."""
+    from lightning_gpu_boost.core.resume import finish_ended_epoch
+
+    def checkpoint(last: bool) -> dict:
+        return {"loops": {"fit_loop": {"epoch_loop.batch_progress": {"is_last_batch": last},
+                                       "state_dict": {"combined_loader": [{"_iterator_finished": False}, {"epoch": 0}]}}}}  # fmt: skip
+
+    at_end, mid = checkpoint(True), checkpoint(False)
+    assert finish_ended_epoch(at_end) == 1 and finish_ended_epoch(mid) == 0
+    assert at_end["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"_iterator_finished": True}, {"epoch": 0}]
+    assert mid["loops"]["fit_loop"]["state_dict"]["combined_loader"][0] == {"_iterator_finished": False}
+    assert finish_ended_epoch({}) == 0
