@@ -102,11 +102,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240) -> list[dict]:
+def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240, launcher: str = "ranks") -> list[dict]:
     """Run ``script`` as a real multi-process Lightning DDP job on CPU (gloo) and return each rank's JSON.
 
     The script can use ``OUT`` (a folder), ``NPROCS`` and the names of ``tests.helpers``; each rank should write
     ``OUT / f"rank{trainer.global_rank}.json"``.
+
+    ``launcher="ranks"``: every rank is started at once, as torchrun or SLURM start them (``LOCAL_RANK``,
+    ``NODE_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` set: Lightning launches nothing itself), each forked from a
+    process that has imported torch and Lightning (``tests/warm_python.py``: no 4 s of imports per rank on the
+    2-CPU CI machine). ``"lightning"``: ``python script.py``, whose Trainer starts the other ranks itself (its
+    subprocess launcher), as a user's ``python train.py`` does.
     """
     path = tmp_path / "ddp_script.py"
     out = tmp_path / "out"
@@ -129,6 +135,17 @@ def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240) ->
     # that never starts
     inherited = {k: v for k, v in os.environ.items() if k not in _DIST_VARS and not k.startswith(("PL_", "TORCHELASTIC"))}
     env = {**inherited, "PYTHONPATH": pythonpath, "MASTER_PORT": str(_free_port())}
+    if launcher == "ranks":
+        from tests.warm_python import WarmProcess
+
+        ranks = [WarmProcess(path=path, cwd=tmp_path, env={**env, "MASTER_ADDR": "127.0.0.1", "NODE_RANK": "0",
+                                                            "LOCAL_RANK": str(r), "WORLD_SIZE": str(nprocs)})
+                 for r in range(nprocs)]  # fmt: skip
+        done = [rank.wait(timeout) for rank in ranks]
+        for r, (code, _log) in enumerate(done):
+            assert code == 0, f"DDP rank {r} failed (exit {code}):\n" + "\n".join(f"--- rank {k}:\n{text[-4000:]}"
+                                                                               for k, (_, text) in enumerate(done))
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]
     # its own process group: on a timeout every rank goes, not only the first (a rank left behind would hold its
     # port and CPUs for the tests that follow)
     proc = subprocess.Popen(

@@ -56,25 +56,37 @@ def _main(kind: str, what: str, cwd: str, env: dict[str, str], log: str) -> None
     os._exit(code)
 
 
+class WarmProcess:
+    """A script (``path``, as ``__main__``) or ``code`` (as ``python -c``) running in ``cwd`` with ``env`` (default:
+    this process's) in a process forked from the preloaded fork server; :meth:`wait` gives its exit status and
+    everything it wrote to stdout and stderr. Several run at once (the ranks of a DDP job)."""
+
+    def __init__(self, *, path: str | os.PathLike | None = None, code: str | None = None, cwd: str | os.PathLike,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+        if (path is None) == (code is None):
+            raise ValueError("give path or code")
+        kind, what = ("path", str(path)) if path is not None else ("code", code)
+        with tempfile.NamedTemporaryFile(prefix="warm-python-", suffix=".log", delete=False) as f:
+            self.log = f.name
+        self.proc = _context().Process(target=_main, args=(kind, what, str(cwd), dict(env or os.environ), self.log))
+        self.proc.start()
+
+    def wait(self, timeout: float = 240) -> tuple[int, str]:
+        try:
+            self.proc.join(timeout)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join()
+                return -9, Path(self.log).read_text(errors="replace") + f"\n(timed out after {timeout} s)"
+            return self.proc.exitcode, Path(self.log).read_text(errors="replace")
+        finally:
+            os.unlink(self.log)
+
+
 def run_python(
     *, path: str | os.PathLike | None = None, code: str | None = None, cwd: str | os.PathLike,
     env: dict[str, str] | None = None, timeout: float = 240,
 ) -> tuple[int, str]:  # fmt: skip
     """Run ``path`` (a script, as ``__main__``) or ``code`` (as ``python -c``) in ``cwd`` with ``env`` (default:
     this process's); returns the exit status and everything it wrote to stdout and stderr."""
-    if (path is None) == (code is None):
-        raise ValueError("give path or code")
-    kind, what = ("path", str(path)) if path is not None else ("code", code)
-    with tempfile.NamedTemporaryFile(prefix="warm-python-", suffix=".log", delete=False) as f:
-        log = f.name
-    try:
-        proc = _context().Process(target=_main, args=(kind, what, str(cwd), dict(env or os.environ), log))
-        proc.start()
-        proc.join(timeout)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-            return -9, Path(log).read_text(errors="replace") + f"\n(timed out after {timeout} s)"
-        return proc.exitcode, Path(log).read_text(errors="replace")
-    finally:
-        os.unlink(log)
+    return WarmProcess(path=path, code=code, cwd=cwd, env=env).wait(timeout)

@@ -70,6 +70,7 @@ def test_ddp_boost_trains_and_checkpoints_over_gloo(tmp_path):
             "ids": sorted(sum(model.seen["train"][:4], []))}}))
         """,
         tmp_path,
+        launcher="lightning",  # `python train.py` as users run it: the Trainer starts the other rank itself
     )
     assert {r["strategy"] for r in results} == {"DDPBoostStrategy"}
     assert results[0]["steps"] == results[1]["steps"] == 8
