@@ -225,9 +225,10 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain", change: Any 
     }
 
 
-def doctor(name: str, size: str, data_root: Path) -> dict[str, Any]:
+def doctor(name: str, size: str, data_root: Path, tune: bool = False, trials: bool = False) -> dict[str, Any]:
     """``doctor``'s diagnosis of the plain project (its own loader and model, a fresh build): the verdict it names
-    from measuring the loader alone, one batch's copy and the step on a resident batch."""
+    from measuring the loader alone, one batch's copy and the step on a resident batch; ``tune`` and ``trials``:
+    also the worker count it would advise and short fits of the model at the current and that count."""
     from lightning_gpu_boost.doctor import diagnose
 
     module = importlib.import_module(name)
@@ -241,7 +242,7 @@ def doctor(name: str, size: str, data_root: Path) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            d = diagnose(train, model, budget_s=30.0 if gpu else 4.0, steps=10 if gpu else 5, tune=False,
+            d = diagnose(train, model, budget_s=30.0 if gpu else 4.0, steps=10 if gpu else 5, tune=tune, trials=trials,
                          val_loader=val, val_batches=val_batches, accelerator="gpu" if gpu else "cpu")  # fmt: skip
     finally:
         torch.set_num_threads(threads)
