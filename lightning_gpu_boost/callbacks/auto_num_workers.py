@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
@@ -129,6 +130,7 @@ class AutoNumWorkers(Callback):
         self.chosen: dict[str, int] = {}
         self.probes: dict[str, WorkerProbe] = {}
         self._left_alone: set[str] = set()
+        self._restarts: list[Any] = []  # SpanningLoaders to start again with a new count at the epoch's end
 
     def _tune(self, trainer: pl.Trainer, loader: DataLoader, stage: str) -> None:
         if self.keep_user_value and loader.num_workers > 0:
@@ -176,16 +178,24 @@ class AutoNumWorkers(Callback):
             seed_fn=lightning_worker_seed(trainer.global_rank),
         )
 
-    def _decide_again(self, trainer: pl.Trainer, loader: DataLoader, proposal: int, reason: str) -> tuple[int, str]:
+    def _decide_again(self, trainer: pl.Trainer, loader: DataLoader, proposal: int, reason: str,
+                      training_batches_s: float | None = None) -> tuple[int, str]:  # fmt: skip
         def apply(count: int) -> None:
             self.chosen["train"] = count
             set_num_workers(loader, count, self.prefetch_factor, self.persistent_workers, self.worker_niceness,
                             seed_fn=lightning_worker_seed(trainer.global_rank))  # fmt: skip
 
         value, said = decide_workers_again(self.probes.get("train"), loader, proposal, reason, "AutoNumWorkers", apply,
-                                           self.tolerance)  # fmt: skip
+                                           self.tolerance, training_batches_s, self._restarts.append)  # fmt: skip
         node_info(trainer, said)
         return value, said
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # a count decided again for a loader whose workers span epochs: they stop here, between two epochs, and the
+        # next epoch starts them with the new count where the last one ended
+        while self._restarts:
+            self._restarts.pop().close()
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         stages = {"train", "val"} if self.tune_val else {"train"}

@@ -122,7 +122,7 @@ class SpanEpochs(Callback):
         add_dataloader_hook(trainer.strategy, f"SpanEpochs-{id(self)}", hook, before=True)
         self._strategy = trainer.strategy
 
-    def _again(self, proposal: bool, reason: str) -> tuple[bool, str]:
+    def _again(self, proposal: bool, reason: str, **evidence: Any) -> tuple[bool, str]:
         """The run showed ``reason`` with the train loader's workers restarting each epoch: its loader cannot be
         swapped mid-fit, so the next fit of this callback spans it, whatever the estimate."""
         if self._blocked is not None:  # not the threshold: the loader cannot be spanned at all

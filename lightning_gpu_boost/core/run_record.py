@@ -27,8 +27,9 @@ from typing import Any
 
 __all__ = ["Choice", "RunRecord", "run_record"]
 
-#: ``decide_again(proposal, reason) -> (value now in force, what the part says about it)``
-DecideAgain = Callable[[Any, str], tuple[Any, str]]
+#: ``decide_again(proposal, reason, **evidence) -> (value now in force, what the part says about it)``; evidence
+#: (figures training measured, e.g. ``training_batches_s``) is passed only where the asker has it
+DecideAgain = Callable[..., tuple[Any, str]]
 
 
 @dataclass
@@ -60,10 +61,11 @@ class RunRecord:
         """``setting -> part`` for every setting a part chose."""
         return {name: choice.by for name, choice in self.choices.items()}
 
-    def decide_again(self, setting: str, proposal: Any, reason: str) -> str | None:
+    def decide_again(self, setting: str, proposal: Any, reason: str, **evidence: Any) -> str | None:
         """Ask the part that chose ``setting`` to decide again, given ``reason`` and the value the evidence points
         to; returns what the part says (it applied ``proposal``, or kept its value and why), or ``None`` where no
-        part chose the setting or the part cannot decide again. Asked once per setting and proposal."""
+        part chose the setting or the part cannot decide again. Asked once per setting and proposal. ``evidence``:
+        figures the part may weigh (e.g. ``training_batches_s``), passed on where given."""
         choice = self.choices.get(setting)
         if choice is None or choice.decide_again is None:
             return None
@@ -71,7 +73,8 @@ class RunRecord:
             if change["setting"] == setting and change["proposal"] == proposal:
                 return change["said"]
         before = choice.value
-        value, said = choice.decide_again(proposal, reason)
+        evidence = {k: v for k, v in evidence.items() if v is not None}
+        value, said = choice.decide_again(proposal, reason, **evidence) if evidence else choice.decide_again(proposal, reason)
         choice.value = value
         self.changes.append({"setting": setting, "by": choice.by, "from": before, "to": value, "proposal": proposal,
                              "reason": reason, "said": said})  # fmt: skip

@@ -64,6 +64,8 @@ def window_metrics(recent: Any, sampler: Any, since: float, starved: bool, flops
         "starved": 1.0 if starved else 0.0,
         "workers_busy": workers_busy,
         "download_mb_s": None if download_bytes_s is None else download_bytes_s / 2**20,
+        # the steps training took per second over the window (what a loader must keep up with)
+        "batches_s": len(recent) / elapsed if (elapsed := time.monotonic() - since) > 0 and len(recent) else None,
     }
 
 
@@ -143,7 +145,7 @@ def ask_again(record: RunRecord, facts: RunFacts, m: dict[str, float | None]) ->
     reason = (f"the GPU idles inside the step ({m['gpu_util']:.0f} % utilization while steps wait "
               f"{100 * evidence(m).data_wait_frac:.0f} % for data) and its {facts.num_workers} workers can use all "
               f"{facts.usable_cpus} CPUs, leaving none to the training process that launches the kernels")  # fmt: skip
-    return record.decide_again("num_workers", facts.usable_cpus - 1, reason)
+    return record.decide_again("num_workers", facts.usable_cpus - 1, reason, training_batches_s=m.get("batches_s"))
 
 
 def ask_again_between(record: RunRecord, facts: RunFacts, e: Evidence) -> str | None:

@@ -570,19 +570,43 @@ def _decide(
 
 
 def decide_workers_again(probe: WorkerProbe | None, loader: Any, proposal: int, reason: str, who: str,
-                         apply: Callable[[int], None], tolerance: float = 0.03) -> tuple[int, str]:  # fmt: skip
+                         apply: Callable[[int], None], tolerance: float = 0.03,
+                         training_batches_s: float | None = None,
+                         restart: Callable[[Any], None] | None = None) -> tuple[int, str]:  # fmt: skip
     """A worker count ``who`` chose, decided again in training (the run record's ``decide_again``): ``reason`` says
-    what training showed, ``proposal`` the count it points to. ``apply(proposal)`` runs (from the next epoch) only
-    where ``probe`` measured that count as good as the current one for the loader alone and no SpanningLoader keeps
-    the workers across epochs; else the count stays. Returns the count in force and the sentence to log."""
+    what training showed, ``proposal`` the count it points to. The count changes (``apply(proposal)``, from the next
+    epoch) where it cannot starve training: ``probe`` measured it as good as the current one for the loader alone,
+    or, for fewer workers, the loader alone at the current count with one worker's share per worker taken away
+    (the least fewer workers load, as each loads at most its share) still makes :data:`KEEP_UP_MARGIN` more batches
+    per second than training takes (``training_batches_s``). Where a SpanningLoader keeps the workers across
+    epochs, ``restart(spanning_loader)`` is asked to start them again at the next epoch with the new count (no
+    ``restart``: the count stays). Returns the count in force and the sentence to log."""
     current = loader.num_workers
     good, figures = probe.as_good(proposal, current, tolerance) if probe is not None else (False, "no probe ran")
-    spanning = getattr(loader, "_spanned_by", None)
-    if spanning is not None and spanning() is not None:
+    if not good and probe is not None and 0 < proposal < current and training_batches_s and current in probe.table:
+        least = probe.table[current] * proposal / current
+        if least >= training_batches_s * (1 + KEEP_UP_MARGIN):
+            good = True
+            figures = (f"the loader alone made {probe.table[current]:.1f} batches/s at {current} workers, so {proposal} "
+                       f"make at least {least:.1f}, and training takes {training_batches_s:.1f}")  # fmt: skip
+        else:
+            figures += (f"; {proposal} workers could make as few as {least:.1f} batches/s, and training takes "
+                        f"{training_batches_s:.1f}")  # fmt: skip
+    ref = getattr(loader, "_spanned_by", None)
+    spanning = ref() if ref is not None else None
+    if spanning is not None and (restart is None or not good):
+        why = figures if not good else "a new count would restart them"
         return current, f"{who} keeps num_workers={current}: {reason}, but its workers load across epoch ends " \
-            "(SpanEpochs), and a new count would restart them."
+            f"(SpanEpochs): {why}."
     if not good:
         return current, f"{who} keeps num_workers={current}: {reason}, but fewer workers would load slower ({figures})."
     apply(proposal)
+    if spanning is not None:
+        restart(spanning)  # type: ignore[misc]
     return proposal, (f"{who} decided again: num_workers {current} -> {proposal} from the next epoch, because {reason}; "
                       f"{figures}.")  # fmt: skip
+
+
+#: fewer workers are taken in training only where they would still make this share more batches per second than
+#: training takes (they lose at most their share of the loader's rate)
+KEEP_UP_MARGIN = 0.1

@@ -336,8 +336,9 @@ class BoostDataModule(pl.LightningDataModule):
         apply = functools.partial(set_num_workers, loader, prefetch_factor=self.prefetch_factor,
                                   persistent_workers=self.persistent_workers, worker_niceness=self.worker_niceness)  # fmt: skip
 
-        def again(proposal: int, reason: str) -> tuple[int, str]:
-            value, said = decide_workers_again(probe, loader, proposal, reason, who, apply)
+        def again(proposal: int, reason: str, training_batches_s: float | None = None) -> tuple[int, str]:
+            value, said = decide_workers_again(probe, loader, proposal, reason, who, apply,
+                                               training_batches_s=training_batches_s)  # fmt: skip
             rank_zero_info(said)
             return value, said
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 import lightning_gpu_boost.core.workers_cache as workers_cache
@@ -131,3 +132,60 @@ def test_the_tuner_states_its_choice_and_decides_again_by_its_own_measurement(tm
     good, _ = probe.as_good(fewer, chosen, tuner.tolerance)
     assert ("decided again" in said) is good and ("keeps" in said) is (not good)
     assert trainer.train_dataloader.num_workers == (fewer if good else chosen)
+
+
+class _WorkerCount(torch.utils.data.Dataset):
+    """Sample ``i`` is ``(i, the loader's worker count)``: batches say which samples and how many workers made them."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        info = torch.utils.data.get_worker_info()
+        return i, 0 if info is None else info.num_workers
+
+
+class _Seen(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(()))
+        self.batches: list[tuple[int, list[int], set[int]]] = []
+
+    def training_step(self, batch, batch_idx):
+        ids, counts = batch
+        self.batches.append((self.current_epoch, ids.tolist(), set(counts.tolist())))
+        return self.w * 0.0 + self.w.sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_count_decided_again_restarts_spanning_workers_at_the_epochs_end_and_skips_nothing(trainer_kwargs):
+    """Asked again mid-epoch (the workers crowd the training process), AutoNumWorkers applies one worker fewer to a
+    loader whose workers span epochs: the epoch ends with the old workers, the next starts the new count, and every
+    epoch still holds every sample once."""
+    from lightning_gpu_boost.callbacks import SpanEpochs
+    from lightning_gpu_boost.core.run_record import run_record
+    from lightning_gpu_boost.core.workers import WorkerProbe
+
+    tuner = AutoNumWorkers(keep_user_value=True)
+
+    class AskAgain(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.current_epoch == 0 and batch_idx == 1:
+                loader = trainer.train_dataloader.source
+                tuner.probes["train"] = WorkerProbe(num_workers=2, table={2: 100.0})
+                run_record(trainer).choose("num_workers", 2, by="AutoNumWorkers", why="measured",
+                                           decide_again=lambda p, r, **e: tuner._decide_again(trainer, loader, p, r, **e))  # fmt: skip
+                self.said = run_record(trainer).decide_again("num_workers", 1, "no CPU left", training_batches_s=10.0)
+
+    ask = AskAgain()
+    loader = DataLoader(_WorkerCount(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+    model = _Seen()
+    pl.Trainer(max_epochs=3, callbacks=[tuner, SpanEpochs(min_restart_share=0.0), ask], **trainer_kwargs).fit(model, loader)
+    assert "num_workers 2 -> 1 from the next epoch" in ask.said
+    for epoch in range(3):
+        ids = sorted(i for e, batch, _ in model.batches if e == epoch for i in batch)
+        assert ids == list(range(16)), epoch
+    counts = {e: set().union(*(c for x, _, c in model.batches if x == e)) for e in range(3)}
+    assert counts[0] == {2} and counts[1] == {1} and counts[2] == {1}, counts

@@ -32,7 +32,7 @@ def test_a_worker_count_one_of_our_parts_chose_is_decided_again_not_advised():
     m = {"data_wait_frac": 0.01, "data_wait_ms": 0.5, "step_ms": 84.8, "gpu_util": 61.0, "gpu_mem_frac": 0.2}
     record = RunRecord()
     record.choose("num_workers", 16, by="AutoNumWorkers", why="measured",
-                  decide_again=lambda proposal, reason: (proposal, f"AutoNumWorkers decided again: 16 -> {proposal}"))
+                  decide_again=lambda proposal, reason, **evidence: (proposal, f"AutoNumWorkers decided again: 16 -> {proposal}"))
     facts = RunFacts(cuda=True, num_workers=16, usable_cpus=16, chosen_by=record.chosen_by())
     said = ask_again(record, facts, m)
     assert said == "AutoNumWorkers decided again: 16 -> 15"

@@ -233,3 +233,30 @@ def test_a_worker_count_is_decided_again_only_where_the_probe_measured_it_as_goo
     value, said = decide_workers_again(probe, loader, 3, "the GPU idles", "Tuner", applied.append)
     assert value == 4 and "SpanEpochs" in said and applied == [3]
     del spanning
+
+
+def test_fewer_workers_are_taken_in_training_where_they_still_outpace_it():
+    """Training shows the workers crowd the training process: one worker fewer is taken where the loader alone at
+    the current count, less one worker's share, still makes 10 % more batches per second than training takes; a
+    SpanningLoader is asked to start its workers again at the next epoch."""
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.core.spanning import SpanningLoader
+    from lightning_gpu_boost.core.workers import WorkerProbe, decide_workers_again
+
+    probe = WorkerProbe(num_workers=16, table={8: 50.0, 16: 100.0})  # 15 never measured
+    loader = DataLoader(list(range(64)), batch_size=8, num_workers=16)
+    applied, restarted = [], []
+    value, said = decide_workers_again(probe, loader, 15, "the GPU idles", "Tuner", applied.append,
+                                       training_batches_s=90.0)  # fmt: skip
+    assert value == 16 and applied == [] and "could make as few as 93.8 batches/s" in said  # 93.75 < 99
+    value, said = decide_workers_again(probe, loader, 15, "the GPU idles", "Tuner", applied.append,
+                                       training_batches_s=80.0)  # fmt: skip
+    assert value == 15 and applied == [15] and "15 make at least 93.8, and training takes 80.0" in said
+    spanning = SpanningLoader(loader)
+    value, said = decide_workers_again(probe, loader, 15, "the GPU idles", "Tuner", applied.append,
+                                       training_batches_s=80.0)  # fmt: skip
+    assert value == 16 and "a new count would restart them" in said  # no one to start them again
+    value, said = decide_workers_again(probe, loader, 15, "the GPU idles", "Tuner", applied.append,
+                                       training_batches_s=80.0, restart=restarted.append)  # fmt: skip
+    assert value == 15 and restarted == [spanning] and said.startswith("Tuner decided again: num_workers 16 -> 15")
