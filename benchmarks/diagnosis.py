@@ -3,6 +3,7 @@ advice applied as a user would apply it, and the effect it predicted against the
 
     python benchmarks/diagnosis.py                                   # GPU machine: --size gpu there
     python benchmarks/diagnosis.py --size cpu --only speech_ctc      # a smoke run on a CPU
+    python benchmarks/diagnosis.py --only audio tabular --keep benchmarks/results/diagnosis-<date>-h200.json
 
 For each workload of ``benchmarks/workloads`` (their own loaders and models, ``RUNNER.fit``, steady-state windows):
 
@@ -145,9 +146,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="plain runs per workload")
     parser.add_argument("--data", default=".workloads-data", help="where the workloads write their data")
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
+    parser.add_argument("--keep", help="an earlier result of this script: the workloads that --only leaves out are "
+                        "carried over from it, each with the commit it was measured at (a GPU machine's call is "
+                        "limited to minutes: run a few workloads per call, each call keeping the last's result)")  # fmt: skip
     args = parser.parse_args()
     root = Path(args.data)
     rows: dict[str, dict[str, Any]] = {}
+    if args.keep:
+        from _common import carried_over
+
+        rows.update(carried_over(args.keep, [n for n in RUNNER.names() if not args.only or n not in args.only],
+                                 "workloads"))  # fmt: skip
     for name in RUNNER.names():
         if args.only and name not in args.only:
             continue
@@ -184,6 +193,7 @@ def main() -> None:
                             "contradictions": contradictions(boosted)}  # fmt: skip
         rows[name] = row
         print(f"{name}: {row['verdicts']} top advice applied: {row['applied']}", flush=True)
+    rows = {n: rows[n] for n in RUNNER.names() if n in rows}  # the workloads' order
     applied = [r["applied"] for r in rows.values() if r["applied"]]
     errors = [a["prediction_error"] for a in applied if a["prediction_error"] is not None]
     halves = [h for r in rows.values() for h in r["plain_halves_diff"]] + [a["halves_diff"] for a in applied]
