@@ -104,12 +104,19 @@ def write_result(
         json.dumps({"script": script, "environment": env, "figures": figures, "bars": bars}, indent=2)
     )
     lines = [f"# {script} ({env['date']}, {env['gpu'] or 'CPU'}, {env['cpu_count']} CPUs)", ""]
-    lines += ["| bar | value | target | unit | pass |", "|---|---|---|---|---|"]
-    lines += [f"| {k} | {b['value']} | {b['target']} | {b['unit']} | {b['pass']} |" for k, b in bars.items()]
+    lines += ["| environment | |", "|---|---|"]
+    lines += [f"| {k} | {_cell(v)} |" for k, v in env.items()]
+    lines += ["", "| bar | value | target | unit | pass |", "|---|---|---|---|---|"]
+    lines += [f"| {k} | {b['value']} | {b['target']} | {_cell(b['unit'])} | {b['pass']} |" for k, b in bars.items()]
     lines += ["", "| figure | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in _flatten(figures).items()]
+    lines += [f"| {k} | {_cell(v)} |" for k, v in _flatten(figures).items()]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return path
+
+
+def _cell(value: Any) -> str:
+    """A Markdown table cell: ``|`` escaped, one line."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
