@@ -94,12 +94,11 @@ _DIST_VARS = {"LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "LO
 
 def _free_port() -> int:
     """A TCP port nobody listens on now: one port per DDP job, so a job never meets the store of an earlier one
-    (a fixed port per test session did, where an earlier job's process was still going away)."""
-    import socket
+    (a fixed port per test session did, where an earlier job's process was still going away); outside the kernel's
+    ephemeral range, in this xdist worker's own block (``tests/ports.py``)."""
+    from tests.ports import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_port()
 
 
 def run_ddp(script: str, tmp_path: Path, nprocs: int = 2, timeout: int = 240, launcher: str = "ranks") -> list[dict]:

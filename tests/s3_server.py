@@ -3,7 +3,6 @@ on 127.0.0.1, written and read over HTTP by the real clients (boto3, litdata).""
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
 import pytest
@@ -32,9 +31,9 @@ class S3Server:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from tests.ports import free_port as port
+
+    return port()
 
 
 @pytest.fixture(scope="session")

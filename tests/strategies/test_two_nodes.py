@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -51,9 +50,9 @@ if __name__ == "__main__":
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from tests.ports import free_port
+
+    return free_port()
 
 
 def _two_agents(script: Path, timeout: int = 240) -> None:
