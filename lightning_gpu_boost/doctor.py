@@ -329,19 +329,19 @@ def diagnose(
             probe = tune_num_workers(loader, budget_s=budget_s)
             # the probe's steady-state rates (batches/s at the loader's batch size) in samples/s
             table = {w: r * batch_size for w, r in probe.table.items()}
-        cpu, growth = WorkerCPU(), CacheGrowth(stream["cache_dir"]) if stream and stream["cache_dir"] else None
+        # a remote stream (never tuned: measured here): were its workers busy, did its cache grow, while measured
+        meters = (WorkerCPU(), CacheGrowth(stream["cache_dir"])) if stream and stream["cache_dir"] else None
         if workers not in table:
             say(f"measuring the loader alone at num_workers={workers} ...")
             clone = clone_loader(loader, workers)
-            cpu.busy_share(workers)
-            if growth is not None:
-                growth.bytes_per_s()
+            if meters is not None:  # both count from here
+                meters[0].busy_share(workers)
+                meters[1].bytes_per_s()
             rate = measure_batches_per_s(clone, workers, budget_s / 2, min(2.0, budget_s / 4))
             table[workers] = rate * batch_size
         result = Diagnosis(str(device), batch_size, workers, table[workers], stream=stream)
-        # over the loader's measurement (a probe's where it ran instead): were its workers busy, did the cache grow
-        result.workers_busy = cpu.busy_share(workers)
-        result.download_bytes_s = growth.bytes_per_s() if growth is not None else None
+        if meters is not None:
+            result.workers_busy, result.download_bytes_s = meters[0].busy_share(workers), meters[1].bytes_per_s()
         if tune:
             result.tuned_workers = probe.num_workers
             result.tuned_samples_per_s = table.get(probe.num_workers)

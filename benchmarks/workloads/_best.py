@@ -487,16 +487,7 @@ class AugmentedUint8(Dataset):
         if self.folder.transform is not None:
             img = self.folder.transform(img)
         else:  # the project's Pillow version of timm's transform, as its Folder runs it, before ToTensor
-            import random
-
-            width, height = img.size
-            scale = random.uniform(0.08, 1.0) ** 0.5
-            cw, ch = max(8, int(width * scale)), max(8, int(height * scale))
-            x, y = random.randint(0, width - cw), random.randint(0, height - ch)
-            img = img.resize((self.folder.crop, self.folder.crop), Image.BICUBIC, box=(x, y, x + cw, y + ch))
-            if random.random() < 0.5:
-                img = img.transpose(Image.FLIP_LEFT_RIGHT)
-            img = w._rand_augment(img)
+            img = w.augment(img, self.folder.crop)
         return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1), label
 
 

@@ -50,6 +50,18 @@ def _rand_augment(img: Image.Image, n: int = 2, m: int = 9) -> Image.Image:
     return img
 
 
+def augment(img: Image.Image, crop: int) -> Image.Image:
+    """timm's training augmentation before ToTensor, in Pillow: RandomResizedCrop (area 8-100 %), flip, rand-m9."""
+    w, h = img.size
+    s = random.uniform(0.08, 1.0) ** 0.5
+    cw, ch = max(8, int(w * s)), max(8, int(h * s))
+    x, y = random.randint(0, w - cw), random.randint(0, h - ch)
+    img = img.resize((crop, crop), Image.BICUBIC, box=(x, y, x + cw, y + ch))
+    if random.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return _rand_augment(img)
+
+
 class Folder(Dataset):
     """An image folder with timm's training transform (its Pillow equivalent where timm is missing)."""
 
@@ -72,14 +84,7 @@ class Folder(Dataset):
         img = Image.open(path).convert("RGB")
         if self.transform is not None:
             return self.transform(img), label
-        w, h = img.size
-        s = random.uniform(0.08, 1.0) ** 0.5
-        cw, ch = max(8, int(w * s)), max(8, int(h * s))
-        x, y = random.randint(0, w - cw), random.randint(0, h - ch)
-        img = img.resize((self.crop, self.crop), Image.BICUBIC, box=(x, y, x + cw, y + ch))
-        if random.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        img = _rand_augment(img)
+        img = augment(img, self.crop)
         x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255).permute(2, 0, 1)
         return (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1), label
 

@@ -215,6 +215,13 @@ class GPUUtilWatchdog(Callback):
             if stream and stream["cache_dir"]:
                 self._growth, self._run_growth = CacheGrowth(stream["cache_dir"]), CacheGrowth(stream["cache_dir"])
         self._restart_window()
+        self._start_run_meters()
+
+    def _start_run_meters(self) -> None:
+        """The run's workers' CPU time and the cache's growth count from here (again at the end of warm-up)."""
+        self._run_cpu.busy_share(self._workers)
+        if self._run_growth is not None:
+            self._run_growth.bytes_per_s()
 
     def _restart_window(self) -> None:
         """A window starts now: NVML's samples, the workers' CPU time and the cache's size count from here."""
@@ -282,9 +289,8 @@ class GPUUtilWatchdog(Callback):
         self.totals["steps"] += 1
         if self.totals["steps"] <= self.warmup_steps:
             self._restart_window()
-            self._run_cpu.busy_share(self._workers)
-            if self._run_growth is not None:
-                self._run_growth.bytes_per_s()
+            if self.totals["steps"] == self.warmup_steps:  # warm-up ends: the run's readings start here
+                self._start_run_meters()
             return
         if not math.isnan(timing.wait_ms):
             self.totals["wait_ms"] += timing.wait_ms

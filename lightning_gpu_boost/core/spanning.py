@@ -21,7 +21,12 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.core.resume import resume_start, sampler_epoch, start_index_sampler
+from lightning_gpu_boost.core.resume import (
+    ResumableDataLoader,
+    resume_start,
+    sampler_epoch,
+    start_index_sampler,
+)
 
 __all__ = ['RESTART_SHARE', 'SpanningLoader', 'restart_share', 'span_decision']
 
@@ -241,8 +246,6 @@ def span_decision(loader: Any, batches: int | None, min_share: float = RESTART_S
     ``set_epoch`` (a dataset that changes per epoch must not see the next epoch loaded early), and whose epoch start
     costs at least ``min_share`` of an epoch (:func:`restart_share`), and that keeps no resume state of its own.
     """
-    from lightning_gpu_boost.core.resume import ResumableDataLoader
-
     if not isinstance(loader, DataLoader):
         return False, f"a {type(loader).__name__}, not a DataLoader"
     if isinstance(loader.dataset, IterableDataset):
