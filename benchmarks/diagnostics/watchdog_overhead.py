@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--loader-pairs", type=int, default=3, help="alternating pairs for loader")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--transformer-steps", type=int, default=256, help="timed steps of the transformer (~5 s)")
-    parser.add_argument("--layers", type=int, default=24, help="the transformer's layers (its step's launches)")
+    parser.add_argument("--layers", type=int, default=6, help="the transformer's layers (its step's launches)")
     parser.add_argument("--only", nargs="+", choices=["resident", "transformer", "loader"])
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads"))

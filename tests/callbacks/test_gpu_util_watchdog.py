@@ -283,7 +283,7 @@ class _ChoosesAllCPUs(pl.Callback):
     def setup(self, trainer, pl_module, stage):
         from lightning_gpu_boost.core.run_record import run_record
 
-        def again(proposal, reason):
+        def again(proposal, reason, **evidence):  # evidence: what training measured (training_batches_s)
             self.asked.append((proposal, reason))
             return proposal, f"TestTuner decided again: num_workers {self.cpus} -> {proposal}, because {reason}."
 
