@@ -26,6 +26,11 @@ __all__ = ['NVMLSampler', 'nvml_device']
 log = logging.getLogger(__name__)
 
 
+#: every NVML GPM call of this process, one at a time: two samplers sampling GPM from two threads at once (the
+#: watchdog's beside ThroughputMeter's) segfaulted in ``nvmlGpmSampleGet`` on the H200 machine (driver 580)
+_GPM_LOCK = threading.Lock()
+
+
 def nvml_device(cuda_index: int) -> int | str:
     """NVML device (index or UUID) of CUDA device ``cuda_index`` of this process, honouring
     ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-``/``MIG-`` UUIDs)."""
@@ -136,7 +141,8 @@ class NVMLSampler:
             if not nvml.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice:
                 self.sm_reason = "this GPU has no GPM counters (NVML GPM needs Hopper or newer)"
                 return
-            self._gpm = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+            with _GPM_LOCK:
+                self._gpm = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
             self.sm_reason = ""
         except Exception as err:  # an older driver or nvidia-ml-py without GPM, no permission
             self.sm_reason = f"NVML GPM: {err}"
@@ -147,16 +153,8 @@ class NVMLSampler:
             return None
         nvml = self._nvml
         try:
-            nvml.nvmlGpmSampleGet(self._handle, self._gpm[1])
-            value = None
-            if self._gpm_have:
-                get = nvml.c_nvmlGpmMetricsGet_t()
-                get.version, get.numMetrics = nvml.NVML_GPM_METRICS_GET_VERSION, 1
-                get.sample1, get.sample2 = self._gpm[0], self._gpm[1]
-                get.metrics[0].metricId = nvml.NVML_GPM_METRIC_SM_UTIL
-                nvml.nvmlGpmMetricsGet(get)
-                if get.metrics[0].nvmlReturn == 0:
-                    value = min(100.0, max(0.0, float(get.metrics[0].value)))
+            with _GPM_LOCK:
+                value = self._gpm_metric(nvml)
             self._gpm.reverse()  # this sample is the next one's start
             self._gpm_have, self._gpm_failures = True, 0
             return value
@@ -168,13 +166,26 @@ class NVMLSampler:
                 self._free_gpm()
             return None
 
+    def _gpm_metric(self, nvml: Any) -> float | None:
+        """Take a GPM sample; SM activity since the last one (under :data:`_GPM_LOCK`)."""
+        nvml.nvmlGpmSampleGet(self._handle, self._gpm[1])
+        if not self._gpm_have:
+            return None
+        get = nvml.c_nvmlGpmMetricsGet_t()
+        get.version, get.numMetrics = nvml.NVML_GPM_METRICS_GET_VERSION, 1
+        get.sample1, get.sample2 = self._gpm[0], self._gpm[1]
+        get.metrics[0].metricId = nvml.NVML_GPM_METRIC_SM_UTIL
+        nvml.nvmlGpmMetricsGet(get)
+        return min(100.0, max(0.0, float(get.metrics[0].value))) if get.metrics[0].nvmlReturn == 0 else None
+
     def _free_gpm(self) -> None:
         gpm, self._gpm, self._gpm_have = self._gpm, [], False
-        for sample in gpm:
-            try:
-                self._nvml.nvmlGpmSampleFree(sample)
-            except Exception:
-                pass
+        with _GPM_LOCK:
+            for sample in gpm:
+                try:
+                    self._nvml.nvmlGpmSampleFree(sample)
+                except Exception:
+                    pass
 
     def _skip_history(self) -> None:
         """Start after the samples the driver buffered before this sampler started (they describe other work)."""
