@@ -22,6 +22,8 @@ For each workload of ``benchmarks/workloads`` (their own loaders and models, ``R
 4. ``GPUBoost()`` once: a contradiction is advice that names a value for a setting one of our parts chose in that run
    (``num_workers`` chosen by its tuner, told "set num_workers=..." or "AutoNumWorkers()").
 
+The result is written after each workload (a workload that fails is recorded with its error and the rest still run).
+
 Bars (``diagnosis-<date>-<machine>.json``): ``workloads_with_advice_applied`` >= 10, ``prediction_error_max`` <= 0.25,
 ``self_contradictions`` == 0, ``verdict_repeat_agreement_min`` >= 0.9, ``steady_state_halves_max_diff`` <= 0.05 (the
 timed windows of every plain and applied run).
@@ -160,54 +162,77 @@ def main() -> None:
     for name in RUNNER.names():
         if args.only and name not in args.only:
             continue
-        print(f"{name}: plain x{args.repeats} ...", flush=True)
-        plains = [RUNNER.fit(name, args.size, root) for _ in range(args.repeats)]
-        verdicts = [p["verdict"] for p in plains]
-        mode, count = Counter(verdicts).most_common(1)[0]
-        top = (plains[0]["advice"] or [""])[0]
-        row: dict[str, Any] = {"verdicts": verdicts, "verdict": mode, "verdict_agreement": count / len(verdicts),
-                               "top_advice": top, "plain_samples_per_s": [_rate(p) for p in plains],
-                               "plain_halves_diff": [_halves(p) for p in plains]}  # fmt: skip
-        chosen = apply(name, top)
-        if chosen is None:
-            row["applied"] = None
+        try:
+            rows[name] = diagnose_workload(name, args, root)
+        except Exception as err:  # one workload's failure is recorded; the others still run
+            import traceback
+
+            traceback.print_exc()
+            rows[name] = {"error": f"{type(err).__name__}: {err}"}
+        # written after each workload: a GPU machine's call can end, or a process crash, before the last one
+        print(f"wrote {write_result('diagnosis', *summarize(rows, args), args.out)}", flush=True)
+
+
+def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """One workload's row: its plain repeats, the top advice applied, the GPUBoost() run's contradictions."""
+    print(f"{name}: plain x{args.repeats} ...", flush=True)
+    plains = [RUNNER.fit(name, args.size, root) for _ in range(args.repeats)]
+    verdicts = [p["verdict"] for p in plains]
+    mode, count = Counter(verdicts).most_common(1)[0]
+    top = (plains[0]["advice"] or [""])[0]
+    row: dict[str, Any] = {"verdicts": verdicts, "verdict": mode, "verdict_agreement": count / len(verdicts),
+                           "top_advice": top, "plain_samples_per_s": [_rate(p) for p in plains],
+                           "plain_halves_diff": [_halves(p) for p in plains]}  # fmt: skip
+    chosen = apply(name, top)
+    if chosen is None:
+        row["applied"] = None
+    else:
+        how, change = chosen
+        guess, source = predicted(name, how, plains[0], args.size, root)
+        print(f"{name}: applying {how} ...", flush=True)
+        if change == "best":
+            run = RUNNER.fit(name, args.size, root, "best")
+        elif change == "repeat":
+            run = RUNNER.fit(name, args.size, root)
         else:
-            how, change = chosen
-            guess, source = predicted(name, how, plains[0], args.size, root)
-            print(f"{name}: applying {how} ...", flush=True)
-            if change == "best":
-                run = RUNNER.fit(name, args.size, root, "best")
-            elif change == "repeat":
-                run = RUNNER.fit(name, args.size, root)
-            else:
-                run = RUNNER.fit(name, args.size, root, change=change)
-            base = median(row["plain_samples_per_s"])
-            row["applied"] = {"how": how, "samples_per_s": _rate(run), "halves_diff": _halves(run),
-                              "verdict_after": run["verdict"], "predicted_samples_per_s": guess,
-                              "prediction_source": source, "measured_gain": _rate(run) / base,
-                              "predicted_gain": guess / base if guess else None,
-                              "prediction_error": abs(_rate(run) / guess - 1) if guess else None}  # fmt: skip
-        print(f"{name}: GPUBoost() ...", flush=True)
-        boosted = RUNNER.fit(name, args.size, root, "gpu_boost")
-        row["gpu_boost"] = {"verdict": boosted["verdict"], "advice": boosted["advice"],
-                            "contradictions": contradictions(boosted)}  # fmt: skip
-        rows[name] = row
-        print(f"{name}: {row['verdicts']} top advice applied: {row['applied']}", flush=True)
+            run = RUNNER.fit(name, args.size, root, change=change)
+        base = median(row["plain_samples_per_s"])
+        row["applied"] = {"how": how, "samples_per_s": _rate(run), "halves_diff": _halves(run),
+                          "verdict_after": run["verdict"], "predicted_samples_per_s": guess,
+                          "prediction_source": source, "measured_gain": _rate(run) / base,
+                          "predicted_gain": guess / base if guess else None,
+                          "prediction_error": abs(_rate(run) / guess - 1) if guess else None}  # fmt: skip
+    print(f"{name}: GPUBoost() ...", flush=True)
+    boosted = RUNNER.fit(name, args.size, root, "gpu_boost")
+    row["gpu_boost"] = {"verdict": boosted["verdict"], "advice": boosted["advice"],
+                        "contradictions": contradictions(boosted)}  # fmt: skip
+    print(f"{name}: {row['verdicts']} top advice applied: {row['applied']}", flush=True)
+    return row
+
+
+def summarize(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> tuple[dict, dict]:
+    """The figures and bars over the workloads done so far (a failed workload counts as one without advice
+    applied, and its error is kept)."""
+    errors_by_workload = {n: r["error"] for n, r in rows.items() if "error" in r}
     rows = {n: rows[n] for n in RUNNER.names() if n in rows}  # the workloads' order
-    applied = [r["applied"] for r in rows.values() if r["applied"]]
+    done = {n: r for n, r in rows.items() if "error" not in r}
+    applied = [r["applied"] for r in done.values() if r["applied"]]
     errors = [a["prediction_error"] for a in applied if a["prediction_error"] is not None]
-    halves = [h for r in rows.values() for h in r["plain_halves_diff"]] + [a["halves_diff"] for a in applied]
-    figures = {"config": vars(args), "workloads": rows}
+    halves = [h for r in done.values() for h in r["plain_halves_diff"]] + [a["halves_diff"] for a in applied]
+    halves = [h for h in halves if h == h]
+    figures = {"config": vars(args), "workloads": rows, "failed": errors_by_workload}
     bars = {
         "workloads_with_advice_applied": bar(len(applied), 10, "workloads"),
         "prediction_error_max": bar(max(errors) if errors else float("nan"), 0.25, "abs(measured/predicted - 1)",
                                     higher_is_better=False),  # fmt: skip
-        "self_contradictions": bar(sum(len(r["gpu_boost"]["contradictions"]) for r in rows.values()), 0, "advice",
+        "self_contradictions": bar(sum(len(r["gpu_boost"]["contradictions"]) for r in done.values()), 0, "advice",
                                    higher_is_better=False),  # fmt: skip
-        "verdict_repeat_agreement_min": bar(min(r["verdict_agreement"] for r in rows.values()), 0.9, "share"),
-        "steady_state_halves_max_diff": bar(max(h for h in halves if h == h), 0.05, "ratio", higher_is_better=False),
+        "verdict_repeat_agreement_min": bar(min((r["verdict_agreement"] for r in done.values()), default=float("nan")),
+                                            0.9, "share"),  # fmt: skip
+        "steady_state_halves_max_diff": bar(max(halves, default=float("nan")), 0.05, "ratio", higher_is_better=False),
+        "workloads_failed": bar(len(errors_by_workload), 0, "workloads", higher_is_better=False),
     }
-    print(f"wrote {write_result('diagnosis', figures, bars, args.out)}")
+    return figures, bars
 
 
 if __name__ == "__main__":

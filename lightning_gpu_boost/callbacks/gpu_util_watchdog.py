@@ -16,7 +16,7 @@ from typing_extensions import override
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._run_facts import loader_facts, peak_flops, run_facts
 from lightning_gpu_boost.core import watchdog_report as report
-from lightning_gpu_boost.core.mfu import TRAIN_FACTOR, StepFlops
+from lightning_gpu_boost.core.mfu import StepFlops
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
@@ -61,9 +61,8 @@ class GPUUtilWatchdog(Callback):
         - ``gpu_boost/gpu_util``: mean NVML utilization (%) over the window (where NVML works)
         - ``gpu_boost/gpu_mem_frac``: GPU memory in use / total (where NVML works)
         - ``gpu_boost/sm_active``: share of the SMs busy (%, NVML GPM on Hopper and newer)
-        - ``gpu_boost/mfu``: model FLOPs utilization: one step's model FLOPs (its forward's, counted once with torch's
-          FlopCounterMode, times 3 for forward and backward) per step time over the GPU's peak at the step's
-          precision (Lightning's throughput utilities)
+        - ``gpu_boost/mfu``: model FLOPs utilization: one step's FLOPs (counted once, torch's FlopCounterMode) per
+          step time over the GPU's peak at the step's precision (Lightning's throughput utilities)
         - ``gpu_boost/starved``: 1.0 while the verdict is "starved", else 0.0
         - ``gpu_boost/workers_busy``: share of the loader workers' time on a CPU over the last window (Linux)
         - ``gpu_boost/download_mb_s``: MiB/s arriving in a remote stream's local cache over the last window
@@ -267,16 +266,11 @@ class GPUUtilWatchdog(Callback):
             self._timer.step_start()
 
     @override
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
-        if self._flops.counting:  # the forward of a step inside the warm-up (its timing is not judged)
-            self._flops.stop(scale=TRAIN_FACTOR)
-
-    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._last_end = time.perf_counter()
-        if self._flops.counting:  # a step with no backward (its forward was all it ran)
+        if self._flops.counting:  # a step inside the warm-up (its timing is not judged)
             self._flops.stop()
         if self._timer is None:
             return

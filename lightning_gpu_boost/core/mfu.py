@@ -1,10 +1,6 @@
-"""Model FLOPs utilization (MFU): the model's FLOPs of one training step over the time a step takes and the GPU's
-peak FLOP/s (which the caller looks up, e.g. with Lightning's ``get_available_flops``). Framework-free.
-
-The step's FLOPs are its forward's, counted once with torch's ``FlopCounterMode``, times :data:`TRAIN_FACTOR` (the
-backward taken as twice the forward, the convention of PaLM's MFU: model FLOPs, not the hardware's; the optimizer's
-few FLOPs left out). The backward is not counted under the mode: on CUDA it runs in autograd's device thread, and
-counting it there crashed the training process (a segfault, in about one run of three on the H200 machine, torch 2.11).
+"""Model FLOPs utilization (MFU): the model's FLOPs of one training step, counted once with torch's
+``FlopCounterMode`` (forward, backward and the optimizer's step as dispatched), over the time a step takes and the
+GPU's peak FLOP/s (which the caller looks up, e.g. with Lightning's ``get_available_flops``). Framework-free.
 
 Example::
 
@@ -21,15 +17,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["TRAIN_FACTOR", "StepFlops", "mfu"]
-
-#: a training step's model FLOPs per forward FLOP: the forward once, the backward twice (its input and weight grads)
-TRAIN_FACTOR = 3
+__all__ = ["StepFlops", "mfu"]
 
 
 class StepFlops:
-    """Counts the FLOPs dispatched in this thread between :meth:`start` and :meth:`stop` (a step's forward: stop it
-    before the backward, and scale by :data:`TRAIN_FACTOR`)."""
+    """Counts the FLOPs dispatched between :meth:`start` and :meth:`stop` (one training step, in one thread)."""
 
     def __init__(self) -> None:
         #: FLOPs of the counted step (``None`` until one was counted)
@@ -46,14 +38,12 @@ class StepFlops:
         self._mode = FlopCounterMode(display=False)
         self._mode.__enter__()
 
-    def stop(self, scale: float = 1) -> int | None:
-        """Stop counting; :attr:`flops` is what was counted times ``scale`` (e.g. :data:`TRAIN_FACTOR` for a
-        forward)."""
+    def stop(self) -> int | None:
         if self._mode is None:
             return self.flops
         mode, self._mode = self._mode, None
         mode.__exit__(None, None, None)
-        self.flops = int(mode.get_total_flops() * scale)
+        self.flops = int(mode.get_total_flops())
         return self.flops
 
 

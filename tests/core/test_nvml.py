@@ -4,6 +4,7 @@ buffered before the sampler started are left out, and a settled mean leaves out 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import types
 
@@ -124,3 +125,32 @@ def test_gpm_stops_after_ten_errors_in_a_row_and_says_why():
     sampler = _gpm_sampler(fake)
     assert [sampler._poll_gpm(float(t)) for t in range(12)] == [None] * 12
     assert "failed 10 times in a row" in sampler.sm_reason and fake.freed == 2 and sampler.mean_sm_active() is None
+
+
+class OneAtATimeGPM(FakeGPM):
+    """Records whether two GPM calls ever ran at once (two samplers at once segfaulted NVML on the H200)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.overlaps, self.calls = 0, 0, 0
+        self._count = threading.Lock()
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        with self._count:
+            self.inside += 1
+            self.overlaps += self.inside > 1
+            self.calls += 1
+        time.sleep(0.002)
+        with self._count:
+            self.inside -= 1
+
+
+def test_two_samplers_never_call_gpm_at_once():
+    fake = OneAtATimeGPM()
+    samplers = [_gpm_sampler(fake) for _ in range(2)]  # the watchdog's and ThroughputMeter's, in one process
+    threads = [threading.Thread(target=lambda s=s: [s._poll_gpm(float(t)) for t in range(25)]) for s in samplers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert fake.calls == 50 and fake.overlaps == 0
