@@ -1,7 +1,7 @@
 """Streaming from an S3-compatible store through litdata, against the same images from local files, in one run.
 
     python benchmarks/streaming.py                      # GPU machine: moto's S3 server and the link proxy in-process
-    python benchmarks/streaming.py --images 2000 --cap-mb 20
+    python benchmarks/streaming.py --images 2000 --cap-mb 20     # a smoke run (its windows too short to be steady)
 
 The demo JPEG tree is written as a litdata stream (``write_image_stream``) and uploaded to moto's S3 server on
 127.0.0.1 (a process of its own); every streamed case reads it through ``tests/link_proxy.py`` (its own process
@@ -174,7 +174,9 @@ def main() -> None:
     parser.add_argument("--starved-cap-mb", type=float, default=5.0, help="the starved case's link cap, MB/s")
     parser.add_argument("--starved-steps", type=int, default=40, help="the starved case's steps (batches of 64)")
     parser.add_argument("--fed-steps", type=int, default=70, help="the fed case's steps (after stream_gpu_boost)")
-    parser.set_defaults(images=24000)
+    # the timing rule's one-epoch sizing (docs/method.md, rule 5): a warm epoch skips the loader's queue (15 workers
+    # x 4 batches) and 4 steps, and still holds a window of about 120 steps (at 24,000 images: about 30)
+    parser.set_defaults(images=48000)
     args = parser.parse_args()
     ARCH[0] = args.arch
     import subprocess
