@@ -10,13 +10,13 @@ For each workload of ``benchmarks/workloads`` (their own loaders and models, ``R
 1. ``plain`` ``--repeats`` times (3): the run's verdict and top advice each time; ``verdict_agreement`` is the share
    of the repeats that give the most common verdict.
 2. The top advice of the first plain run, applied (:func:`apply`): ``"nothing to change"`` runs the project again;
-   ``AutoNumWorkers()``, ``num_workers=N``, ``persistent_workers=True`` and ``StreamPrefetch()`` change the project's
-   Trainer or loader as written; advice whose fix is code (uint8 + GPU transforms, GPU features, batched fetching,
+   ``AutoNumWorkers()``, ``num_workers=N``, ``persistent_workers=True``, ``SpanEpochs(min_restart_share=0)`` and
+   ``StreamPrefetch()`` change the project's Trainer or loader as written; advice whose fix is code (uint8 + GPU transforms, GPU features, batched fetching,
    spanning epochs) runs the workload's documented implementation of it (``benchmarks/workloads/_best.py``), where
    it has one; otherwise the advice is recorded as not applied.
 3. The prediction: for a worker count, ``doctor``'s short fits at the current and the advised count (the figure its
    advice quotes); for ``persistent_workers=True``, the watchdog's stated bound (the run without its later epochs'
-   starts); for another data-side fix, the watchdog's stated bound (the steps' own rate with the wait gone: "with no
+   starts; for ``SpanEpochs`` the run without its time outside the steps); for another data-side fix, the watchdog's stated bound (the steps' own rate with the wait gone: "with no
    wait the steps alone run N samples/s"); for "nothing to change", the plain rate. ``prediction_error`` is
    ``|measured / predicted - 1|`` on the applied run's samples/s.
 4. ``GPUBoost()`` once: a contradiction is advice that names a value for a setting one of our parts chose in that run
@@ -91,7 +91,7 @@ def _edit(loader: Any, **changes: Any) -> Any:
 def apply(name: str, advice: str) -> tuple[str, Any] | None:
     """``(how, change)`` for the top ``advice`` of workload ``name``: ``change`` is ``RUNNER.fit``'s ``change`` (or
     the string ``"best"`` / ``"repeat"``); ``None`` where the harness has no way to apply it."""
-    from lightning_gpu_boost.callbacks import AutoNumWorkers, StreamPrefetch
+    from lightning_gpu_boost.callbacks import AutoNumWorkers, SpanEpochs, StreamPrefetch
 
     if advice.startswith("nothing to change"):
         return "repeat", "repeat"
@@ -101,6 +101,8 @@ def apply(name: str, advice: str) -> tuple[str, Any] | None:
     if count:
         n = int(count.group(1))
         return f"num_workers={n}", lambda m, t, v, k: (m, _edit(t, num_workers=n), v, k, [])
+    if "SpanEpochs(min_restart_share=0) in the callbacks" in advice.split(";")[0]:  # the advice's first fix
+        return "SpanEpochs(min_restart_share=0)", lambda m, t, v, k: (m, t, v, k, [SpanEpochs(min_restart_share=0)])
     if advice.startswith("persistent_workers=False restarts") or "persistent_workers=True keeps" in advice:
         return "persistent_workers=True", lambda m, t, v, k: (m, _edit(t, persistent_workers=True), v, k, [])
     if advice.startswith("StreamPrefetch()"):
@@ -126,6 +128,8 @@ def predicted(name: str, how: str, plain: dict[str, Any], size: str, root: Path)
         if advised in fits:
             return float(fits[advised]), f"doctor's short fit at num_workers={advised}"
     w = plain.get("watchdog") or {}
+    if how == "SpanEpochs(min_restart_share=0)" and w.get("between_frac") is not None and w["between_frac"] < 1:
+        return _rate(plain) / (1 - w["between_frac"]), "the watchdog's bound (the time outside the steps gone)"
     if how == "persistent_workers=True" and w.get("epoch_start_frac") is not None and w["epoch_start_frac"] < 1:
         return _rate(plain) / (1 - w["epoch_start_frac"]), "the watchdog's bound (the epochs' starts gone)"
     step, wait = w.get("step_ms"), w.get("data_wait_ms")

@@ -487,9 +487,11 @@ def _conclude(d: Diagnosis) -> None:
                  if restarts else "keeps its workers")  # fmt: skip
         d.advice.append(
             f"each epoch of {d.batches_per_epoch} batches {start}{val}: {100 * d.between_frac:.0f} % of the epoch "
-            "passes outside the steps. Set persistent_workers=True on the training and validation DataLoaders, make "
-            "epochs longer (more samples per epoch), validate less often (check_val_every_n_epoch), and give "
-            "validation a loader over the batches it reads (workers prefetch batches limit_val_batches drops)."
+            "passes outside the steps. Keep the workers loading across epoch ends: SpanEpochs(min_restart_share=0) in "
+            "the callbacks (GPUBoost() includes it at 5 %; it also gives validation a loader over the batches it "
+            "reads), since a DataLoader's workers, persistent or not, start an epoch's batches only once it begins; "
+            "else set persistent_workers=True on the training and validation DataLoaders (it saves their start-up), "
+            "make epochs longer (more samples per epoch) and validate less often (check_val_every_n_epoch)."
         )
     elif serial and load_s >= SERIAL_WAIT_SHARE * (load_s + step_s + copy_s):
         d.bottleneck = "loader"

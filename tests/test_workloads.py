@@ -108,6 +108,9 @@ def test_the_diagnosis_benchmark_applies_the_advice_as_written():
         "the loader's 16 workers can use all 16 CPUs ...: set num_workers=15, or move": "num_workers=15",
         "persistent_workers=False restarts the workers every epoch: set it to True.": "persistent_workers=True",
         "StreamPrefetch() copies the next batch on a side stream while this step computes.": "StreamPrefetch()",
+        "65 % of the run passes outside the training steps (...): keep the train workers loading across epoch ends: "
+        "SpanEpochs(min_restart_share=0) in the callbacks (GPUBoost() includes it at 5 %), or return "
+        "SpanningLoader(DataLoader(...)) from train_dataloader(); a DataLoader's workers ...": "SpanEpochs(min_restart_share=0)",
     }  # fmt: skip
     for advice, how in cases.items():
         assert diagnosis.apply("jpeg_classification", advice)[0] == how, advice

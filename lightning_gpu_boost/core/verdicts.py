@@ -410,13 +410,33 @@ def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
     advice: list[str] = []
     share = "" if e is None or e.between_frac is None else f"{100 * e.between_frac:.0f} % of the run passes "
     lead = f"{share}outside the training steps (epoch ends, validation, checkpoints)"
-    if f.num_workers and f.persistent_workers is False:
-        starts = e.epoch_start_frac if e is not None else None
-        gain = (f" (the epochs' starts take {100 * starts:.0f} % of the run: expect up to {1 / (1 - starts):.2f}x "
-                "the samples/s)" if starts is not None and 0 < starts < 1 else "")  # fmt: skip
+    starts = e.epoch_start_frac if e is not None else None
+    bound = (f" (the epochs' starts take {100 * starts:.0f} % of the run: expect up to {1 / (1 - starts):.2f}x "
+             "the samples/s)" if starts is not None and 0 < starts < 1 else "")  # fmt: skip
+    can_span = bool(f.num_workers) and not f.spans_epochs and "span_epochs" not in f.chosen_by
+    # the epochs' starts go only where the workers load across epoch ends: a DataLoader's workers, persistent or
+    # not, start an epoch's batches once its iterator is made (persistent_workers=True alone measured 0.96x on the
+    # H200 where the starts took 29 % of the run: benchmarks/results/diagnosis-2026-11-26-h200.json). Spanning
+    # the training and validation loaders removes the epochs' ends and starts and the validation loaders' restarts
+    # and unread batches: at most the time outside the steps (short_epochs at CPU size: 3.49x where that bound said
+    # 4.2x and the epochs' starts alone 1.5x)
+    outside = e.between_frac if e is not None else None
+    span_first = can_span and outside is not None and 0 < outside < 1
+    if span_first:
         advice.append(
-            f"{lead}: persistent_workers=True keeps the {f.num_workers} train workers alive across epochs instead "
-            f"of starting them again at every epoch{gain}"
+            "keep the workers loading across epoch ends: SpanEpochs(min_restart_share=0) in the callbacks "
+            "(GPUBoost() includes it at 5 %), or return SpanningLoader(DataLoader(...)) from train_dataloader() and "
+            "val_dataloader() (lightning_gpu_boost.core.spanning); a DataLoader's workers, persistent or not, start an "
+            "epoch's batches only once it begins, and a validation pass's workers load batches it never reads "
+            f"(expect up to {1 / (1 - outside):.2f}x the samples/s, with all of the time outside the steps gone but "
+            "validation's own steps)"
+        )
+    if f.num_workers and f.persistent_workers is False:
+        advice.append(
+            f"persistent_workers=True keeps the {f.num_workers} train workers alive across epochs instead of starting "
+            "them again at every epoch"
+            + (" (it saves their start-up; each epoch's first batches are still loaded once it begins)"
+               if span_first else bound)  # fmt: skip
         )
     restart = [w for w, persistent in f.val_loaders if w > 0 and not persistent]
     if restart:
@@ -434,13 +454,13 @@ def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
                 ", or keep the workers loading across epoch ends: SpanEpochs(min_restart_share=0) in the callbacks "
                 "(GPUBoost() includes it at 5 %), or return SpanningLoader(DataLoader(...)) from train_dataloader() "
                 "and val_dataloader() (lightning_gpu_boost.core.spanning)"
-                if f.num_workers and not f.spans_epochs and "span_epochs" not in f.chosen_by
+                if can_span and not span_first
                 else ""
             )
         )
     if not advice:
         advice.append(f"{lead}: check checkpoint frequency (ModelCheckpoint every_n_train_steps) and epoch-end hooks")
-    elif not advice[0].startswith(lead):
+    else:
         advice[0] = f"{lead}: {advice[0]}"
     return advice
 

@@ -220,8 +220,8 @@ def test_ddp_summary_shows_every_rank(tmp_path):
 
 def test_short_epochs_that_restart_their_workers_get_the_between_steps_verdict(trainer_kwargs):
     """Epochs of 4 batches, workers that restart every epoch and a validation loader that does the same: most of
-    the run passes outside the steps, which the per-step figures leave out; the verdict says so and names
-    persistent_workers."""
+    the run passes outside the steps, which the per-step figures leave out; the verdict says so and names spanning
+    the epochs first, then persistent_workers."""
     dog = GPUUtilWatchdog(window=2, warmup_steps=0, summary=False)
     train = DataLoader(IndexDataset(16), batch_size=4, num_workers=2)
     val = DataLoader(IndexDataset(8), batch_size=4, num_workers=2)
@@ -231,10 +231,14 @@ def test_short_epochs_that_restart_their_workers_get_the_between_steps_verdict(t
     assert dog.summaries[0]["between_frac"] >= 0.25 and dog.summaries[0]["validation_frac"] > 0
     text = " ".join(dog.run_advice)
     assert "persistent_workers=True keeps the 2 train workers" in text and "validation loader" in text
-    # the later epochs' starts (the workers starting again) are timed: the advice states what removing them gives
+    # the later epochs' starts (the workers starting again) are timed: the advice that removes them, spanning the
+    # epochs, comes first and states what it gives; persistent workers save only their start-up, said second
     starts = dog.summaries[0]["epoch_start_frac"]
     assert 0 < starts < dog.summaries[0]["between_frac"]
-    assert f"the epochs' starts take {100 * starts:.0f} % of the run: expect up to {1 / (1 - starts):.2f}x" in text
+    first, second = dog.run_advice[0], dog.run_advice[1]
+    assert "SpanEpochs(min_restart_share=0)" in first, dog.run_advice
+    assert f"expect up to {1 / (1 - dog.summaries[0]['between_frac']):.2f}x" in first
+    assert "persistent_workers=True" in second and "saves their start-up" in second
 
 
 class SyncsEveryStep(pl.LightningModule):
