@@ -101,7 +101,7 @@ def apply(name: str, advice: str) -> tuple[str, Any] | None:
     if count:
         n = int(count.group(1))
         return f"num_workers={n}", lambda m, t, v, k: (m, _edit(t, num_workers=n), v, k, [])
-    if "SpanEpochs(min_restart_share=0) in the callbacks" in advice.split(";")[0]:  # the advice's first fix
+    if "SpanEpochs(min_restart_share=0) in the callbacks" in advice:
         return "SpanEpochs(min_restart_share=0)", lambda m, t, v, k: (m, t, v, k, [SpanEpochs(min_restart_share=0)])
     if advice.startswith("persistent_workers=False restarts") or "persistent_workers=True keeps" in advice:
         return "persistent_workers=True", lambda m, t, v, k: (m, _edit(t, persistent_workers=True), v, k, [])

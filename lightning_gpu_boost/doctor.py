@@ -10,7 +10,6 @@ the throughput to expect from it. Works on CPU (copy and GPU step are then not m
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 import warnings
@@ -401,9 +400,6 @@ def measure_fit(model: Any, data: Any, steps: int, warmup: int, callbacks: tuple
     from lightning_gpu_boost.callbacks.throughput_meter import MAX_EXTENSION, ThroughputMeter
     from lightning_gpu_boost.core.steady import EXTRA_WARMUP, min_warmup
 
-    # an earlier fit's objects (a Trainer is a cycle of references, holding pinned batches) freed here, not in the
-    # first collection of a worker forked by this fit: freeing pinned memory calls CUDA, which a forked child cannot
-    gc.collect()
     meter = ThroughputMeter(warmup=warmup, steps=steps)  # ends fit once `steps` are timed after the queue drained
     queue = queue_bound(data)
     kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,

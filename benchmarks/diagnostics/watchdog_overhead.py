@@ -60,7 +60,7 @@ def main() -> None:
     def timed_hooks(dog: GPUUtilWatchdog) -> list[float]:
         """Time every step hook of ``dog`` (Lightning calls them through the instance's attributes)."""
         spent = [0.0]
-        for name in ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward"):
+        for name in ("on_train_batch_start", "on_train_batch_end"):  # its hooks inside the step loop
             hook = getattr(dog, name)
 
             def timed(*a, _hook=hook, **k):

@@ -158,10 +158,6 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain", change: Any 
     val, kwargs, callbacks)``, one change applied to the plain project (``benchmarks/diagnosis.py``'s advice)."""
     module = importlib.import_module(name)
     data = module.prepare(Path(data_root), size)
-    # the last run's objects (a Trainer is a cycle of references, holding pinned batches) freed here, not in a
-    # forked worker's first collection: freeing pinned memory there calls CUDA in a child that cannot use it
-    # (the likely cause of the ``cudaErrorInitializationError`` that aborted workers in a run after others on the H200)
-    gc.collect()
     extra: list[pl.Callback] = []
     if case == "best":  # the documented fix (benchmarks/workloads/_best.py)
         from _best import BEST

@@ -1,13 +1,30 @@
-"""Synthetic image data for the image workloads (harness, not part of the projects)."""
+"""Synthetic data for the workloads (harness, not part of the projects): image trees, image/mask pairs, and
+:func:`write_once`, which the audio workloads' generators use too."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+
+def write_once(root: Path, write: Callable[[Any], None], jobs: Callable[[], list]) -> Path:
+    """Run ``write`` over ``jobs()`` in one process per core, once: ``root/.complete`` marks a finished set (an
+    interrupted one is written again)."""
+    done = root / ".complete"
+    if done.exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    todo, cpus = jobs(), os.cpu_count() or 1
+    with multiprocessing.Pool(min(len(todo), cpus)) as pool:
+        pool.map(write, todo, chunksize=max(1, len(todo) // (8 * cpus)))
+    done.touch()
+    return root
 
 
 def _jpeg(job: tuple[str, int, int, int, int | None]) -> None:
@@ -29,19 +46,17 @@ def jpeg_tree(
     """``root/class_k/img_i.jpg``: smooth colour fields plus noise (JPEG sizes like photos of that size), written
     by one process per core. ``class_colour``: half of each field is its class's colour, so that a short run's loss
     falls (and two runs' loss curves can be compared)."""
-    done = root / ".complete"
-    if done.exists():
-        return root
-    jobs = []
-    for i in range(n):
-        folder = root / f"class_{i % classes:03d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        jobs.append((str(folder / f"img_{i:06d}.jpg"), seed * 1_000_003 + i, *size,
-                     i % classes if class_colour else None))  # fmt: skip
-    with multiprocessing.Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
-        pool.map(_jpeg, jobs, chunksize=max(1, len(jobs) // (8 * (os.cpu_count() or 1))))
-    done.touch()
-    return root
+
+    def jobs() -> list:
+        todo = []
+        for i in range(n):
+            folder = root / f"class_{i % classes:03d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            todo.append((str(folder / f"img_{i:06d}.jpg"), seed * 1_000_003 + i, *size,
+                         i % classes if class_colour else None))  # fmt: skip
+        return todo
+
+    return write_once(root, _jpeg, jobs)
 
 
 def _pair(job: tuple[Path, int, int, int, int]) -> None:
@@ -66,13 +81,10 @@ def _pair(job: tuple[Path, int, int, int, int]) -> None:
 def image_mask_pairs(root: Path, n: int, size: int, classes: int, seed: int = 0) -> Path:
     """``root/images/i.jpg`` and ``root/masks/i.png`` (a class index per pixel: a few filled shapes), written by one
     process per core."""
-    done = root / ".complete"
-    if done.exists():
-        return root
-    (root / "images").mkdir(parents=True, exist_ok=True)
-    (root / "masks").mkdir(parents=True, exist_ok=True)
-    jobs = [(root, i, size, classes, seed) for i in range(n)]
-    with multiprocessing.Pool(min(n, os.cpu_count() or 1)) as pool:
-        pool.map(_pair, jobs, chunksize=max(1, n // (8 * (os.cpu_count() or 1))))
-    done.touch()
-    return root
+
+    def jobs() -> list:
+        (root / "images").mkdir(parents=True, exist_ok=True)
+        (root / "masks").mkdir(parents=True, exist_ok=True)
+        return [(root, i, size, classes, seed) for i in range(n)]
+
+    return write_once(root, _pair, jobs)

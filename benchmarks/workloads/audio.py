@@ -8,8 +8,6 @@ Expected: the loader limits it (resampling and the spectrogram cost more CPU per
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 import wave
 from pathlib import Path
 
@@ -124,16 +122,12 @@ def _clip(job: tuple[Path, int, tuple[float, float]]) -> None:
 
 
 def prepare(root: Path, size: str) -> Path:
+    from _images import write_once
+
     cfg = SIZES[size]
     out = Path(root) / f"wav-{cfg['clips']}"
-    if (out / ".complete").exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
     jobs = [(out / f"clip_{i:05d}.wav", i, cfg["seconds"]) for i in range(cfg["clips"])]
-    with multiprocessing.Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
-        pool.map(_clip, jobs, chunksize=16)
-    (out / ".complete").touch()
-    return out
+    return write_once(out, _clip, lambda: jobs)
 
 
 def build(data: Path, size: str):

@@ -10,8 +10,6 @@ Expected: the loader limits it (filterbanks and SpecAugment per utterance cost m
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 import random
 import wave
 from pathlib import Path
@@ -147,16 +145,12 @@ def _utterance(job: tuple[Path, int, tuple[float, float]]) -> None:
 
 
 def prepare(root: Path, size: str) -> Path:
+    from _images import write_once
+
     cfg = SIZES[size]
     out = Path(root) / f"utterances-{cfg['utterances']}"
-    if (out / ".complete").exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
     jobs = [(out / f"utt_{i:05d}.wav", i, cfg["seconds"]) for i in range(cfg["utterances"])]
-    with multiprocessing.Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
-        pool.map(_utterance, jobs, chunksize=16)
-    (out / ".complete").touch()
-    return out
+    return write_once(out, _utterance, lambda: jobs)
 
 
 def build(data: Path, size: str):
