@@ -46,7 +46,7 @@ from lightning_gpu_boost.core.verdicts import (
 from lightning_gpu_boost.core.worker_cpu import WorkerCPU
 from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s, tune_num_workers
 
-__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s']
+__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_epochs_fit', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s', 'restarts_short_epochs']
 
 Bottleneck = Literal["loader", "remote", "copy", "host", "epoch-start", "compute", "unknown"]
 
@@ -284,7 +284,9 @@ def diagnose(
             (a fresh iterator; with persistent workers, the second pass), and counts as time between steps.
         val_batches: batches validation reads per epoch, ``>= 1`` or ``None``.
         trials: where the advice is another worker count, also fit the model with the real loader at the current
-            and at that count (short fits timed in steady state, :func:`measure_fit`): the expected effect is then
+            and at that count (short fits timed in steady state, :func:`measure_fit`; over whole epochs,
+            :func:`measure_epochs_fit`, where the loader starts its workers again every epoch and an epoch is short,
+            as the run will pay those starts): the expected effect is then
             what training measured, not an estimate from the loader alone.
         **trainer_kwargs: Trainer arguments for the step (``precision="bf16-mixed"``, ``accelerator``...).
 
@@ -384,7 +386,12 @@ def diagnose(
     if trials and model is not None and isinstance(loader, DataLoader) and advised not in (None, loader.num_workers):
         for count in (loader.num_workers, advised):
             say(f"a short fit of the model with the loader at num_workers={count} ...")
-            fit = measure_fit(model, clone_loader(loader, count), steps=max(2 * steps, 32), warmup=3, **trainer_kwargs)
+            trial = clone_loader(loader, count)
+            if restarts_short_epochs(trial, max(2 * steps, 32)):
+                # its epochs' starts are part of what training sees: a window of steps would leave them out
+                fit = measure_epochs_fit(model, trial, steps=max(2 * steps, 32), **trainer_kwargs)
+            else:
+                fit = measure_fit(model, trial, steps=max(2 * steps, 32), warmup=3, **trainer_kwargs)
             result.fit_samples_per_s[count] = fit["samples_per_s"]
     _conclude(result)
     return result
@@ -414,6 +421,73 @@ def measure_fit(model: Any, data: Any, steps: int, warmup: int, callbacks: tuple
         else:  # a DataLoader or any iterable of batches
             trainer.fit(model, train_dataloaders=data)
     return meter.summary()
+
+
+def restarts_short_epochs(loader: Any, steps: int) -> bool:
+    """``loader`` starts its workers again every epoch (workers, not persistent) and an epoch is at most
+    ``2 * steps`` batches: a window of ``steps`` steps cannot hold its epochs' starts in proportion."""
+    if not isinstance(loader, DataLoader) or not loader.num_workers or loader.persistent_workers:
+        return False
+    try:
+        return 0 < len(loader) <= 2 * steps
+    except TypeError:
+        return False
+
+
+def _epoch_ends() -> Any:
+    """A Lightning callback that records when each training epoch's last step ended (CUDA synchronized) and its
+    samples (built here: this module does not import Lightning at import time)."""
+    import lightning.pytorch as pl
+
+    class EpochEnds(pl.Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+            self.samples: list[float] = [0.0]
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.ends = [time.monotonic()]
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.samples[-1] += batch_size_of(batch)
+
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            if pl_module.device.type == "cuda":
+                torch.cuda.synchronize(pl_module.device)
+            self.ends.append(time.monotonic())
+            self.samples.append(0.0)
+
+    return EpochEnds()
+
+
+def measure_epochs_fit(model: Any, loader: DataLoader, steps: int, warmup_epochs: int = 1,
+                       **trainer_kwargs: Any) -> dict[str, Any]:  # fmt: skip
+    """Fit ``model`` on ``loader`` for ``warmup_epochs`` and then whole epochs holding at least ``steps`` steps (two
+    at least), and time those epochs from the end of the last warm-up epoch to the end of the last one: each timed
+    epoch's start (its workers started again, their first batches) is in the figure, as in the run. Returns
+    ``{"samples_per_s", "measured": "whole epochs", "epochs_timed", "halves_diff"}`` (the halves: the first and the
+    last half of the timed epochs)."""
+    import lightning.pytorch as pl
+
+    checks.check_int("steps", steps, low=1)
+    checks.check_int("warmup_epochs", warmup_epochs, low=1)
+    timed = max(2, math.ceil(steps / len(loader)))
+    clock = _epoch_ends()
+    kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
+              "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
+              "limit_val_batches": 0, **trainer_kwargs}  # fmt: skip
+    trainer = pl.Trainer(max_epochs=warmup_epochs + timed, callbacks=[clock], **kwargs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=NO_VALIDATION_WARNING)
+        trainer.fit(model, train_dataloaders=loader)
+    ends, samples = clock.ends[warmup_epochs:], clock.samples[warmup_epochs:-1]
+
+    def rate(first: int, last: int) -> float:  # timed epochs first..last-1
+        return sum(samples[first:last]) / (ends[last] - ends[first])
+
+    n, half = len(samples), len(samples) // 2
+    a, b = rate(0, half), rate(n - half, n)
+    return {"samples_per_s": rate(0, n), "measured": "whole epochs", "epochs_timed": n,
+            "halves_diff": abs(a - b) / max(a, b)}  # fmt: skip
 
 
 def queue_bound(data: Any, procs_per_node: int = 1) -> int:

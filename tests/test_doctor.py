@@ -112,6 +112,26 @@ def test_short_epochs_that_restart_their_workers_are_between_steps():
     assert kept.between_frac is None and kept.bottleneck != "epoch-start", kept.format()
 
 
+def test_trial_fits_of_short_restarting_epochs_time_whole_epochs():
+    """Three batches per epoch from 2 workers that start again every epoch, 0.3 s each to set up: a trial fit's
+    figure holds every timed epoch's start, as the run pays it (photos_hr on the H200: a window of steps measured
+    96 samples/s where the run, over whole epochs, made 69)."""
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.doctor import measure_epochs_fit, restarts_short_epochs
+    from tests.helpers import VectorDataset
+
+    def loader(persistent: bool) -> DataLoader:
+        return DataLoader(VectorDataset(48, delay_s=0.002), batch_size=16, num_workers=2,
+                          persistent_workers=persistent, worker_init_fn=_slow_worker_init)  # fmt: skip
+
+    assert restarts_short_epochs(loader(False), steps=6) and not restarts_short_epochs(loader(True), steps=6)
+    assert not restarts_short_epochs(DataLoader(VectorDataset(48), batch_size=16), steps=6)
+    fit = measure_epochs_fit(VectorModel(), loader(False), steps=6, accelerator="cpu")
+    assert fit["measured"] == "whole epochs" and fit["epochs_timed"] == 2
+    assert fit["samples_per_s"] <= 48 / 0.3, fit  # no epoch is faster than its workers' start
+
+
 def test_validation_every_epoch_counts_as_time_between_steps():
     """Persistent training workers, but each short epoch also runs a validation loader whose workers start again:
     its pass is time outside the steps, which doctor measures where it is given the validation loader."""

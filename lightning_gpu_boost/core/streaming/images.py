@@ -68,6 +68,12 @@ def _upload(local: str, url: str, storage_options: dict[str, Any] | None) -> Non
     client.upload_file(os.path.join(local, "index.json"), bucket, f"{prefix}/index.json".lstrip("/"))
 
 
+def written_samples(folder: str | os.PathLike) -> int:
+    """The samples a litdata stream's ``index.json`` in ``folder`` lists (0 where it lists no chunk)."""
+    index = json.loads(Path(folder, "index.json").read_text())
+    return sum(int(chunk.get("chunk_size", 0)) for chunk in index.get("chunks") or [])
+
+
 def write_image_stream(
     src: str | os.PathLike,
     dst: str,
@@ -83,6 +89,7 @@ def write_image_stream(
 
     Raises:
         ValueError: ``check`` is not one of its values, or every file is broken (nothing to stream).
+        RuntimeError: litdata wrote fewer samples than the folder's good files (nothing is uploaded then).
         ImportError: litdata (the ``stream`` extra) is missing.
     """
     from lightning_gpu_boost import _checks as checks
@@ -114,6 +121,13 @@ def write_image_stream(
                              num_workers=workers, mode="overwrite", verbose=False)  # fmt: skip
         finally:  # optimize sets the process's start method to spawn for good: the caller's DataLoaders keep theirs
             multiprocessing.set_start_method(start_method, force=True)
+        written = written_samples(out)
+        if written != len(items):
+            raise RuntimeError(
+                f"Writing {str(dst)!r}: litdata's optimize wrote {written} of {len(items)} samples. Its workers are "
+                "spawned and import the calling script again: call write_image_stream under "
+                "`if __name__ == \"__main__\":` in a script."
+            )
         Path(out, "classes.json").write_text(json.dumps({"classes": classes, "bad_samples": bad}))
         if remote:
             _upload(out, dst, storage_options)

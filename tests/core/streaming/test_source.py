@@ -67,3 +67,24 @@ def test_a_folder_of_broken_files_is_refused_and_broken_files_are_listed(tmp_pat
     assert listed and listed <= set(broken)
     with pytest.raises(ValueError, match=r"check must be one of"):
         write_image_stream(root, str(tmp_path / "s2"), check="fast")
+
+
+def test_a_stream_written_short_is_refused_not_returned(folder, tmp_path):
+    """litdata's optimize spawns its workers, which import the calling script again: a script without a main guard
+    got back an index of no chunks and went on to train on nothing. Now the write fails, naming the fix."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from lightning_gpu_boost.core.streaming.images import written_samples
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(f"""
+        from lightning_gpu_boost.core.streaming import write_image_stream
+        write_image_stream({str(folder)!r}, {str(tmp_path / "out")!r}, chunk_bytes="20KB", num_workers=1)
+        print("returned")
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "returned" not in run.stdout
+    assert "wrote 0 of 24 samples" in run.stderr and '__name__ == "__main__"' in run.stderr
+    assert written_samples(tmp_path / "out") == 0
