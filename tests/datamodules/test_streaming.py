@@ -92,19 +92,23 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_gpu_boost.datamodules import StreamingDataModule
 from tests.helpers import ImageIdModel
 
-if __name__ == "__main__":
-    mode, ckpt, out = {mode!r}, Path({ckpt!r}), Path({out!r})
+if __name__ == "__main__":  # the whole run, then the run resumed from its step 2, in the same two processes
+    ckpt, out = Path({ckpt!r}), Path({out!r})
     common = dict(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", logger=False, enable_progress_bar=False,
                   enable_model_summary=False, default_root_dir=str(out), max_epochs=2)
-    data = StreamingDataModule({url!r}, image_size=32, batch_size=3, num_workers=1, storage_options={options!r},
-                               cache_dir=str(out.parent / "cache"))  # litdata: the same cache path to resume
-    model = ImageIdModel()
-    if mode == "whole":
-        every = ModelCheckpoint(dirpath=str(ckpt), every_n_train_steps=2, save_top_k=-1, filename="{{step}}")
-        pl.Trainer(callbacks=[every], **common).fit(model, datamodule=data)
-    else:
-        pl.Trainer(enable_checkpointing=False, **common).fit(model, datamodule=data, ckpt_path=str(ckpt / "step=2.ckpt"))
-    (out / f"rank{{model.global_rank}}.json").write_text(json.dumps(model.seen["train"]))
+    runs = {{}}
+    for mode in ("whole", "resume"):
+        data = StreamingDataModule({url!r}, image_size=32, batch_size=3, num_workers=1, storage_options={options!r},
+                                   cache_dir=str(out / "cache"))  # litdata: the same cache path to resume
+        model = ImageIdModel()
+        if mode == "whole":
+            every = ModelCheckpoint(dirpath=str(ckpt), every_n_train_steps=2, save_top_k=-1, filename="{{step}}")
+            pl.Trainer(callbacks=[every], **common).fit(model, datamodule=data)
+        else:
+            pl.Trainer(enable_checkpointing=False, **common).fit(model, datamodule=data,
+                                                                 ckpt_path=str(ckpt / "step=2.ckpt"))
+        runs[mode] = model.seen["train"]
+    (out / f"rank{{model.global_rank}}.json").write_text(json.dumps(runs))
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -117,15 +121,14 @@ def test_two_simulated_nodes_stream_every_sample_once_and_resume_exactly(stream_
 
     from tests.strategies.test_two_nodes import ROOT, _two_agents
 
-    runs = {}
-    for mode in ("whole", "resume"):
-        out = tmp_path / mode
-        out.mkdir()
-        script = tmp_path / f"{mode}.py"
-        script.write_text(textwrap.dedent(TWO_NODES.format(root=str(ROOT), mode=mode, ckpt=str(tmp_path / "ckpt"),
-                                                           out=str(out), url=stream_url, options=s3.storage_options)))  # fmt: skip
-        _two_agents(script)
-        runs[mode] = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "two_nodes.py"
+    script.write_text(textwrap.dedent(TWO_NODES.format(root=str(ROOT), ckpt=str(tmp_path / "ckpt"), out=str(out),
+                                                       url=stream_url, options=s3.storage_options)))  # fmt: skip
+    _two_agents(script)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    runs = {mode: [rank[mode] for rank in ranks] for mode in ("whole", "resume")}
     steps = len(runs["whole"][0]) // 2  # per epoch, per rank
     for epoch in (0, 1):
         shards = [sum(rank[epoch * steps : (epoch + 1) * steps], []) for rank in runs["whole"]]

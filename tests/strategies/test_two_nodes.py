@@ -9,7 +9,10 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,8 +72,15 @@ def _two_agents(script: Path, timeout: int = 240) -> None:
         )  # fmt: skip
         for node in (0, 1)
     ]
+    deadline = time.monotonic() + timeout
     try:
-        logs = [agent.communicate(timeout=timeout)[0] for agent in agents]
+        logs = [agent.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for agent in agents]
+    except subprocess.TimeoutExpired:  # a hang: both agents' output says where (it happened once in ~50 CI runs)
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, 9)
+        logs = [agent.communicate()[0] or "" for agent in agents]
+        pytest.fail(f"the two agents did not finish in {timeout} s:\n" + "\n".join(log[-3000:] for log in logs))
     finally:
         for agent in agents:
             if agent.poll() is None:
@@ -99,20 +109,24 @@ def test_two_simulated_nodes_split_ranks_and_samples(tmp_path):
 RESUME = HEADER + """
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-if __name__ == "__main__":
-    mode, ckpt, out = {mode!r}, Path({ckpt!r}), Path({out!r})
+if __name__ == "__main__":  # the three runs one after another in the same two processes (one launch)
+    ckpt, out = Path({ckpt!r}), Path({out!r})
     common = dict(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", logger=False, enable_progress_bar=False,
                   enable_model_summary=False, default_root_dir=str(out))
-    model, data = RecordingModel(), Indexed(batch_size=4, num_workers=1)
-    if mode == "first":  # stopped after 2 of the epoch's 6 steps, with a checkpoint there
-        every = ModelCheckpoint(dirpath=str(ckpt), every_n_train_steps=2, save_top_k=-1, save_last=False)
-        pl.Trainer(max_steps=2, callbacks=[every], **common).fit(model, datamodule=data)
-    elif mode == "resume":
-        path = sorted(ckpt.glob("*step=2.ckpt"))[0]
-        pl.Trainer(max_epochs=1, enable_checkpointing=False, **common).fit(model, datamodule=data, ckpt_path=str(path))
-    else:
-        pl.Trainer(max_epochs=1, enable_checkpointing=False, **common).fit(model, datamodule=data)
-    (out / f"rank{{model.global_rank}}.json").write_text(json.dumps(model.seen["train"]))
+    runs = {{}}
+    for mode in ("first", "resume", "whole"):
+        model, data = RecordingModel(), Indexed(batch_size=4, num_workers=1)
+        if mode == "first":  # stopped after 2 of the epoch's 6 steps, with a checkpoint there
+            every = ModelCheckpoint(dirpath=str(ckpt), every_n_train_steps=2, save_top_k=-1, save_last=False)
+            pl.Trainer(max_steps=2, callbacks=[every], **common).fit(model, datamodule=data)
+        elif mode == "resume":
+            path = sorted(ckpt.glob("*step=2.ckpt"))[0]
+            pl.Trainer(max_epochs=1, enable_checkpointing=False, **common).fit(model, datamodule=data,
+                                                                               ckpt_path=str(path))
+        else:
+            pl.Trainer(max_epochs=1, enable_checkpointing=False, **common).fit(model, datamodule=data)
+        runs[mode] = model.seen["train"]
+    (out / f"rank{{model.global_rank}}.json").write_text(json.dumps(runs))
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -122,15 +136,14 @@ if __name__ == "__main__":
 def test_two_simulated_nodes_resume_mid_epoch_without_repeating_or_skipping(tmp_path):
     """Lightning restarts the epoch for plain loaders; with our DataModules each node's rank goes on from the batch
     after the checkpoint, and the two nodes together still see each sample once."""
-    ckpt, runs = tmp_path / "ckpt", {}
-    for mode in ("first", "resume", "whole"):
-        out = tmp_path / mode
-        out.mkdir()
-        script = tmp_path / f"{mode}.py"
-        script.write_text(textwrap.dedent(RESUME.format(root=str(ROOT), samples=48, mode=mode, ckpt=str(ckpt),
-                                                     out=str(out))))
-        _two_agents(script)
-        runs[mode] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "resume.py"
+    script.write_text(textwrap.dedent(RESUME.format(root=str(ROOT), samples=48, ckpt=str(tmp_path / "ckpt"),
+                                                 out=str(out))))  # fmt: skip
+    _two_agents(script)
+    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    runs = {mode: [ranks[rank][mode] for rank in (0, 1)] for mode in ("first", "resume", "whole")}
     for rank in (0, 1):
         assert len(runs["first"][rank]) == 2 and len(runs["whole"][rank]) == 6, rank
         assert runs["first"][rank] + runs["resume"][rank] == runs["whole"][rank], rank
