@@ -423,6 +423,10 @@ def measure_fit(model: Any, data: Any, steps: int, warmup: int, callbacks: tuple
     return meter.summary()
 
 
+#: the most epochs :func:`measure_epochs_fit` times (each one starts the loader's workers again)
+MAX_TIMED_EPOCHS = 4
+
+
 def restarts_short_epochs(loader: Any, steps: int) -> bool:
     """``loader`` starts its workers again every epoch (workers, not persistent) and an epoch is at most
     ``2 * steps`` batches: a window of ``steps`` steps cannot hold its epochs' starts in proportion."""
@@ -461,16 +465,16 @@ def _epoch_ends() -> Any:
 
 def measure_epochs_fit(model: Any, loader: DataLoader, steps: int, warmup_epochs: int = 1,
                        **trainer_kwargs: Any) -> dict[str, Any]:  # fmt: skip
-    """Fit ``model`` on ``loader`` for ``warmup_epochs`` and then whole epochs holding at least ``steps`` steps (two
-    at least), and time those epochs from the end of the last warm-up epoch to the end of the last one: each timed
-    epoch's start (its workers started again, their first batches) is in the figure, as in the run. Returns
-    ``{"samples_per_s", "measured": "whole epochs", "epochs_timed", "halves_diff"}`` (the halves: the first and the
-    last half of the timed epochs)."""
+    """Fit ``model`` on ``loader`` for ``warmup_epochs`` and then whole epochs holding ``steps`` steps (two epochs
+    at least, :data:`MAX_TIMED_EPOCHS` at most), and time those epochs from the end of the last warm-up epoch to
+    the end of the last one: each timed epoch's start (its workers started again, their first batches) is in the
+    figure, as in the run. Returns ``{"samples_per_s", "measured": "whole epochs", "epochs_timed", "halves_diff"}``
+    (the halves: the first and the last half of the timed epochs)."""
     import lightning.pytorch as pl
 
     checks.check_int("steps", steps, low=1)
     checks.check_int("warmup_epochs", warmup_epochs, low=1)
-    timed = max(2, math.ceil(steps / len(loader)))
+    timed = max(2, min(MAX_TIMED_EPOCHS, math.ceil(steps / len(loader))))
     clock = _epoch_ends()
     kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
               "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
