@@ -260,7 +260,7 @@ def main() -> None:
                                           for k, e in enumerate(epochs)), verdicts)  # fmt: skip
         # the warm stream against local files in alternating one-epoch pairs: the cases above run minutes apart,
         # and this host's speed moved by 20 % within minutes (warm epoch 0.98x local in one run, 0.82x in the next,
-        # while the loaders alone, the same decode in 2 workers on a CPU, read within 3 % of each other)
+        # while the loaders alone read within 8 % of each other, the stream ahead: diagnostics/stream_vs_files_loader)
         pairs = []
         if {"stream_gpu_boost", "local_gpu_boost"} <= set(figures["cases"]):
             for k in range(args.warm_pairs):
