@@ -22,6 +22,10 @@ For each workload of ``benchmarks/workloads`` (their own loaders and models, ``R
 4. ``GPUBoost()`` once: a contradiction is advice that names a value for a setting one of our parts chose in that run
    (``num_workers`` chosen by its tuner, told "set num_workers=..." or "AutoNumWorkers()").
 
+Where ``doctor`` runs (a worker-count advice), its loader figure (the loader alone at the project's count) is recorded
+beside the plain fits' rate; where those were data-bound (the loader setting the pace), their difference is the
+figure ``doctor_loader_vs_data_bound_fit_error`` (issue 41: within 10 %; a figure, not a bar).
+
 The result is written after each workload (a workload that fails is recorded with its error and the rest still run).
 
 Bars (``diagnosis-<date>-<machine>.json``): ``workloads_with_advice_applied`` >= 10, ``prediction_error_max`` <= 0.25,
@@ -56,6 +60,10 @@ from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
 #: what a documented best (``_best.BEST``) implements: the advice it answers, by the advice's words
 BEST_ANSWERS = ("uint8", "JointAugment", "LogMel", "__getitems__", "keep the table on the GPU", "SpanEpochs",
                 "SpanningLoader", "persistent_workers=True", "pack --max-side")  # fmt: skip
+
+
+#: per workload where doctor ran: its loader figure, its short fit at the project's count, the plain fit's rate
+LOADER_FIGURES: dict[str, dict[str, Any]] = {}
 
 
 def _rate(result: dict[str, Any]) -> float:
@@ -123,8 +131,14 @@ def predicted(name: str, how: str, plain: dict[str, Any], size: str, root: Path)
         # goes and nothing else changes, which more workers can break (they take the training process's CPU:
         # vit_finetune on the H200 measured 1.61x where the bound said 2.43x)
         doctor = RUNNER.doctor(name, size, root, tune=True, trials=True)
-        fits = doctor["diagnosis"].get("fit_samples_per_s") or {}
-        advised = doctor["diagnosis"].get("tuned_workers")
+        d = doctor["diagnosis"]
+        fits = d.get("fit_samples_per_s") or {}
+        # the doctor's loader figure (the loader alone at the project's count) beside what the loader delivered in
+        # the plain fits (issue 41: within 10 % where the run is data-bound, the loader then setting its pace)
+        LOADER_FIGURES[name] = {"doctor_loader_samples_per_s": d.get("loader_samples_per_s"),
+                                "doctor_fit_at_current": fits.get(d.get("num_workers")),
+                                "plain_samples_per_s": _rate(plain)}  # fmt: skip
+        advised = d.get("tuned_workers")
         if advised in fits:
             return float(fits[advised]), f"doctor's short fit at num_workers={advised}"
     w = plain.get("watchdog") or {}
@@ -206,6 +220,8 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
                           "prediction_source": source, "measured_gain": _rate(run) / base,
                           "predicted_gain": guess / base if guess else None,
                           "prediction_error": abs(_rate(run) / guess - 1) if guess else None}  # fmt: skip
+    if name in LOADER_FIGURES:
+        row["doctor_loader"] = LOADER_FIGURES[name]
     print(f"{name}: GPUBoost() ...", flush=True)
     boosted = RUNNER.fit(name, args.size, root, "gpu_boost")
     row["gpu_boost"] = {"verdict": boosted["verdict"], "advice": boosted["advice"],
@@ -224,7 +240,13 @@ def summarize(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> tupl
     errors = [a["prediction_error"] for a in applied if a["prediction_error"] is not None]
     halves = [h for r in done.values() for h in r["plain_halves_diff"]] + [a["halves_diff"] for a in applied]
     halves = [h for h in halves if h == h]
-    figures = {"config": vars(args), "workloads": rows, "failed": errors_by_workload}
+    # the doctor's loader figure against the loader's delivery in the plain fits, where these were data-bound
+    loader_errors = {n: abs(r["doctor_loader"]["doctor_loader_samples_per_s"] / median(r["plain_samples_per_s"]) - 1)
+                     for n, r in done.items() if r.get("doctor_loader") and r["verdict"] == "data-bound"
+                     and r["doctor_loader"].get("doctor_loader_samples_per_s")}  # fmt: skip
+    figures = {"config": vars(args), "workloads": rows, "failed": errors_by_workload,
+               "doctor_loader_vs_data_bound_fit_error": loader_errors,
+               "doctor_loader_vs_data_bound_fit_error_max": max(loader_errors.values(), default=None)}  # fmt: skip
     bars = {
         "workloads_with_advice_applied": bar(len(applied), 10, "workloads"),
         "prediction_error_max": bar(max(errors) if errors else float("nan"), 0.25, "abs(measured/predicted - 1)",
