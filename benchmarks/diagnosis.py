@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from statistics import median
@@ -194,7 +195,15 @@ def main() -> None:
 def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """One workload's row: its plain repeats, the top advice applied, the GPUBoost() run's contradictions."""
     print(f"{name}: plain x{args.repeats} ...", flush=True)
+    clock = [time.perf_counter()]
+    seconds: dict[str, float] = {}  # each stage's wall time, its data's first preparation in "plain" (planning)
+
+    def lap(stage: str) -> None:
+        clock.append(time.perf_counter())
+        seconds[stage] = round(clock[-1] - clock[-2], 1)
+
     plains = [RUNNER.fit(name, args.size, root) for _ in range(args.repeats)]
+    lap("plain")
     verdicts = [p["verdict"] for p in plains]
     mode, count = Counter(verdicts).most_common(1)[0]
     top = (plains[0]["advice"] or [""])[0]
@@ -207,6 +216,7 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
     else:
         how, change = chosen
         guess, source = predicted(name, how, plains[0], args.size, root)
+        lap("prediction")
         print(f"{name}: applying {how} ...", flush=True)
         if change == "best":
             run = RUNNER.fit(name, args.size, root, "best")
@@ -220,10 +230,13 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
                           "prediction_source": source, "measured_gain": _rate(run) / base,
                           "predicted_gain": guess / base if guess else None,
                           "prediction_error": abs(_rate(run) / guess - 1) if guess else None}  # fmt: skip
+        lap("applied")
     if name in LOADER_FIGURES:
         row["doctor_loader"] = LOADER_FIGURES[name]
     print(f"{name}: GPUBoost() ...", flush=True)
     boosted = RUNNER.fit(name, args.size, root, "gpu_boost")
+    lap("gpu_boost")
+    row["seconds"] = seconds
     row["gpu_boost"] = {"verdict": boosted["verdict"], "advice": boosted["advice"],
                         "contradictions": contradictions(boosted)}  # fmt: skip
     print(f"{name}: {row['verdicts']} top advice applied: {row['applied']}", flush=True)
