@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ['node_info']
+__all__ = ['lightning_level', 'node_info']
 
 #: the logger of Lightning's ``rank_zero_info`` (Lightning shows its INFO messages), without its rank-zero guard
 _log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
@@ -20,3 +22,16 @@ def node_info(trainer: Any, message: str) -> bool:
     prefix = f"[node {trainer.node_rank}] " if trainer is not None and isinstance(nodes, int) and nodes > 1 else ""
     _log.info(prefix + message)
     return True
+
+
+@contextmanager
+def lightning_level(level: int) -> Iterator[None]:
+    """Lightning's own messages at ``level`` inside the block (the CLI's tables print without its INFO lines), and
+    as they were after it: a command run in-process (a test, a notebook) leaves the process's logging unchanged."""
+    logger = logging.getLogger("lightning.pytorch")
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)

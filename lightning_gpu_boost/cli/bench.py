@@ -58,6 +58,13 @@ def _config(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lightning_gpu_boost._logging import lightning_level
+
+    with lightning_level(logging.WARNING):  # Lightning's INFO lines around the table; as they were after it
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from torch.utils.data import DataLoader
 
     from lightning_gpu_boost._imports import module_available
@@ -72,7 +79,6 @@ def run(args: argparse.Namespace) -> int:
     from lightning_gpu_boost.models import ImageClassifier
     from lightning_gpu_boost.strategies import recommended_precision
 
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     gpu = torch.cuda.is_available()
     cfg = _config(args, gpu)

@@ -57,6 +57,13 @@ def _fit(model, data, precision: str, steps: int, warmup: int, callbacks: tuple 
 
 
 def run(args: argparse.Namespace) -> int:
+    from lightning_gpu_boost._logging import lightning_level
+
+    with lightning_level(logging.WARNING):  # Lightning's INFO lines around the table; as they were after it
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from torch.utils.data import DataLoader
 
     from lightning_gpu_boost._imports import module_available
@@ -67,7 +74,6 @@ def run(args: argparse.Namespace) -> int:
     from lightning_gpu_boost.datamodules import ImageFolderDataModule
     from lightning_gpu_boost.models import ImageClassifier
 
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     # the watchdog's message is printed under the table, once
     warnings.filterwarnings("ignore", module=r"lightning_gpu_boost\.callbacks\.gpu_util_watchdog")
