@@ -27,7 +27,22 @@ RUNNER = _runner()
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("workloads")
+    """The workloads' CPU-size data, written once per run: under pytest-xdist in a folder all workers share (the
+    first to come writes it, under a lock, and the others find it complete), so that no worker writes the photos
+    again."""
+    import os
+
+    from filelock import FileLock
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "workloads-shared"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("workloads")
+    with FileLock(f"{root}.lock"):
+        for name in RUNNER.names():
+            importlib.import_module(name).prepare(root, "cpu")
+    return root
 
 
 #: a phrase the advice for each data-bound workload must hold: the fix for what its batches carry, not image advice
