@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["DecodeImage", "write_image_stream"]
+__all__ = ["DecodeImage", "write_image_stream", "written_samples"]
 
 
 class DecodeImage:
