@@ -63,10 +63,6 @@ BEST_ANSWERS = ("uint8", "JointAugment", "LogMel", "__getitems__", "keep the tab
                 "SpanningLoader", "persistent_workers=True", "pack --max-side")  # fmt: skip
 
 
-#: per workload where doctor ran: its loader figure, its short fit at the project's count, the plain fit's rate
-LOADER_FIGURES: dict[str, dict[str, Any]] = {}
-
-
 def _rate(result: dict[str, Any]) -> float:
     return float(result["throughput"]["samples_per_s"])
 
@@ -123,34 +119,35 @@ def apply(name: str, advice: str) -> tuple[str, Any] | None:
     return None
 
 
-def predicted(name: str, how: str, plain: dict[str, Any], size: str, root: Path) -> tuple[float | None, str]:
-    """What the package predicts for the applied advice, and where the figure comes from."""
+def predicted(name: str, how: str, plain: dict[str, Any], size: str, root: Path
+              ) -> tuple[float | None, str, dict[str, Any] | None]:  # fmt: skip
+    """What the package predicts for the applied advice, where the figure comes from, and where ``doctor`` ran, its
+    loader figure (the loader alone at the project's count) beside the plain fit's rate and its short fit there."""
     if how == "repeat":
-        return _rate(plain), "the plain rate (nothing to change)"
+        return _rate(plain), "the plain rate (nothing to change)", None
+    loader = None
     if how.startswith("num_workers=") or how == "AutoNumWorkers()":
         # its short fits of the model at the current and the advised count: the watchdog's bound assumes the wait
         # goes and nothing else changes, which more workers can break (they take the training process's CPU:
         # vit_finetune on the H200 measured 1.61x where the bound said 2.43x)
-        doctor = RUNNER.doctor(name, size, root, tune=True, trials=True)
-        d = doctor["diagnosis"]
+        d = RUNNER.doctor(name, size, root, tune=True, trials=True)["diagnosis"]
         fits = d.get("fit_samples_per_s") or {}
-        # the doctor's loader figure (the loader alone at the project's count) beside what the loader delivered in
-        # the plain fits (issue 41: within 10 % where the run is data-bound, the loader then setting its pace)
-        LOADER_FIGURES[name] = {"doctor_loader_samples_per_s": d.get("loader_samples_per_s"),
-                                "doctor_fit_at_current": fits.get(d.get("num_workers")),
-                                "plain_samples_per_s": _rate(plain)}  # fmt: skip
+        # issue 41: the loader figure within 10 % of what the loader delivers in a fit where the run is data-bound
+        loader = {"doctor_loader_samples_per_s": d.get("loader_samples_per_s"),
+                  "doctor_fit_at_current": fits.get(d.get("num_workers")), "plain_samples_per_s": _rate(plain)}
         advised = d.get("tuned_workers")
         if advised in fits:
-            return float(fits[advised]), f"doctor's short fit at num_workers={advised}"
+            return float(fits[advised]), f"doctor's short fit at num_workers={advised}", loader
     w = plain.get("watchdog") or {}
     if how == "SpanEpochs(min_restart_share=0)" and w.get("between_frac") is not None and w["between_frac"] < 1:
-        return _rate(plain) / (1 - w["between_frac"]), "the watchdog's bound (the time outside the steps gone)"
+        return _rate(plain) / (1 - w["between_frac"]), "the watchdog's bound (the time outside the steps gone)", loader
     if how == "persistent_workers=True" and w.get("epoch_start_frac") is not None and w["epoch_start_frac"] < 1:
-        return _rate(plain) / (1 - w["epoch_start_frac"]), "the watchdog's bound (the epochs' starts gone)"
+        return _rate(plain) / (1 - w["epoch_start_frac"]), "the watchdog's bound (the epochs' starts gone)", loader
     step, wait = w.get("step_ms"), w.get("data_wait_ms")
     if step and wait is not None and step > 0:
-        return _rate(plain) * (wait + step) / step, "the watchdog's bound (the steps' own rate, the wait gone)"
-    return None, "no prediction"
+        return (_rate(plain) * (wait + step) / step, "the watchdog's bound (the steps' own rate, the wait gone)",
+                loader)  # fmt: skip
+    return None, "no prediction", loader
 
 
 def contradictions(result: dict[str, Any]) -> list[str]:
@@ -215,7 +212,9 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
         row["applied"] = None
     else:
         how, change = chosen
-        guess, source = predicted(name, how, plains[0], args.size, root)
+        guess, source, loader = predicted(name, how, plains[0], args.size, root)
+        if loader is not None:
+            row["doctor_loader"] = loader
         lap("prediction")
         print(f"{name}: applying {how} ...", flush=True)
         if change == "best":
@@ -231,8 +230,6 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
                           "predicted_gain": guess / base if guess else None,
                           "prediction_error": abs(_rate(run) / guess - 1) if guess else None}  # fmt: skip
         lap("applied")
-    if name in LOADER_FIGURES:
-        row["doctor_loader"] = LOADER_FIGURES[name]
     print(f"{name}: GPUBoost() ...", flush=True)
     boosted = RUNNER.fit(name, args.size, root, "gpu_boost")
     lap("gpu_boost")

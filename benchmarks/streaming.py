@@ -223,18 +223,21 @@ def main() -> None:
                                 "written": written["samples"], "write_and_upload_s": upload_s},
                      "workers": workers, "cases": {}}  # fmt: skip
     with tempfile.TemporaryDirectory(dir=os.environ.get("LGB_BENCH_TMP")) as tmp:
+
+        def stream() -> StreamingDataModule:  # over the link, into the cache that stream_gpu_boost warms
+            return StreamingDataModule(url, batch_size=args.batch_size, num_workers=workers,
+                                       cache_dir=f"{tmp}/cache-boost", storage_options=linked)  # fmt: skip
+
+        def local() -> ImageFolderDataModule:  # the same images as local files
+            return ImageFolderDataModule(str(tree), batch_size=args.batch_size, num_workers=workers)
+
         cases = {
-            "stream_gpu_boost": lambda: fit(StreamingDataModule(url, batch_size=args.batch_size, num_workers=workers,
-                                                                cache_dir=f"{tmp}/cache-boost", storage_options=linked),
-                                            [GPUBoost(auto_workers=False)], "bf16-mixed", lambda: proxy.bytes_down),  # fmt: skip
+            "stream_gpu_boost": lambda: fit(stream(), [GPUBoost(auto_workers=False)], "bf16-mixed",
+                                            lambda: proxy.bytes_down),  # fmt: skip
             # a fed stream: the warm cache of stream_gpu_boost (run before it), a model slower than the loader
-            "stream_fed": lambda: fit(StreamingDataModule(url, batch_size=args.batch_size, num_workers=workers,
-                                                          cache_dir=f"{tmp}/cache-boost", storage_options=linked),
-                                      [GPUBoost(auto_workers=False)], "32-true", lambda: proxy.bytes_down,
+            "stream_fed": lambda: fit(stream(), [GPUBoost(auto_workers=False)], "32-true", lambda: proxy.bytes_down,
                                       max_epochs=1, limit_train_batches=args.fed_steps),  # fmt: skip
-            "local_gpu_boost": lambda: fit(ImageFolderDataModule(str(tree), batch_size=args.batch_size,
-                                                                 num_workers=workers),
-                                           [GPUBoost(auto_workers=False)], "bf16-mixed"),  # fmt: skip
+            "local_gpu_boost": lambda: fit(local(), [GPUBoost(auto_workers=False)], "bf16-mixed"),
             "stream_plain": lambda: fit(PlainStream(url, linked, f"{tmp}/cache-plain", args.batch_size, workers), [],
                                         "32-true", lambda: proxy.bytes_down),  # fmt: skip
             # the watchdog's verdict on a starved stream: one worker behind a slow link (issue 42's verdict bar)
@@ -267,10 +270,7 @@ def main() -> None:
                 order = ("local", "stream") if k % 2 == 0 else ("stream", "local")
                 pair = {}
                 for which in order:
-                    data = (StreamingDataModule(url, batch_size=args.batch_size, num_workers=workers,
-                                                cache_dir=f"{tmp}/cache-boost", storage_options=linked)
-                            if which == "stream" else
-                            ImageFolderDataModule(str(tree), batch_size=args.batch_size, num_workers=workers))  # fmt: skip
+                    data = stream() if which == "stream" else local()
                     epochs, _ = fit(data, [GPUBoost(auto_workers=False)], "bf16-mixed", max_epochs=1)
                     pair[which] = epochs[0]["steady"]["rate"]
                     pair[f"{which}_halves_diff"] = epochs[0]["steady"]["halves_diff"]

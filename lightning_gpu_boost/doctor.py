@@ -384,14 +384,15 @@ def diagnose(
         result.notes.append("no model given (--model): the training step, the ceiling, is not measured.")
     advised = result.tuned_workers
     if trials and model is not None and isinstance(loader, DataLoader) and advised not in (None, loader.num_workers):
+        fit_steps = max(2 * steps, 32)
         for count in (loader.num_workers, advised):
             say(f"a short fit of the model with the loader at num_workers={count} ...")
             trial = clone_loader(loader, count)
-            if restarts_short_epochs(trial, max(2 * steps, 32)):
+            if restarts_short_epochs(trial, fit_steps):
                 # its epochs' starts are part of what training sees: a window of steps would leave them out
-                fit = measure_epochs_fit(model, trial, steps=max(2 * steps, 32), **trainer_kwargs)
+                fit = measure_epochs_fit(model, trial, steps=fit_steps, **trainer_kwargs)
             else:
-                fit = measure_fit(model, trial, steps=max(2 * steps, 32), warmup=3, **trainer_kwargs)
+                fit = measure_fit(model, trial, steps=fit_steps, warmup=3, **trainer_kwargs)
             result.fit_samples_per_s[count] = fit["samples_per_s"]
     _conclude(result)
     return result
