@@ -21,7 +21,7 @@ def test_a_busy_child_reads_busy_and_a_sleeping_one_idle():
         assert child.pid in (children_cpu_s() or {})
         meter.busy_share(1)
         time.sleep(1.0)
-        assert meter.busy_share(1) > 0.1  # a spinning child: a CPU's share, even on two CPUs with the suite's workers
+        assert meter.busy_share(1) > 0.3  # a spinning child: most of a CPU, even sharing two CPUs with three others
     finally:
         child.wait()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
@@ -29,7 +29,7 @@ def test_a_busy_child_reads_busy_and_a_sleeping_one_idle():
         time.sleep(0.6)  # past its start-up (its imports use a CPU)
         meter.busy_share(1)
         time.sleep(1.0)
-        assert meter.busy_share(1) < 0.05
+        assert meter.busy_share(1) < 0.1
     finally:
         sleeper.wait()
     assert meter.busy_share(0) is None
