@@ -29,6 +29,8 @@ from typing import Any, Literal
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from lightning_gpu_boost.core.fork import collect_before_fork
+
 __all__ = ['DTypeName', 'GPUNormalize', 'StreamPrefetcher', 'batch_seed', 'check_normalize']
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
@@ -373,6 +375,7 @@ class StreamPrefetcher:
             object.__setattr__(self, "_stream", torch.cuda.Stream(device=device))
         side: torch.cuda.Stream = self._stream
         queue: deque = deque()  # items: (kind, batch on GPU, loader state, ready event)
+        collect_before_fork(self._loader)  # no earlier fit's CUDA memory left for forked workers to free
         it = iter(self._loader)
         fetched = self._take_start()  # the next batch's index in the epoch
 

@@ -377,7 +377,7 @@ def tune_num_workers(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a worker; and leaves no busy intra-op thread team behind in this process
     # unreachable cycles that hold CUDA-pinned host memory (an earlier fit's batches) would be freed by the
-    # garbage collector inside a forked worker, where CUDA cannot run: free them here, before forking
+    # garbage collector inside a forked worker, where CUDA cannot run: free them here, before forking (core.fork)
     gc.collect()
     start = time.perf_counter()
     try:
