@@ -160,7 +160,7 @@ def contradictions(result: dict[str, Any]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=["cpu", "gpu"], default="gpu" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--only", nargs="+", help="workloads to run (default: all)")
+    parser.add_argument("--only", nargs="+", help="workloads to run, in this order (default: all)")
     parser.add_argument("--repeats", type=int, default=3, help="plain runs per workload")
     parser.add_argument("--data", default=".workloads-data", help="where the workloads write their data")
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
@@ -175,9 +175,10 @@ def main() -> None:
 
         rows.update(carried_over(args.keep, [n for n in RUNNER.names() if not args.only or n not in args.only],
                                  "workloads"))  # fmt: skip
-    for name in RUNNER.names():
-        if args.only and name not in args.only:
-            continue
+    unknown = sorted(set(args.only or ()) - set(RUNNER.names()))
+    if unknown:
+        parser.error(f"--only: no workload named {', '.join(unknown)} (there are: {', '.join(RUNNER.names())})")
+    for name in dict.fromkeys(args.only or RUNNER.names()):  # in the order given: a GPU machine's time may end before the last
         try:
             rows[name] = diagnose_workload(name, args, root)
         except Exception as err:  # one workload's failure is recorded; the others still run
