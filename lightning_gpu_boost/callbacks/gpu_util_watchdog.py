@@ -128,6 +128,8 @@ class GPUUtilWatchdog(Callback):
         self.verdict: Verdict | Literal["warming up"] = "warming up"
         #: the run's verdict at the end of fit (its totals, and the time spent outside the steps)
         self.run_verdict: Verdict | None = None
+        #: the share of the judged windows' time whose verdict is the run's (``None`` where no window was judged)
+        self.run_verdict_share: float | None = None
         self._train_start: float | None = None
         self._last_end: float | None = None
         self._in_gap = True  # the time before the next step is outside the steps (start, epoch end, validation)
@@ -382,7 +384,9 @@ class GPUUtilWatchdog(Callback):
         gathered = trainer.strategy.all_gather(local) if trainer.world_size > 1 else local.unsqueeze(0)
         self.summaries = [dict(zip(keys, row.tolist(), strict=True)) for row in gathered.reshape(-1, len(keys)).cpu()]
         e, facts = report.summary_evidence(self.summaries[report.slowest(self.summaries)]), self.facts(trainer)
-        self.run_verdict = classify(e, self.wait_threshold, self.util_threshold, include_between=True)
+        whole_run = classify(e, self.wait_threshold, self.util_threshold, include_between=True)
+        # a run of phases (a link-bound first epoch, then a warm one) is judged by the phase that took most time
+        self.run_verdict, e, self.run_verdict_share = report.run_verdict(whole_run, e, self.timeline)
         self.run_advice = advise(self.run_verdict, facts, e)
         if self.run_verdict == "between-steps":  # SpanEpochs, where it chose not to span, decides again
             message = report.between_message(e, self.run_advice, report.ask_again_between(run_record(trainer), facts, e))

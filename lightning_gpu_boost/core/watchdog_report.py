@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 from lightning_gpu_boost.core.mfu import mfu
@@ -20,7 +21,7 @@ from lightning_gpu_boost.core.verdicts import (
     format_advice,
 )
 
-__all__ = ["MIN_WINDOW_PERIODS", "agreement", "ask_again", "ask_again_between", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
+__all__ = ["MIN_WINDOW_PERIODS", "PHASE_MAJORITY", "agreement", "run_verdict", "time_shares", "ask_again", "ask_again_between", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
            "starving_message", "summary_evidence", "upper_bound"]  # fmt: skip
 
 
@@ -255,6 +256,69 @@ def phases(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: the whole run's verdict stands where the windows that agree with it hold at least this share of the judged time;
+#: below it the run is a run of phases (a link-bound first epoch, then a warm cache, say) whose averages can make a
+#: verdict that no phase had, and the phase that took the most time is the run's verdict
+PHASE_MAJORITY = 0.5
+
+#: a window's figures that a phase's evidence averages (by the windows' time)
+_PHASE_FIGURES = ("data_wait_frac", "data_wait_ms", "step_ms", "gpu_util", "gpu_mem_frac", "sm_active",
+                  "workers_busy", "download_mb_s")  # fmt: skip
+
+
+def _finite(value: Any) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def _windows(timeline: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+    """The judged windows and the seconds each took (its steps times their wait and step)."""
+    out, previous = [], 0.0
+    for point in timeline:
+        steps, previous = point["step"] - previous, point["step"]
+        if point.get("verdict") is None:
+            continue
+        per_step = (_finite(point.get("data_wait_ms")) or 0.0) + (_finite(point.get("step_ms")) or 0.0)
+        out.append((point, max(0.0, steps) * per_step / 1000))
+    return out
+
+
+def time_shares(timeline: list[dict[str, Any]]) -> dict[str, float]:
+    """Each verdict's share of the judged windows' time (by windows where no time was measured)."""
+    windows = _windows(timeline)
+    total = sum(seconds for _, seconds in windows)
+    shares: dict[str, float] = {}
+    for point, seconds in windows:
+        weight = seconds / total if total > 0 else 1 / len(windows)
+        shares[point["verdict"]] = shares.get(point["verdict"], 0.0) + weight
+    return shares
+
+
+def run_verdict(whole_run: str, e: Evidence, timeline: list[dict[str, Any]]) -> tuple[str, Evidence, float | None]:
+    """The run's verdict, the evidence its advice reads and the share of the judged time that agrees with it.
+
+    ``whole_run`` (the classification of the whole run's figures, ``e``) stands where its windows hold at least
+    :data:`PHASE_MAJORITY` of the judged time, and always for ``between-steps`` (time outside the steps, which no
+    window sees). Otherwise the verdict that holds the most time is the run's, with evidence averaged over its windows
+    (by their time; the whole run's figures outside the steps kept): a run whose first epoch waited on the link and
+    whose second ran at the GPU's pace averages to a wait and a utilization that no phase had."""
+    shares = time_shares(timeline)
+    if not shares:
+        return whole_run, e, None
+    if whole_run == "between-steps" or shares.get(whole_run, 0.0) >= PHASE_MAJORITY:
+        return whole_run, e, shares.get(whole_run, 0.0)
+    verdict = max(shares, key=lambda v: shares[v])
+    windows = [(p, seconds) for p, seconds in _windows(timeline) if p["verdict"] == verdict]
+    figures: dict[str, float | None] = {}
+    for key in _PHASE_FIGURES:
+        known = [(v, seconds) for p, seconds in windows if (v := _finite(p.get(key))) is not None]
+        weight = sum(seconds for _, seconds in known)
+        figures[key] = (sum(v * seconds for v, seconds in known) / weight if weight > 0
+                        else sum(v for v, _ in known) / len(known) if known else None)  # fmt: skip
+    phase = replace(evidence(figures), between_frac=e.between_frac, validation_frac=e.validation_frac,
+                    epoch_start_frac=e.epoch_start_frac, copy_ms=e.copy_ms)  # fmt: skip
+    return verdict, phase, shares[verdict]
+
+
 def agreement(timeline: list[dict[str, Any]], verdict: str | None) -> tuple[int, int]:
     """Windows whose verdict is the run's, and windows judged."""
     judged = [p["verdict"] for p in timeline if p.get("verdict") is not None]
@@ -282,7 +346,9 @@ def format_summary(summaries: list[dict[str, float]], verdict: str | None, advic
     agree, judged = agreement(timeline or [], verdict)
     if judged:
         steps = phases(timeline or [])
-        sure = f"; {agree} of {judged} windows agree" + (
+        timed = any(seconds > 0 for _, seconds in _windows(timeline or []))
+        share = time_shares(timeline or []).get(verdict or "") if timed and verdict != "between-steps" else None
+        sure = f"; {agree} of {judged} windows agree" + (f", {100 * share:.0f} % of their time" if share else "") + (
             "; phases: " + ", ".join(f"steps {p['from_step']}-{p['to_step']} {p['verdict']}" for p in steps)
             if len(steps) > 1 else "")  # fmt: skip
     again = "".join(f"\ndecided again: {c['said']}" for c in changes or [])

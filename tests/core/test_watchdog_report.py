@@ -80,3 +80,60 @@ def test_a_starving_window_says_the_most_the_data_side_can_give():
     assert said.startswith("Expected effect: 1,600 samples/s now") and "6,400 samples/s (4.0x)" in said
     assert upper_bound({"data_wait_ms": 30.0, "step_ms": 10.0}, None) is None
     assert upper_bound({"data_wait_ms": float("nan"), "step_ms": 10.0}, 64) is None
+
+
+def _facts():
+    from lightning_gpu_boost.core.verdicts import RunFacts
+
+    return RunFacts(cuda=True, num_workers=15, usable_cpus=16)
+
+
+def _summary() -> dict[str, float]:
+    return {"steps": 375.0, "data_wait_frac": 0.18, "data_wait_ms": 18.0, "step_ms": 81.2, "gpu_util": 79.0,
+            "gpu_mem_frac": 0.5, "starved_frac": 0.16, "between_frac": 0.02, "validation_frac": 0.0}  # fmt: skip
+
+
+def _phase_run() -> list[dict]:
+    """A stream's run as the H100 saw it: a first epoch that waited on the link, then a warm epoch at the GPU's pace
+    (windows of 20 steps)."""
+    timeline, step = [], 0
+    for i in range(19):
+        step += 20
+        link = 3 <= i < 9
+        timeline.append({"step": float(step), "verdict": "remote-io-bound" if link else "ok",
+                         "data_wait_frac": 0.65 if link else 0.02, "data_wait_ms": 120.0 if link else 1.0,
+                         "step_ms": 64.0, "gpu_util": 30.0 if link else 98.0, "gpu_mem_frac": 0.5,
+                         "workers_busy": 0.3 if link else None, "download_mb_s": 130.0 if link else None})  # fmt: skip
+    return timeline
+
+
+def test_a_run_of_phases_takes_the_verdict_of_the_phase_that_took_most_time_not_the_average_of_all():
+    from lightning_gpu_boost.core.verdicts import Evidence, advise, classify
+    from lightning_gpu_boost.core.watchdog_report import run_verdict, time_shares
+
+    timeline = _phase_run()
+    # the whole run's averages: a wait under the data threshold and a utilization under the busy one
+    whole = Evidence(data_wait_frac=0.18, step_ms=81.2, data_wait_ms=18.0, gpu_util=79.0, between_frac=0.02)
+    assert classify(whole, include_between=True) == "host-bound"  # a verdict no window had
+    shares = time_shares(timeline)
+    assert shares["remote-io-bound"] > 0.5 > shares["ok"] and math.isclose(sum(shares.values()), 1.0)
+    verdict, e, share = run_verdict("host-bound", whole, timeline)
+    assert verdict == "remote-io-bound" and share == shares["remote-io-bound"]
+    close = math.isclose
+    assert close(e.data_wait_frac, 0.65) and close(e.gpu_util, 30.0) and e.between_frac == 0.02  # the phase's own
+    assert close(e.download_bytes_s, 130.0 * 2**20) and close(e.workers_busy, 0.3)
+    assert classify(e) == "remote-io-bound"  # the advice reads figures that say what the verdict says
+    assert "host-bound" not in " ".join(advise(verdict, _facts(), e))
+    summary = format_summary([_summary()], verdict, ["x"], timeline)
+    assert f"6 of 19 windows agree, {100 * share:.0f} % of their time" in summary
+
+
+def test_the_whole_runs_verdict_stands_where_its_windows_hold_most_of_the_time_and_for_time_outside_the_steps():
+    from lightning_gpu_boost.core.verdicts import Evidence
+    from lightning_gpu_boost.core.watchdog_report import run_verdict
+
+    timeline = _phase_run()
+    whole = Evidence(data_wait_frac=0.3, step_ms=64.0, data_wait_ms=27.0, gpu_util=60.0)
+    assert run_verdict("remote-io-bound", whole, timeline)[:2] == ("remote-io-bound", whole)
+    assert run_verdict("between-steps", whole, timeline)[:2] == ("between-steps", whole)
+    assert run_verdict("ok", whole, [])[:3] == ("ok", whole, None)  # no window judged: nothing to weigh
