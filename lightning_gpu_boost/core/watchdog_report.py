@@ -21,7 +21,7 @@ from lightning_gpu_boost.core.verdicts import (
     format_advice,
 )
 
-__all__ = ["MIN_WINDOW_PERIODS", "PHASE_MAJORITY", "agreement", "run_verdict", "time_shares", "ask_again", "ask_again_between", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
+__all__ = ["MIN_WINDOW_PERIODS", "PHASE_MAJORITY", "PROBLEM_SHARE", "agreement", "run_verdict", "time_shares", "ask_again", "ask_again_between", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
            "starving_message", "summary_evidence", "upper_bound"]  # fmt: skip
 
 
@@ -258,8 +258,11 @@ def phases(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 #: the whole run's verdict stands where the windows that agree with it hold at least this share of the judged time;
 #: below it the run is a run of phases (a link-bound first epoch, then a warm cache, say) whose averages can make a
-#: verdict that no phase had, and the phase that took the most time is the run's verdict
+#: verdict that no phase had
 PHASE_MAJORITY = 0.5
+#: in a run of phases, a problem (any verdict but ``ok``) whose windows hold at least this share of the judged time is
+#: the run's verdict, the one that holds most if several do: a quarter of a run lost to one cause is worth its fix
+PROBLEM_SHARE = 0.25
 
 #: a window's figures that a phase's evidence averages (by the windows' time)
 _PHASE_FIGURES = ("data_wait_frac", "data_wait_ms", "step_ms", "gpu_util", "gpu_mem_frac", "sm_active",
@@ -298,15 +301,19 @@ def run_verdict(whole_run: str, e: Evidence, timeline: list[dict[str, Any]]) -> 
 
     ``whole_run`` (the classification of the whole run's figures, ``e``) stands where its windows hold at least
     :data:`PHASE_MAJORITY` of the judged time, and always for ``between-steps`` (time outside the steps, which no
-    window sees). Otherwise the verdict that holds the most time is the run's, with evidence averaged over its windows
-    (by their time; the whole run's figures outside the steps kept): a run whose first epoch waited on the link and
-    whose second ran at the GPU's pace averages to a wait and a utilization that no phase had."""
+    window sees). Otherwise the problem (not ``ok``) that holds the most time is the run's verdict where it holds at
+    least :data:`PROBLEM_SHARE` of it, else the verdict that holds the most time, with evidence averaged over its
+    windows (by their time; the whole run's figures outside the steps kept): a run whose first epoch waited on the
+    link and whose second ran at the GPU's pace averages to a wait and a utilization that no phase had."""
     shares = time_shares(timeline)
     if not shares:
         return whole_run, e, None
     if whole_run == "between-steps" or shares.get(whole_run, 0.0) >= PHASE_MAJORITY:
         return whole_run, e, shares.get(whole_run, 0.0)
-    verdict = max(shares, key=lambda v: shares[v])
+    problems = {v: share for v, share in shares.items() if v != "ok" and share >= PROBLEM_SHARE}
+    verdict = max(problems or shares, key=lambda v: shares[v])
+    if verdict == whole_run:
+        return whole_run, e, shares[verdict]
     windows = [(p, seconds) for p, seconds in _windows(timeline) if p["verdict"] == verdict]
     figures: dict[str, float | None] = {}
     for key in _PHASE_FIGURES:

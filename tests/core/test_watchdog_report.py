@@ -93,13 +93,13 @@ def _summary() -> dict[str, float]:
             "gpu_mem_frac": 0.5, "starved_frac": 0.16, "between_frac": 0.02, "validation_frac": 0.0}  # fmt: skip
 
 
-def _phase_run() -> list[dict]:
+def _phase_run(link_windows: range = range(3, 9)) -> list[dict]:
     """A stream's run as the H100 saw it: a first epoch that waited on the link, then a warm epoch at the GPU's pace
     (windows of 20 steps)."""
     timeline, step = [], 0
     for i in range(19):
         step += 20
-        link = 3 <= i < 9
+        link = i in link_windows
         timeline.append({"step": float(step), "verdict": "remote-io-bound" if link else "ok",
                          "data_wait_frac": 0.65 if link else 0.02, "data_wait_ms": 120.0 if link else 1.0,
                          "step_ms": 64.0, "gpu_util": 30.0 if link else 98.0, "gpu_mem_frac": 0.5,
@@ -137,3 +137,16 @@ def test_the_whole_runs_verdict_stands_where_its_windows_hold_most_of_the_time_a
     assert run_verdict("remote-io-bound", whole, timeline)[:2] == ("remote-io-bound", whole)
     assert run_verdict("between-steps", whole, timeline)[:2] == ("between-steps", whole)
     assert run_verdict("ok", whole, [])[:3] == ("ok", whole, None)  # no window judged: nothing to weigh
+
+
+def test_a_phase_of_problem_that_holds_a_quarter_of_the_run_is_not_hidden_by_a_longer_ok_phase():
+    from lightning_gpu_boost.core.verdicts import Evidence
+    from lightning_gpu_boost.core.watchdog_report import PROBLEM_SHARE, run_verdict, time_shares
+
+    whole = Evidence(data_wait_frac=0.15, step_ms=64.0, data_wait_ms=11.0, gpu_util=78.0)
+    shorter = _phase_run(range(3, 7))  # four link-bound windows of 19
+    assert PROBLEM_SHARE <= time_shares(shorter)["remote-io-bound"] < 0.5
+    assert run_verdict("host-bound", whole, shorter)[0] == "remote-io-bound"
+    brief = _phase_run(range(3, 4))  # one: under a quarter of the time, the run was at the GPU's pace
+    assert time_shares(brief)["remote-io-bound"] < PROBLEM_SHARE
+    assert run_verdict("host-bound", whole, brief)[0] == "ok"
