@@ -186,7 +186,8 @@ def main() -> None:
     unknown = sorted(set(args.only or ()) - set(RUNNER.names()))
     if unknown:
         parser.error(f"--only: no workload named {', '.join(unknown)} (there are: {', '.join(RUNNER.names())})")
-    for name in dict.fromkeys(args.only or RUNNER.names()):  # in the order given: a GPU machine's time may end before the last
+    # in the order given: a GPU machine's time may end before the last one
+    for name in dict.fromkeys(args.only or RUNNER.names()):
         try:
             rows[name] = diagnose_workload(name, args, root)
         except Exception as err:  # one workload's failure is recorded; the others still run

@@ -42,7 +42,6 @@ The starved link (``--starved-cap-mb`` 5 MB/s, ``--starved-latency-ms`` 200) is 
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import tempfile
@@ -121,7 +120,6 @@ ARCH = ["resnet50"]
 
 def fit(data, callbacks: list, precision: str, link_bytes=None, **trainer_kwargs) -> tuple[list[dict], pl.Trainer]:
     clock = EpochClock(link_bytes)
-    gc.collect()  # the earlier cases' fits: nothing of theirs left for this fit's forked workers to free
     torch.manual_seed(0)
     trainer = pl.Trainer(**{"max_epochs": 2, **trainer_kwargs}, precision=precision, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
