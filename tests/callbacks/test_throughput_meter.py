@@ -14,13 +14,14 @@ from lightning_gpu_boost.core.workers import clone_loader, measure_loader
 
 
 class FixedCost(Dataset):
-    """Each sample costs 5 ms (sleeping, so 4 workers keep their pace on a 2-CPU machine)."""
+    """Each sample costs 10 ms (sleeping, so 4 workers keep their pace on a 2-CPU machine; at 5 ms the Python around
+    each sample was a large enough share that a busy neighbour moved the loader and the fit apart by up to 19 %)."""
 
     def __len__(self) -> int:
         return 4096
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.005)
+        time.sleep(0.010)
         return torch.randn(8)
 
 
