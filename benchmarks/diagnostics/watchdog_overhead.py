@@ -57,6 +57,10 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=["resident", "transformer", "loader"])
     parser.add_argument("--profile-hooks", action="store_true",
                         help="one more run per case with the watchdog's hooks under cProfile (where their time goes)")
+    parser.add_argument("--sample-interval", type=float, default=0.1,
+                        help="the watchdog's NVML polling interval, s (its default 0.1): whether its thread's polls "
+                        "cost the training process time")  # fmt: skip
+    parser.add_argument("--out", default=str(RESULTS), help="where the JSON and Markdown results go")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads"))
     from tokens_lm import GPT
@@ -94,7 +98,8 @@ def main() -> None:
 
     def run(case: str, watchdog: bool, profiler: Any = None) -> dict:
         torch.manual_seed(0)
-        callbacks: tuple = (GPUUtilWatchdog(on_starvation="ignore", summary=False),) if watchdog else ()
+        callbacks: tuple = (GPUUtilWatchdog(on_starvation="ignore", summary=False,
+                                                        sample_interval_s=args.sample_interval),) if watchdog else ()
         steps = args.steps
         if case == "transformer":
             model = GPT(8192, 128, 256, args.layers, 4)
@@ -156,7 +161,7 @@ def main() -> None:
         else:
             target = 0.99 if case == "loader" else 0.995
             bars[f"{case}_with_watchdog_vs_without"] = bar(figures[case]["median_ratio"], target, "x")
-    print(write_result("watchdog_overhead", figures, bars, RESULTS))
+    print(write_result("watchdog_overhead", figures, bars, args.out))
 
 
 if __name__ == "__main__":
