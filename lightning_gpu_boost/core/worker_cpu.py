@@ -59,7 +59,8 @@ class WorkerCPU:
         """CPU seconds the child processes used since the last call over ``workers`` x the seconds passed, in
         ``[0, 1]``; ``None`` on the first call, with no workers, or where ``/proc`` cannot say. A worker started
         since the last call counts all its CPU time; one that ended meanwhile counts none of its last stretch."""
-        now, at = children_cpu_s(), time.monotonic()
+        # no workers, no reading: the listing opens a file per thread of this process (dozens under CUDA)
+        now, at = (children_cpu_s() if workers > 0 else None), time.monotonic()
         last, since = self._last, self._at
         self._last, self._at = now, at
         if now is None or last is None or workers <= 0 or at <= since:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
+
 from lightning_gpu_boost.core.step_timer import StepTimer
 
 
@@ -22,3 +24,27 @@ def test_host_waits_and_steps_and_a_skipped_gap():
     assert math.isnan(first.host_wait_ms) and math.isnan(third.host_wait_ms)  # no gap before, or a skipped one
     assert 15 <= second.wait_ms < 200 and 5 <= second.busy_ms < 200
     assert [t.step for t in (first, second, third)] == [0, 1, 2] and timer.pop_ready() == []
+
+
+@pytest.mark.gpu
+def test_cuda_gaps_and_steps_with_events_reused():
+    """On CUDA the GPU's idle gap before a step and the step's own time come from events on the step's stream
+    (looked up once), and the events are recorded again once read: a long run creates a handful, not two a step."""
+    import torch
+
+    timer, x = StepTimer(cuda=True), torch.randn(2048, 2048, device="cuda")
+    timings, created = [], set()
+    for step in range(40):
+        time.sleep(0.005)  # the host fetches the next batch: the GPU idles
+        timer.step_start()
+        for _ in range(4):
+            x = torch.tanh(x @ x)
+        timer.step_end(step)
+        created.update(id(e) for e in (timer._start_event, timer._last_end_event))
+        timings += timer.pop_ready()
+    torch.cuda.synchronize()
+    timings += timer.pop_ready()
+    assert [t.step for t in timings] == list(range(40))
+    assert all(t.gpu_step_ms > 0 for t in timings)
+    assert all(t.gpu_gap_ms >= 0 for t in timings[1:]) and math.isnan(timings[0].gpu_gap_ms)
+    assert len(created) < 20  # reused (40 steps record 80 events)
