@@ -242,8 +242,13 @@ def doctor(name: str, size: str, data_root: Path, tune: bool = False, trials: bo
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # the project's precision, as a user passes it (`doctor --precision bf16-mixed`): without it the short
+            # fits ran vit_finetune's step in fp32, compute-bound at ~1,190/s at both worker counts on the H100,
+            # where the bf16 run was data-bound (its prediction 0.99x against 1.63x measured)
+            precision = {k: v for k, v in kwargs.items() if k == "precision"}
             d = diagnose(train, model, budget_s=30.0 if gpu else 4.0, steps=10 if gpu else 5, tune=tune, trials=trials,
-                         val_loader=val, val_batches=val_batches, accelerator="gpu" if gpu else "cpu")  # fmt: skip
+                         val_loader=val, val_batches=val_batches, accelerator="gpu" if gpu else "cpu",
+                         **precision)  # fmt: skip
     finally:
         torch.set_num_threads(threads)
     del model, train, val

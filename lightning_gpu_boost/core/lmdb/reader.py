@@ -447,7 +447,14 @@ class PackReader:
         """Decode record ``index`` (zero-copy payload: a view of the memory map, valid inside ``decode``)."""
         if not 0 <= index < self.length:
             raise IndexError(f"Index {index} is out of range for {self.path!r} with {self.length} records.")
-        txn, gate = self._txn(), _GATE[0]
+        if self._pid == _PID[0]:  # this thread's transaction, looked up inline: this is the hot path
+            try:
+                txn = self._local.txn
+            except AttributeError:
+                txn = self._txn()
+        else:
+            txn = self._txn()
+        gate = _GATE[0]
         if not next(self._reads) % CHECK_EVERY:  # a file replaced under a long-lived reader raises, naming it
             self.check_current()
         next(gate.entered)  # ``with gate``, inlined: this is the hot path
