@@ -148,8 +148,14 @@ def predicted(name: str, how: str, plain: dict[str, Any], size: str, root: Path
         if advised in fits:
             return float(fits[advised]), f"doctor's short fit at num_workers={advised}", loader
     w = plain.get("watchdog") or {}
-    if how == "SpanEpochs(min_restart_share=0)" and w.get("between_frac") is not None and w["between_frac"] < 1:
-        return _rate(plain) / (1 - w["between_frac"]), "the watchdog's bound (the time outside the steps gone)", loader
+    if how == "SpanEpochs(min_restart_share=0)" and w.get("between_frac") is not None:
+        from lightning_gpu_boost.core.verdicts import span_bound
+        from lightning_gpu_boost.core.watchdog_report import summary_evidence
+
+        gain = span_bound(summary_evidence(w))  # the figure its advice quotes
+        if gain is not None:
+            return (_rate(plain) * gain, "the watchdog's bound (the time outside the steps gone, at most what the "
+                    "workers load busy all the time)", loader)  # fmt: skip
     if how == "persistent_workers=True" and w.get("epoch_start_frac") is not None and w["epoch_start_frac"] < 1:
         return _rate(plain) / (1 - w["epoch_start_frac"]), "the watchdog's bound (the epochs' starts gone)", loader
     step, wait = w.get("step_ms"), w.get("data_wait_ms")

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from lightning_gpu_boost.core.shapes import tensors_in
 
-__all__ = ['BETWEEN_STEPS_SHARE', 'COPY_SHARE', 'Evidence', 'IDLE_WORKERS', 'STARVED', 'byte_rate', 'downloading', 'RunFacts', 'SMALL_MEMORY', 'SMALL_SM_ACTIVE', 'SMALL_STEP_MS', 'VERDICTS', 'Verdict', 'advise', 'batch_kind', 'classify', 'crowded', 'fetches_batches', 'format_advice', 'sample_cost_fixes']
+__all__ = ['span_bound', 'BETWEEN_STEPS_SHARE', 'COPY_SHARE', 'Evidence', 'IDLE_WORKERS', 'STARVED', 'byte_rate', 'downloading', 'RunFacts', 'SMALL_MEMORY', 'SMALL_SM_ACTIVE', 'SMALL_STEP_MS', 'VERDICTS', 'Verdict', 'advise', 'batch_kind', 'classify', 'crowded', 'fetches_batches', 'format_advice', 'sample_cost_fixes']
 
 Verdict = Literal["data-bound", "copy-bound", "remote-io-bound", "host-bound", "small", "between-steps", "ok"]
 VERDICTS: tuple[str, ...] = ("data-bound", "copy-bound", "remote-io-bound", "host-bound", "small", "between-steps",
@@ -406,6 +406,19 @@ def sample_cost_fixes(f: RunFacts) -> list[str]:
     return fixes
 
 
+def span_bound(e: Evidence | None) -> float | None:
+    """The most that keeping the workers loading across epoch ends (``SpanEpochs``) can give, as a factor on the
+    samples/s: the time outside the steps gone, ``1 / (1 - between_frac)``; ``None`` where that time was not
+    measured. An upper bound: spanned, the workers may set the pace (short_epochs on an H100: 2.91x bound, 1.30x
+    measured, data-bound after). The workers' CPU share does not cap it soundly: it counts their start-up and the
+    validation batches never read, which spanning removes (a cap from it said 1.66x at CPU size, 2.63x measured);
+    ``doctor``'s short fits with and without spanning measure the effect."""
+    outside = e.between_frac if e is not None else None
+    if outside is None or not 0 < outside < 1:
+        return None
+    return 1 / (1 - outside)
+
+
 def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
     advice: list[str] = []
     share = "" if e is None or e.between_frac is None else f"{100 * e.between_frac:.0f} % of the run passes "
@@ -428,7 +441,7 @@ def _between_advice(f: RunFacts, e: Evidence | None) -> list[str]:
             "(GPUBoost() includes it at 5 %), or return SpanningLoader(DataLoader(...)) from train_dataloader() and "
             "val_dataloader() (lightning_gpu_boost.core.spanning); a DataLoader's workers, persistent or not, start an "
             "epoch's batches only once it begins, and a validation pass's workers load batches it never reads "
-            f"(expect up to {1 / (1 - outside):.2f}x the samples/s, with all of the time outside the steps gone but "
+            f"(expect up to {span_bound(e):.2f}x the samples/s, with all of the time outside the steps gone but "
             "validation's own steps)"
         )
     if f.num_workers and f.persistent_workers is False:

@@ -53,17 +53,29 @@ class WorkerCPU:
 
     def __init__(self) -> None:
         self._last: dict[int, float] | None = None
+        self._reaped = 0.0
         self._at = 0.0
 
     def busy_share(self, workers: int) -> float | None:
         """CPU seconds the child processes used since the last call over ``workers`` x the seconds passed, in
         ``[0, 1]``; ``None`` on the first call, with no workers, or where ``/proc`` cannot say. A worker started
-        since the last call counts all its CPU time; one that ended meanwhile counts none of its last stretch."""
+        since the last call counts all its CPU time; one that ended meanwhile (workers that are not persistent
+        end with every epoch) counts its last stretch too, once it has been waited for: ``os.times()`` adds up
+        the children that ended, less what the last call had already counted of each."""
         # no workers, no reading: the listing opens a file per thread of this process (dozens under CUDA)
         now, at = (children_cpu_s() if workers > 0 else None), time.monotonic()
-        last, since = self._last, self._at
-        self._last, self._at = now, at
+        reaped = _reaped_cpu_s()
+        last, since, reaped_before = self._last, self._at, self._reaped
+        self._last, self._at, self._reaped = now, at, reaped
         if now is None or last is None or workers <= 0 or at <= since:
             return None
         used = sum(max(0.0, cpu - last.get(pid, 0.0)) for pid, cpu in now.items())
+        gone = sum(cpu for pid, cpu in last.items() if pid not in now)  # counted last time, ended since
+        used += max(0.0, reaped - reaped_before - gone)
         return min(1.0, used / (workers * (at - since)))
+
+
+def _reaped_cpu_s() -> float:
+    """CPU seconds of this process's children that ended and were waited for (``os.times()``)."""
+    t = os.times()
+    return t.children_user + t.children_system

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_gpu_boost.core.verdicts import Evidence, RunFacts, advise, classify, sample_cost_fixes
+from lightning_gpu_boost.core.verdicts import (
+    Evidence,
+    RunFacts,
+    advise,
+    classify,
+    sample_cost_fixes,
+    span_bound,
+)
 from lightning_gpu_boost.core.workers import WorkerProbe
 
 
@@ -37,6 +44,13 @@ def test_time_outside_the_steps_is_its_own_verdict_at_the_end_of_a_run():
     assert "persistent_workers=True" in text and "validation" in text and "31 batches" in text
     persistent = RunFacts(cuda=True, num_workers=16, usable_cpus=16, persistent_workers=True, batches_per_epoch=250)
     assert "persistent_workers=True keeps" not in " ".join(advise("between-steps", persistent, e))
+
+
+def test_spanning_epochs_is_bounded_by_the_time_outside_the_steps():
+    assert span_bound(Evidence(0.02, 60.0, 1.0, between_frac=0.66)) == pytest.approx(1 / 0.34)
+    assert span_bound(Evidence(0.02, 60.0, 1.0)) is None
+    facts = RunFacts(cuda=True, num_workers=2, usable_cpus=16, persistent_workers=False, batches_per_epoch=32)
+    assert "expect up to 2.94x" in " ".join(advise("between-steps", facts, Evidence(0.02, 60.0, 1.0, between_frac=0.66)))
 
 
 def test_advice_never_names_what_is_already_on():

@@ -33,3 +33,18 @@ def test_a_busy_child_reads_busy_and_a_sleeping_one_idle():
     finally:
         sleeper.wait()
     assert meter.busy_share(0) is None
+
+
+def test_a_child_that_ends_between_readings_still_counts():
+    """Workers that are not persistent end with each epoch: their CPU time between two readings counts once they
+    have been waited for (``os.times()``), and what the earlier reading saw of them is not counted twice."""
+    meter = WorkerCPU()
+    spin = "import time\nend = time.time() + 1.2\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    time.sleep(0.3)
+    meter.busy_share(1)  # sees the child part-way
+    child.wait()  # it ends and is reaped before the next reading
+    share = meter.busy_share(1)
+    assert 0.3 < share <= 1.0, share
+    time.sleep(0.5)
+    assert meter.busy_share(1) < 0.1  # nothing ran since: the ended child is not counted again
