@@ -96,6 +96,10 @@ class Diagnosis:
     #: samples/s of short fits of the model with the real loader, as training sees it (steady state), by worker count:
     #: the current count and the advised one (``trials=True``, a model, and a worker count to advise)
     fit_samples_per_s: dict[int, float] = field(default_factory=dict)
+    #: samples/s of short fits over whole epochs (validation included) as the project runs and with its workers kept
+    #: loading across epoch ends (``SpanEpochs(min_restart_share=0)``): ``{"plain": ..., "spanned": ...}``, where
+    #: the advice is to span the epochs (``trials=True``, a model)
+    span_fit_samples_per_s: dict[str, float] = field(default_factory=dict)
     #: the train loader streams from object storage (:func:`~lightning_gpu_boost.core.streaming.source.remote_stream`)
     stream: dict[str, Any] | None = None
     #: while the loader alone was measured: its workers' share of time on a CPU, and bytes/s arriving in the
@@ -143,6 +147,8 @@ class Diagnosis:
             lines.append(f"  first batch of a fresh iterator: {self.startup_s:.2f} s{restart}")
         for w, r in sorted(self.fit_samples_per_s.items()):
             lines.append(f"  training (a short fit of the model) at num_workers={w}: {rate(r)}")
+        for case, r in self.span_fit_samples_per_s.items():
+            lines.append(f"  training over whole epochs, {case}: {rate(r)}")
         lines.append(f"Bottleneck: {self.bottleneck}" + (f" (verdict: {self.verdict})" if self.verdict else ""))
         lines += [f"  -> {a}" for a in self.advice] + [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -395,7 +401,30 @@ def diagnose(
                 fit = measure_fit(model, trial, steps=fit_steps, warmup=3, **trainer_kwargs)
             result.fit_samples_per_s[count] = fit["samples_per_s"]
     _conclude(result)
+    if trials and model is not None and isinstance(loader, DataLoader) and result.bottleneck == "epoch-start":
+        _span_trials(result, model, loader, max(2 * steps, 32), val_loader, val_batches, say, trainer_kwargs)
     return result
+
+
+def _span_trials(result: Diagnosis, model: Any, loader: DataLoader, steps: int, val_loader: Any,
+                 val_batches: int | None, say: Callable[[str], None], trainer_kwargs: dict[str, Any]) -> None:  # fmt: skip
+    """Short fits over whole epochs, validation included, as the project runs and with
+    ``SpanEpochs(min_restart_share=0)``: the effect of the advice to span the epochs, measured the way training
+    sees it (the time outside the steps is only a bound: spanned, the workers may set the pace), quoted in it."""
+    from lightning_gpu_boost.callbacks import SpanEpochs
+
+    fits = {}
+    for case, callbacks in (("plain", ()), ("spanned", (SpanEpochs(min_restart_share=0),))):
+        say(f"a short fit over whole epochs, {case} ...")
+        fits[case] = measure_epochs_fit(model, loader, steps=steps, callbacks=callbacks, val_loader=val_loader,
+                                        val_batches=val_batches, **trainer_kwargs)["samples_per_s"]  # fmt: skip
+    result.span_fit_samples_per_s = fits
+    now, then = fits["plain"], fits["spanned"]
+    for i, advice in enumerate(result.advice):
+        if "SpanEpochs(min_restart_share=0)" in advice:
+            result.advice[i] = advice.rstrip(".") + (f"; short fits over whole epochs measured {now:,.0f} -> "
+                                                      f"{then:,.0f} samples/s ({then / now:.2f}x) with it.")  # fmt: skip
+            break
 
 
 def measure_fit(model: Any, data: Any, steps: int, warmup: int, callbacks: tuple = (), **trainer_kwargs: Any) -> dict[str, Any]:
@@ -464,13 +493,15 @@ def _epoch_ends() -> Any:
     return EpochEnds()
 
 
-def measure_epochs_fit(model: Any, loader: DataLoader, steps: int, warmup_epochs: int = 1,
+def measure_epochs_fit(model: Any, loader: DataLoader, steps: int, warmup_epochs: int = 1, callbacks: tuple = (),
+                       val_loader: Any = None, val_batches: int | None = None,
                        **trainer_kwargs: Any) -> dict[str, Any]:  # fmt: skip
     """Fit ``model`` on ``loader`` for ``warmup_epochs`` and then whole epochs holding ``steps`` steps (two epochs
     at least, :data:`MAX_TIMED_EPOCHS` at most), and time those epochs from the end of the last warm-up epoch to
     the end of the last one: each timed epoch's start (its workers started again, their first batches) is in the
     figure, as in the run. Returns ``{"samples_per_s", "measured": "whole epochs", "epochs_timed", "halves_diff"}``
-    (the halves: the first and the last half of the timed epochs)."""
+    (the halves: the first and the last half of the timed epochs). ``callbacks`` join the fit; ``val_loader``
+    (``val_batches`` of it, all by default) validates after every epoch, as the project does, else none."""
     import lightning.pytorch as pl
 
     checks.check_int("steps", steps, low=1)
@@ -479,11 +510,11 @@ def measure_epochs_fit(model: Any, loader: DataLoader, steps: int, warmup_epochs
     clock = _epoch_ends()
     kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
               "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
-              "limit_val_batches": 0, **trainer_kwargs}  # fmt: skip
-    trainer = pl.Trainer(max_epochs=warmup_epochs + timed, callbacks=[clock], **kwargs)
+              "limit_val_batches": 0 if val_loader is None else (val_batches or 1.0), **trainer_kwargs}  # fmt: skip
+    trainer = pl.Trainer(max_epochs=warmup_epochs + timed, callbacks=[clock, *callbacks], **kwargs)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=NO_VALIDATION_WARNING)
-        trainer.fit(model, train_dataloaders=loader)
+        trainer.fit(model, train_dataloaders=loader, val_dataloaders=val_loader)
     ends, samples = clock.ends[warmup_epochs:], clock.samples[warmup_epochs:-1]
 
     def rate(first: int, last: int) -> float:  # timed epochs first..last-1
