@@ -7,7 +7,7 @@ vs the same images at full size, in one run.
 
 Warm cells: each side reads the same random order in steady state (a first pass left out, then passes for at least
 0.25 s: one pass of 2,000 reads lasts a few milliseconds, and the first after the other side's runs with the CPU
-caches holding the other side's data), in 5 adjacent pairs (order alternating), the median of the pairs' ratios. Cold cache: `echo 3 > /proc/sys/vm/drop_caches` where permitted (root, not in most containers); otherwise each
+caches holding the other side's data), in 9 adjacent pairs (order alternating), the median of the pairs' ratios. Cold cache: `echo 3 > /proc/sys/vm/drop_caches` where permitted (root, not in most containers); otherwise each
 file's pages are dropped with posix_fadvise(DONTNEED), which evicts clean unmapped pages: the JSON says which.
 
 Packing vs `cp -r SRC DST && sync` (a durable copy): medians of 3 alternating runs, each after `os.sync()`; the
@@ -154,7 +154,9 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=None, help="DataLoader workers (default: usable CPUs - 1)"
     )
-    parser.add_argument("--seconds", type=float, default=4.0, help="shortest timed window per end-to-end run")
+    # 10 s: with 15 workers a 4 s window timed about 16 batches after the 34 it skips, and the H200's pairs of the
+    # two DataModules spread 0.88-1.06x (lmdb_read-2026-11-26-h200.json)
+    parser.add_argument("--seconds", type=float, default=10.0, help="shortest timed window per end-to-end run")
     parser.add_argument("--pairs", type=int, default=5, help="end-to-end pairs (ImageFolderDataModule, LMDBDataModule)")
     parser.add_argument("--pack-check-only", action="store_true", help="only time the pack-time check")
     args = parser.parse_args()
@@ -205,9 +207,9 @@ def main() -> None:
                 else:
                     close_readers(pack)
                     how = drop_cache([*files, pack])
-                if cache == "warm":  # 5 adjacent pairs (order alternating), the median of their ratios
+                if cache == "warm":  # 9 adjacent pairs (order alternating), the median of their ratios
                     runs = []
-                    for k in range(5):
+                    for k in range(9):
                         pair = {}
                         for side in ("files", "lmdb") if k % 2 == 0 else ("lmdb", "files"):
                             read = functools.partial(read_files, files, order) if side == "files" else functools.partial(read_pack, pack, order)
