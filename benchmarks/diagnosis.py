@@ -165,8 +165,7 @@ def predicted(name: str, how: str, plain: dict[str, Any], size: str, root: Path
 
         gain = span_bound(summary_evidence(w))  # the figure its advice quotes
         if gain is not None:
-            return (_rate(plain) * gain, "the watchdog's bound (the time outside the steps gone, at most what the "
-                    "workers load busy all the time)", loader)  # fmt: skip
+            return _rate(plain) * gain, "the watchdog's bound (the time outside the steps gone)", loader
     if how == "persistent_workers=True" and w.get("epoch_start_frac") is not None and w["epoch_start_frac"] < 1:
         return _rate(plain) / (1 - w["epoch_start_frac"]), "the watchdog's bound (the epochs' starts gone)", loader
     step, wait = w.get("step_ms"), w.get("data_wait_ms")

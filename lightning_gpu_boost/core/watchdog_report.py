@@ -212,7 +212,6 @@ def rank_summary(totals: dict[str, Any], timeline: list[dict[str, float]], warmu
         "epoch_start_frac": epoch_start_s / wall_s if wall_s > 0 else float("nan"),
         "workers_busy": sum(cpu) / len(cpu) if cpu else float("nan"),
         "download_mb_s": sum(down) / len(down) if down else float("nan"),
-        "run_workers_busy": float("nan") if workers_busy is None else workers_busy,
     }
 
 
