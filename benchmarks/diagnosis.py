@@ -4,6 +4,7 @@ advice applied as a user would apply it, and the effect it predicted against the
     python benchmarks/diagnosis.py                                   # GPU machine: --size gpu there
     python benchmarks/diagnosis.py --size cpu --only speech_ctc      # a smoke run on a CPU
     python benchmarks/diagnosis.py --only audio tabular --keep benchmarks/results/diagnosis-<date>-h200.json
+    python benchmarks/diagnosis.py --only photos_hr --cache /tmp/diag-cache   # again after a time limit: goes on
 
 For each workload of ``benchmarks/workloads`` (their own loaders and models, ``RUNNER.fit``, steady-state windows):
 
@@ -192,6 +193,9 @@ def main() -> None:
     parser.add_argument("--keep", help="an earlier result of this script: the workloads that --only leaves out are "
                         "carried over from it, each with the commit it was measured at (a GPU machine's call is "
                         "limited to minutes: run a few workloads per call, each call keeping the last's result)")  # fmt: skip
+    parser.add_argument("--cache", help="a folder where each fit's and doctor's result is kept as it ends (pickled, "
+                        "under the commit): a workload that a call's time limit cut short goes on from its last "
+                        "finished fit when the same command runs again")  # fmt: skip
     args = parser.parse_args()
     root = Path(args.data)
     rows: dict[str, dict[str, Any]] = {}
@@ -216,6 +220,35 @@ def main() -> None:
         print(f"wrote {write_result('diagnosis', *summarize(rows, args), args.out)}", flush=True)
 
 
+def _once_under(cache: str | None, name: str, size: str) -> Any:
+    """``once(stage, fn, *args, **kwargs)``: ``fn``'s result, kept in ``cache`` (pickled, under the commit, the
+    workload and its size) as it ends and read back there on the next run instead of running ``fn`` again; without a
+    cache, ``fn``'s result. A stage's time is then the time to read it (``seconds`` says so: ``cached``)."""
+    import os
+    import pickle
+
+    def once(stage: str, fn: Any, *fn_args: Any, **fn_kwargs: Any) -> Any:
+        if not cache:
+            return fn(*fn_args, **fn_kwargs)
+        commit = os.environ.get("GIT_COMMIT") or "unknown"
+        path = Path(cache) / commit[:12] / f"{name}-{size}-{stage}.pickle"
+        if path.exists():
+            print(f"{name}: {stage} read from {path} (an earlier call's)", flush=True)
+            CACHED.add(f"{name}:{stage}")
+            return pickle.loads(path.read_bytes())
+        value = fn(*fn_args, **fn_kwargs)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".partial").write_bytes(pickle.dumps(value))
+        path.with_suffix(".partial").replace(path)
+        return value
+
+    return once
+
+
+#: the stages read back from ``--cache`` in this run (``workload:stage``)
+CACHED: set[str] = set()
+
+
 def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """One workload's row: its plain repeats, the top advice applied, the GPUBoost() run's contradictions."""
     print(f"{name}: plain x{args.repeats} ...", flush=True)
@@ -226,7 +259,8 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
         clock.append(time.perf_counter())
         seconds[stage] = round(clock[-1] - clock[-2], 1)
 
-    plains = [RUNNER.fit(name, args.size, root) for _ in range(args.repeats)]
+    once = _once_under(args.cache, name, args.size)
+    plains = [once(f"plain-{i}", RUNNER.fit, name, args.size, root) for i in range(args.repeats)]
     lap("plain")
     verdicts = [p["verdict"] for p in plains]
     mode, count = Counter(verdicts).most_common(1)[0]
@@ -239,17 +273,17 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
         row["applied"] = None
     else:
         how, change = chosen
-        guess, source, loader = predicted(name, how, plains[0], args.size, root)
+        guess, source, loader = once("prediction", predicted, name, how, plains[0], args.size, root)
         if loader is not None:
             row["doctor_loader"] = loader
         lap("prediction")
         print(f"{name}: applying {how} ...", flush=True)
         if change == "best":
-            run = RUNNER.fit(name, args.size, root, "best")
+            run = once("applied", RUNNER.fit, name, args.size, root, "best")
         elif change == "repeat":
-            run = RUNNER.fit(name, args.size, root)
+            run = once("applied", RUNNER.fit, name, args.size, root)
         else:
-            run = RUNNER.fit(name, args.size, root, change=change)
+            run = once("applied", RUNNER.fit, name, args.size, root, change=change)
         # the predicted gain is the first plain run's (whose advice is applied), taken on the plain runs' median:
         # one run's rate varies by 10-20 % from the next (vit_finetune on the H200: 1,367, 1,515, 1,682/s)
         base = median(row["plain_samples_per_s"])
@@ -260,9 +294,12 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
                           "prediction_error": abs(_rate(run) / base / gain - 1) if gain else None}  # fmt: skip
         lap("applied")
     print(f"{name}: GPUBoost() ...", flush=True)
-    boosted = RUNNER.fit(name, args.size, root, "gpu_boost")
+    boosted = once("gpu_boost", RUNNER.fit, name, args.size, root, "gpu_boost")
     lap("gpu_boost")
     row["seconds"] = seconds
+    cached = sorted(s.split(":")[1] for s in CACHED if s.startswith(f"{name}:"))
+    if cached:
+        row["cached_stages"] = cached  # measured by an earlier call at the same commit; their seconds are reads
     row["gpu_boost"] = {"verdict": boosted["verdict"], "advice": boosted["advice"],
                         "contradictions": contradictions(boosted)}  # fmt: skip
     print(f"{name}: {row['verdicts']} top advice applied: {row['applied']}", flush=True)
