@@ -48,11 +48,13 @@ def fit_resnet50(data, max_steps: int, callbacks: list) -> None:
 
 def carried_over(path: str | Path, names: list[str], section: str | None = None) -> dict[str, dict[str, Any]]:
     """For ``--keep``: the entries ``names`` of an earlier result's figures (or of ``figures[section]``) that it
-    holds, each with the commit it was measured at (its own ``git_commit``, else the file's)."""
+    holds, each with the commit and the GPU it was measured on (its own ``git_commit`` and ``gpu``, else the
+    file's)."""
     earlier = json.loads(Path(path).read_text())
     found = earlier["figures"] if section is None else earlier["figures"][section]
-    commit = earlier["environment"].get("git_commit")
-    return {n: {**found[n], "git_commit": found[n].get("git_commit", commit)} for n in names if n in found}
+    commit, gpu = earlier["environment"].get("git_commit"), earlier["environment"].get("gpu")
+    return {n: {**found[n], "git_commit": found[n].get("git_commit", commit), "gpu": found[n].get("gpu", gpu)}
+            for n in names if n in found}  # fmt: skip
 
 
 def dd_read(path: str | os.PathLike) -> float:

@@ -2,8 +2,8 @@
 
 Lightning-bound (it times the model's step in a real Trainer), so it lives above the framework-free cores.
 
-Measures the training loader alone (at its worker count and at the count :func:`tune_num_workers` picks), the
-host-to-GPU copy of one batch, and the model's training step on a batch already on the device (the ceiling:
+Measures the training loader alone (at its worker count and at the count ``AutoNumWorkers``' search picks, shared
+through its cache), the host-to-GPU copy of one batch, and the model's training step on a batch already on the device (the ceiling:
 what the step could do if data were free). The slowest stage is the bottleneck; the advice names the change and
 the throughput to expect from it. Works on CPU (copy and GPU step are then not measured, and it says so).
 """
@@ -44,7 +44,8 @@ from lightning_gpu_boost.core.verdicts import (
     sample_cost_fixes,
 )
 from lightning_gpu_boost.core.worker_cpu import WorkerCPU
-from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s, tune_num_workers
+from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s
+from lightning_gpu_boost.core.workers_cache import agreed_probe
 
 __all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_epochs_fit', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s', 'restarts_short_epochs']
 
@@ -273,6 +274,8 @@ def diagnose(
     val_loader: Any = None,
     val_batches: int | None = None,
     trials: bool = True,
+    use_cache: bool = True,
+    cache_path: str | None = None,
     **trainer_kwargs: Any,
 ) -> Diagnosis:
     """Measure ``datamodule``'s training loader, the copy of a batch and ``model``'s step, and name the bottleneck.
@@ -283,7 +286,7 @@ def diagnose(
         budget_s: time for the loader measurements, ``> 0`` (the worker search, whose steady-state table gives
             the loader's rate at the current and the chosen worker count).
         steps: timed training steps for the ceiling.
-        tune: also measure the loader at the worker count ``tune_num_workers`` picks.
+        tune: also measure the loader at the worker count ``AutoNumWorkers``' search picks (``use_cache``).
         progress: called with a short line before each stage (the CLI prints them).
         val_loader: the validation DataLoader run every epoch, or ``None``: its pass over ``val_batches`` batches
             (all of them by default; Lightning's ``limit_val_batches`` as a count) is timed as each epoch pays it
@@ -294,6 +297,12 @@ def diagnose(
             :func:`measure_epochs_fit`, where the loader starts its workers again every epoch and an epoch is short,
             as the run will pay those starts): the expected effect is then
             what training measured, not an estimate from the loader alone.
+        use_cache: the worker search is ``AutoNumWorkers``' own (:func:`~lightning_gpu_boost.core.workers_cache.
+            agreed_probe`), read from and written to its cache: the count this diagnosis advises, and whose effect its
+            short fits measure, is the count ``AutoNumWorkers()`` then applies (a search of its own could land on
+            another count within the loader's noise: segmentation on the H100, 12 here and 16 there). ``False``:
+            searched again, not written.
+        cache_path: that cache's file (default: ``AutoNumWorkers``' own, ``~/.cache/lightning_gpu_boost/``).
         **trainer_kwargs: Trainer arguments for the step (``precision="bf16-mixed"``, ``accelerator``...).
 
     Raises:
@@ -334,7 +343,10 @@ def diagnose(
             say(f"the loader keeps its own resume state: num_workers={workers} is not searched")
         if tune:
             say(f"searching the worker count, loader alone (budget {budget_s:.0f} s) ...")
-            probe = tune_num_workers(loader, budget_s=budget_s)
+            probe = agreed_probe(loader, budget_s=budget_s, use_cache=use_cache, cache_path=cache_path)
+            if probe.cached:
+                say(f"the worker count from AutoNumWorkers' cache (this loader was searched before): "
+                    f"num_workers={probe.num_workers}")  # fmt: skip
             # the probe's steady-state rates (batches/s at the loader's batch size) in samples/s
             table = {w: r * batch_size for w, r in probe.table.items()}
         # a remote stream (never tuned: measured here): were its workers busy, did its cache grow, while measured

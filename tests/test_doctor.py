@@ -34,6 +34,26 @@ def test_trials_can_be_turned_off():
     assert d.fit_samples_per_s == {} and "short fits" not in d.format()
 
 
+def test_the_worker_search_is_the_one_auto_num_workers_applies(tmp_path):
+    """One voice: the count the doctor advises (and whose effect its fits measure) is the count AutoNumWorkers()
+    then applies, from the same search kept in its cache, not a search of its own that noise can land elsewhere."""
+    from lightning_gpu_boost.core.workers_cache import loader_fingerprint, read_cache
+
+    data = VectorDataModule(delay_s=0.004)
+    cache = tmp_path / "num_workers.json"
+    d = diagnose(data, budget_s=4, trials=False, accelerator="cpu", cache_path=str(cache))
+    data.setup("fit")
+    kept = read_cache(cache, loader_fingerprint(data.train_dataloader(), 1))
+    assert kept is not None and kept.num_workers == d.tuned_workers > 0
+    lines: list[str] = []
+    again = diagnose(data, budget_s=4, trials=False, accelerator="cpu", cache_path=str(cache), progress=lines.append)
+    assert again.tuned_workers == d.tuned_workers
+    assert any("from AutoNumWorkers' cache" in line for line in lines), lines
+    fresh = tmp_path / "unused.json"
+    diagnose(data, budget_s=2, trials=False, accelerator="cpu", use_cache=False, cache_path=str(fresh))
+    assert not fresh.exists()
+
+
 def test_a_heavy_step_is_the_bottleneck():
     d = diagnose(VectorDataModule(), VectorModel(work=40), budget_s=4, steps=5, tune=False, accelerator="cpu")
     assert d.bottleneck == "compute", d.format()

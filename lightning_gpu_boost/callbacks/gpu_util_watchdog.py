@@ -165,7 +165,8 @@ class GPUUtilWatchdog(Callback):
         self._reset()
         self._trainer = trainer
         device = trainer.strategy.root_device
-        self._timer = StepTimer(cuda=device.type == "cuda")
+        # completed events read every 4 steps: a query costs as much as a record (launch-bound steps, core/step_timer)
+        self._timer = StepTimer(cuda=device.type == "cuda", read_every=4)
         if device.type == "cuda":
             self._peak = peak_flops(trainer)
             self._sampler = NVMLSampler(device.index or 0, self.sample_interval_s).start()
@@ -376,6 +377,9 @@ class GPUUtilWatchdog(Callback):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end = time.perf_counter()
+        if self._timer is not None:  # the last steps' completed events (read every few steps)
+            for timing in self._timer.pop_ready(flush=True):
+                self._observe(trainer, timing)
         if self._last_end is not None:
             self.between_s += self._end - self._last_end  # the last validation and the end of the epoch
         self._stop()

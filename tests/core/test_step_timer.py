@@ -48,3 +48,29 @@ def test_cuda_gaps_and_steps_with_events_reused():
     assert all(t.gpu_step_ms > 0 for t in timings)
     assert all(t.gpu_gap_ms >= 0 for t in timings[1:]) and math.isnan(timings[0].gpu_gap_ms)
     assert len(created) < 20  # reused (40 steps record 80 events)
+
+
+def test_read_every_is_checked():
+    with pytest.raises(ValueError, match="read_every must be an int >= 1, got 0"):
+        StepTimer(cuda=False, read_every=0)
+
+
+@pytest.mark.gpu
+def test_cuda_events_read_every_few_steps_come_out_in_order():
+    """Read every 4th call (a binary search for the newest completed end), then flushed: every step comes out
+    once, in order, with the GPU's figures."""
+    import torch
+
+    timer, x, timings = StepTimer(cuda=True, read_every=4), torch.randn(1024, 1024, device="cuda"), []
+    for step in range(30):
+        timer.step_start()
+        for _ in range(4):
+            x = torch.tanh(x @ x)
+        timer.step_end(step)
+        got = timer.pop_ready()
+        assert step % 4 == 3 or got == []  # nothing read between the 4th calls
+        timings += got
+    torch.cuda.synchronize()
+    timings += timer.pop_ready(flush=True)
+    assert [t.step for t in timings] == list(range(30))
+    assert all(t.gpu_step_ms > 0 for t in timings) and all(t.gpu_gap_ms >= 0 for t in timings[1:])
