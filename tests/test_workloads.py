@@ -150,3 +150,35 @@ def test_the_diagnosis_predicts_a_worker_count_by_doctors_gain_on_the_plain_fits
     found["fit_samples_per_s"] = {16: 93.7}  # no fit at the current count: its fit at the advised one
     assert diagnosis.predicted("photos_hr", "num_workers=16", {"throughput": {"samples_per_s": 19.4}}, "cpu",
                                Path("."))[:2] == (93.7, "doctor's short fit at num_workers=16")  # fmt: skip
+
+
+def test_the_meter_opens_a_fresh_window_in_the_next_epoch_where_an_epoch_ended_an_unsteady_one():
+    """A window never holds an epoch's restart: where an epoch ends with its window unsteady, the next epoch gets a
+    fresh one (after its warm-up), and the summary is the steadiest window's."""
+    import time
+
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from tests.helpers import VectorModel
+
+    class Phased(Dataset):  # epoch 1: fast steps, then a slow tail (no start gives agreeing halves); 2: even
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __len__(self) -> int:
+            return 60
+
+        def __getitem__(self, i: int):
+            self.calls += 1
+            time.sleep(0.03 if self.calls <= 48 else 0.15 if self.calls <= 60 else 0.06)
+            return torch.randn(4, 8), torch.zeros(4)
+
+    meter = RUNNER.Meter(warmup=2, steps=8, sample_gpu_util=False)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=RUNNER.EPOCH_WINDOWS + 2, callbacks=[meter], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(VectorModel(), DataLoader(Phased(), batch_size=None))
+    summary = meter.summary()
+    assert summary["epoch_windows"] == 2 and summary["steady"] and summary["halves_diff"] <= 0.05, summary
+    assert 40 < summary["samples_per_s"] < 75, summary  # epoch 2's pace: 4 samples each 60 ms

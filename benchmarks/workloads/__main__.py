@@ -58,17 +58,31 @@ DATA_BOUND = ("data-bound", "copy-bound", "between-steps")
 #: on a GPU a case runs at least this many seconds after its window opens: the watchdog's verdicts need NVML
 #: samples (each covers 1/6 s to 1 s), and short steps would end the fit before its first window closed
 MIN_SECONDS = 3.0
+#: a window cut short by its epoch's end (the workers start again there: a window never holds a restart) is kept
+#: only with at least this many timed steps, and a fresh one opens in the next epoch, up to :data:`EPOCH_WINDOWS`
+MIN_EPOCH_WINDOW = 16
+#: the most epochs tried for a steady window; then the steadiest one is taken (``epoch_windows`` says how many)
+EPOCH_WINDOWS = 3
 
 
 class Meter(ThroughputMeter):
     """The ThroughputMeter that ends the fit only after :data:`MIN_SECONDS` of timed steps, then once the window's
-    halves agree (checked every 8 steps), at an epoch's end where the workers restart there (not through a
-    ``SpanningLoader``), or once both three times :data:`MIN_SECONDS` and three times its steps are timed (slow
-    steps get as many steps as fast ones to settle, fast ones as many seconds)."""
+    halves agree (checked every 8 steps), or once both three times :data:`MIN_SECONDS` and three times its steps are
+    timed (slow steps get as many steps as fast ones to settle, fast ones as many seconds).
+
+    A window ends at its epoch's end (not through a ``SpanningLoader``: the next epoch starts its workers and fills
+    its queue again, which is not the steady state). There the fit ends if the window is steady; otherwise the window
+    is kept (with at least :data:`MIN_EPOCH_WINDOW` timed steps) and a fresh one opens in the next epoch, after its
+    warm-up and queue, up to :data:`EPOCH_WINDOWS` epochs; the summary is the steadiest window's, with
+    ``epoch_windows`` (how many were taken). ``segmentation`` on the H200: one plain run of three stopped at its
+    first epoch's end with halves 18.5 % apart, and its AutoNumWorkers run's window (a queue of 33 batches in a
+    64-batch epoch) ran on across the next epoch's restart."""
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._spans = bool(spanned_loaders(getattr(trainer, "train_dataloader", None)))
+        self._kept: list[dict[str, Any]] = []
+        self._epochs_tried = 0
 
     def _may_stop(self, trainer: pl.Trainer, batch_idx: int, timed: int) -> bool:
         elapsed = time.monotonic() - self._stamps[self.opened_at]
@@ -77,11 +91,39 @@ class Meter(ThroughputMeter):
         if elapsed >= 3 * MIN_SECONDS and timed >= 3 * self.timed_steps:
             return True
         if batch_idx + 1 >= trainer.num_training_batches and not self._spans:
-            return True
+            return self._epoch_ends()
         if timed % 8:
             return False
         self._window = None
         return self.window().steady
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # an epoch that ended before its window held its steps (`_may_stop` decided at the others' last step)
+        if self.timed_steps and not self._spans and not trainer.should_stop and self._stamps and self._epoch_ends():
+            trainer.should_stop = True
+
+    def _epoch_ends(self) -> bool:
+        """At an epoch's end: stop where the window is steady (or :data:`EPOCH_WINDOWS` epochs were tried), else
+        keep it and start a fresh one in the next epoch."""
+        self._epochs_tried += 1
+        self._window = None
+        window = self.window()
+        if window.timed >= MIN_EPOCH_WINDOW and window.steady:
+            return True
+        if window.timed >= MIN_EPOCH_WINDOW:
+            self._kept.append(super().summary())
+        if self._epochs_tried >= EPOCH_WINDOWS:
+            return True
+        self._stamps, self._samples, self._waits, self._cpu = [], [0.0], [0.0], []  # the next epoch's window
+        self._window, self.opened_at = None, None
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        now = super().summary()
+        windows = [*self._kept, *([now] if now["steps"] else [])] or [now]
+        best = min(windows, key=lambda w: (not w["steady"], w["halves_diff"] if w["halves_diff"] == w["halves_diff"]
+                                            else float("inf"), -w["steps"]))  # fmt: skip
+        return {**best, "epoch_windows": len(windows)}
 
 
 class EpochClock(pl.Callback):
