@@ -182,3 +182,26 @@ def test_the_meter_opens_a_fresh_window_in_the_next_epoch_where_an_epoch_ended_a
     summary = meter.summary()
     assert summary["epoch_windows"] == 2 and summary["steady"] and summary["halves_diff"] <= 0.05, summary
     assert 40 < summary["samples_per_s"] < 75, summary  # epoch 2's pace: 4 samples each 60 ms
+
+
+def test_the_diagnosis_cache_keeps_each_stage_under_the_commit(tmp_path, monkeypatch):
+    """--cache: a stage's result is kept as it ends and read back by the next run at the same commit (a GPU call's
+    time limit cut the workload short), never at another commit; without a cache every stage runs."""
+    spec = importlib.util.spec_from_file_location("diagnosis", WORKLOADS.parent / "diagnosis.py")
+    diagnosis = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diagnosis)
+    calls: list[int] = []
+
+    def fit(rate: int) -> dict:
+        calls.append(rate)
+        return {"throughput": {"samples_per_s": rate}, "fits": {4: 1.0}}  # int keys survive (pickled)
+
+    monkeypatch.setenv("GIT_COMMIT", "a" * 40)
+    once = diagnosis._once_under(str(tmp_path), "segmentation", "gpu")
+    assert once("plain-0", fit, 7) == {"throughput": {"samples_per_s": 7}, "fits": {4: 1.0}} and calls == [7]
+    assert once("plain-0", fit, 8)["throughput"]["samples_per_s"] == 7 and calls == [7]  # read back, not run
+    assert "segmentation:plain-0" in diagnosis.CACHED
+    monkeypatch.setenv("GIT_COMMIT", "b" * 40)
+    assert once("plain-0", fit, 9)["throughput"]["samples_per_s"] == 9 and calls == [7, 9]  # another commit: runs
+    assert diagnosis._once_under(None, "segmentation", "gpu")("plain-0", fit, 10)["fits"] == {4: 1.0}
+    assert calls == [7, 9, 10]
