@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=positive_float, default=20.0, help="seconds for the loader measurements")
     parser.add_argument("--steps", type=at_least(1), default=10, help="timed training steps on a resident batch")
     parser.add_argument("--no-tune", action="store_true", help="skip the worker-count search")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="search the worker count again instead of reading AutoNumWorkers' cache, and do not "
+                        "write it (by default the search is AutoNumWorkers' own: the count advised is the count "
+                        "AutoNumWorkers() then applies)")  # fmt: skip
     parser.add_argument("--no-trials", action="store_true",
                         help="skip the two short fits of the model that measure an advised worker count")  # fmt: skip
     parser.add_argument("--out", help="also write <out>/doctor-<date>-<gpu>.json (the measurements)")
@@ -152,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"doctor: {line}", file=sys.stderr, flush=True)
 
     diagnosis = diagnose(datamodule, model, budget_s=args.budget, steps=args.steps, tune=not args.no_tune,
-                         trials=not args.no_trials, progress=progress, **trainer_kwargs)  # fmt: skip
+                         trials=not args.no_trials, use_cache=not args.no_cache, progress=progress,
+                         **trainer_kwargs)  # fmt: skip
     print(diagnosis.format())
     if args.out:
         from pathlib import Path

@@ -20,6 +20,16 @@ def test_doctor_from_class_paths(tmp_path, capsys):
     assert json.loads(out.read_text())["diagnosis"]["bottleneck"] == "loader"
 
 
+def test_doctor_shares_auto_num_workers_cache_unless_told_not_to(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    args = ["doctor", "--data", "tests.helpers.VectorDataModule", "--data-args", '{"delay_s": 0.004}',
+            "--accelerator", "cpu", "--budget", "3", "--no-trials"]  # fmt: skip
+    assert main(args) == 0 and "from AutoNumWorkers' cache" not in capsys.readouterr().err
+    assert (tmp_path / "lightning_gpu_boost" / "num_workers.json").exists()  # the tuner's own cache
+    assert main(args) == 0 and "from AutoNumWorkers' cache" in capsys.readouterr().err
+    assert main([*args, "--no-cache"]) == 0 and "from AutoNumWorkers' cache" not in capsys.readouterr().err
+
+
 def test_doctor_from_a_lightning_cli_config(tmp_path, capsys):
     config = tmp_path / "config.yaml"
     config.write_text(
