@@ -103,10 +103,14 @@ def agreed_probe(
     src)``: the job's communication (``None`` for one process; Lightning's ``strategy.broadcast`` under DDP)."""
     key = loader_fingerprint(loader, procs_per_node)
     path = cache_path or default_cache_path()
+    limit = max_workers if max_workers is not None else max_workers_for_node(procs_per_node)
     probe = read_cache(path, key) if use_cache else None
+    if probe is not None and probe.max_workers != limit:
+        # searched up to another bound (doctor, or a tuner with its own max_workers): its choice may lie outside
+        # this caller's range, or leave part of it unsearched; searched again, and the cache keeps the newest
+        probe = None
     need_probe = probe is None if broadcast is None else broadcast(probe is None, 0)
     if need_probe:
-        limit = max_workers if max_workers is not None else max_workers_for_node(procs_per_node)
         probe = tune_num_workers(loader, budget_s=budget_s, max_workers=limit, tolerance=tolerance)
         if use_cache and rank == 0:
             write_cache(path, key, probe)
