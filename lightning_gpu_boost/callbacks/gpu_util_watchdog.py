@@ -289,7 +289,9 @@ class GPUUtilWatchdog(Callback):
                 on_step=True, on_epoch=False, logger=True, prog_bar=False, sync_dist=False,
             )  # fmt: skip
 
-    def _observe(self, trainer: pl.Trainer, timing: StepTiming) -> None:
+    def _observe(self, trainer: pl.Trainer, timing: StepTiming, judge: bool = True) -> None:
+        """Count ``timing`` in the run's totals and the window; ``judge``: close the window where it is long enough
+        and judge it (not once training has ended: no advice, and no part asked to decide again, after the fact)."""
         self.totals["steps"] += 1
         if self.totals["steps"] <= self.warmup_steps:
             self._restart_window()
@@ -302,7 +304,7 @@ class GPUUtilWatchdog(Callback):
         self._recent.append(timing)
         if self.verdict in STARVED:
             self.totals["starved_steps"] += 1
-        if len(self._recent) >= self.window and report.window_long_enough(self._sampler, self._window_start):
+        if judge and len(self._recent) >= self.window and report.window_long_enough(self._sampler, self._window_start):
             metrics = self._window_metrics(close=True)
             self.timeline.append(
                 {"step": float(timing.step), **{k: v for k, v in metrics.items() if v is not None}}
@@ -377,9 +379,9 @@ class GPUUtilWatchdog(Callback):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end = time.perf_counter()
-        if self._timer is not None:  # the last steps' completed events (read every few steps)
+        if self._timer is not None:  # the last steps' completed events (read every few steps): counted, not judged
             for timing in self._timer.pop_ready(flush=True):
-                self._observe(trainer, timing)
+                self._observe(trainer, timing, judge=False)
         if self._last_end is not None:
             self.between_s += self._end - self._last_end  # the last validation and the end of the epoch
         self._stop()
