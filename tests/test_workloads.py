@@ -205,3 +205,30 @@ def test_the_diagnosis_cache_keeps_each_stage_under_the_commit(tmp_path, monkeyp
     assert once("plain-0", fit, 9)["throughput"]["samples_per_s"] == 9 and calls == [7, 9]  # another commit: runs
     assert diagnosis._once_under(None, "segmentation", "gpu")("plain-0", fit, 10)["fits"] == {4: 1.0}
     assert calls == [7, 9, 10]
+
+
+def test_the_meter_times_across_the_end_of_an_epoch_too_short_for_a_window():
+    """Epochs of 10 steps cannot hold a window of their own: it runs on across their ends, as before, and the
+    summary is a timed window (not an empty one)."""
+    import time
+
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from tests.helpers import VectorModel
+
+    class Even(Dataset):
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int):
+            time.sleep(0.02)
+            return torch.randn(4, 8), torch.zeros(4)
+
+    meter = RUNNER.Meter(warmup=2, steps=8, sample_gpu_util=False)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=4, callbacks=[meter], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(VectorModel(), DataLoader(Even(), batch_size=None))
+    summary = meter.summary()
+    assert summary["epoch_windows"] == 1 and summary["steps"] > 20 and summary["samples_per_s"] > 0, summary

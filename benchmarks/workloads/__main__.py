@@ -58,10 +58,10 @@ DATA_BOUND = ("data-bound", "copy-bound", "between-steps")
 #: on a GPU a case runs at least this many seconds after its window opens: the watchdog's verdicts need NVML
 #: samples (each covers 1/6 s to 1 s), and short steps would end the fit before its first window closed
 MIN_SECONDS = 3.0
-#: a window cut short by its epoch's end (the workers start again there: a window never holds a restart) is kept
-#: only with at least this many timed steps, and a fresh one opens in the next epoch, up to :data:`EPOCH_WINDOWS`
+#: the fewest timed steps a window ended by its epoch's end holds (the workers start again there: a window does not
+#: run across the restart), else it is timed on across that end
 MIN_EPOCH_WINDOW = 16
-#: the most epochs tried for a steady window; then the steadiest one is taken (``epoch_windows`` says how many)
+#: the most windows, one per epoch, tried for a steady one; then the steadiest is taken (``epoch_windows``)
 EPOCH_WINDOWS = 3
 
 
@@ -72,9 +72,10 @@ class Meter(ThroughputMeter):
 
     A window ends at its epoch's end (not through a ``SpanningLoader``: the next epoch starts its workers and fills
     its queue again, which is not the steady state). There the fit ends if the window is steady; otherwise the window
-    is kept (with at least :data:`MIN_EPOCH_WINDOW` timed steps) and a fresh one opens in the next epoch, after its
-    warm-up and queue, up to :data:`EPOCH_WINDOWS` epochs; the summary is the steadiest window's, with
-    ``epoch_windows`` (how many were taken). ``segmentation`` on the H200: one plain run of three stopped at its
+    is kept and a fresh one opens in the next epoch, after its warm-up and queue, up to :data:`EPOCH_WINDOWS`
+    windows; the summary is the steadiest window's, with ``epoch_windows`` (how many were taken). An epoch too short
+    to hold a window of its own (fewer than :data:`MIN_EPOCH_WINDOW` timed steps or :data:`MIN_SECONDS`) is timed
+    across its end, as before (the projects whose epochs are that short are timed over whole epochs instead). ``segmentation`` on the H200: one plain run of three stopped at its
     first epoch's end with halves 18.5 % apart, and its AutoNumWorkers run's window (a queue of 33 batches in a
     64-batch epoch) ran on across the next epoch's restart."""
 
@@ -82,7 +83,6 @@ class Meter(ThroughputMeter):
         super().on_train_start(trainer, pl_module)
         self._spans = bool(spanned_loaders(getattr(trainer, "train_dataloader", None)))
         self._kept: list[dict[str, Any]] = []
-        self._epochs_tried = 0
 
     def _may_stop(self, trainer: pl.Trainer, batch_idx: int, timed: int) -> bool:
         elapsed = time.monotonic() - self._stamps[self.opened_at]
@@ -105,14 +105,14 @@ class Meter(ThroughputMeter):
     def _epoch_ends(self) -> bool:
         """At an epoch's end: stop where the window is steady (or :data:`EPOCH_WINDOWS` epochs were tried), else
         keep it and start a fresh one in the next epoch."""
-        self._epochs_tried += 1
         self._window = None
         window = self.window()
-        if window.timed >= MIN_EPOCH_WINDOW and window.steady:
+        if window.timed < MIN_EPOCH_WINDOW or window.seconds < MIN_SECONDS:
+            return False  # an epoch too short to hold a window of its own: timed on across its end, as before
+        if window.steady:
             return True
-        if window.timed >= MIN_EPOCH_WINDOW:
-            self._kept.append(super().summary())
-        if self._epochs_tried >= EPOCH_WINDOWS:
+        self._kept.append(super().summary())
+        if len(self._kept) >= EPOCH_WINDOWS:
             return True
         self._stamps, self._samples, self._waits, self._cpu = [], [0.0], [0.0], []  # the next epoch's window
         self._window, self.opened_at = None, None
