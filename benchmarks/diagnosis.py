@@ -160,11 +160,10 @@ def predicted(name: str, how: str, plain: dict[str, Any], size: str, root: Path
             gain = fits["spanned"] / fits["plain"]
             return (_rate(plain) * gain, f"doctor's short fits over whole epochs ({gain:.2f}x with SpanEpochs) on the "
                     "plain fit's rate", {"doctor_span_fits": fits})  # fmt: skip
-    if how == "SpanEpochs(min_restart_share=0)" and w.get("between_frac") is not None:
         from lightning_gpu_boost.core.verdicts import span_bound
         from lightning_gpu_boost.core.watchdog_report import summary_evidence
 
-        gain = span_bound(summary_evidence(w))  # the figure its advice quotes
+        gain = span_bound(summary_evidence(w)) if w.get("between_frac") is not None else None  # its advice's bound
         if gain is not None:
             return _rate(plain) * gain, "the watchdog's bound (the time outside the steps gone)", loader
     if how == "persistent_workers=True" and w.get("epoch_start_frac") is not None and w["epoch_start_frac"] < 1:
@@ -223,18 +222,23 @@ def main() -> None:
 def _once_under(cache: str | None, name: str, size: str) -> Any:
     """``once(stage, fn, *args, **kwargs)``: ``fn``'s result, kept in ``cache`` (pickled, under the commit, the
     workload and its size) as it ends and read back there on the next run instead of running ``fn`` again; without a
-    cache, ``fn``'s result. A stage's time is then the time to read it (``seconds`` says so: ``cached``)."""
-    import os
+    cache or a commit to key it by, ``fn``'s result. ``once.read`` lists the stages read back (their seconds are
+    reads). Uncommitted edits share their commit's cache: commit before a series."""
     import pickle
 
+    from lightning_gpu_boost.core.results import _git_commit
+
+    commit = _git_commit() if cache else None
+    if cache and not commit:
+        print(f"{name}: --cache ignored: no commit to key it by (set GIT_COMMIT)", flush=True)
+
     def once(stage: str, fn: Any, *fn_args: Any, **fn_kwargs: Any) -> Any:
-        if not cache:
+        if not commit:
             return fn(*fn_args, **fn_kwargs)
-        commit = os.environ.get("GIT_COMMIT") or "unknown"
         path = Path(cache) / commit[:12] / f"{name}-{size}-{stage}.pickle"
         if path.exists():
             print(f"{name}: {stage} read from {path} (an earlier call's)", flush=True)
-            CACHED.add(f"{name}:{stage}")
+            once.read.append(stage)
             return pickle.loads(path.read_bytes())
         value = fn(*fn_args, **fn_kwargs)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -242,11 +246,8 @@ def _once_under(cache: str | None, name: str, size: str) -> Any:
         path.with_suffix(".partial").replace(path)
         return value
 
+    once.read = []  # type: ignore[attr-defined]
     return once
-
-
-#: the stages read back from ``--cache`` in this run (``workload:stage``)
-CACHED: set[str] = set()
 
 
 def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -297,9 +298,8 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
     boosted = once("gpu_boost", RUNNER.fit, name, args.size, root, "gpu_boost")
     lap("gpu_boost")
     row["seconds"] = seconds
-    cached = sorted(s.split(":")[1] for s in CACHED if s.startswith(f"{name}:"))
-    if cached:
-        row["cached_stages"] = cached  # measured by an earlier call at the same commit; their seconds are reads
+    if once.read:
+        row["cached_stages"] = sorted(once.read)  # measured by an earlier call at the same commit; seconds are reads
     row["gpu_boost"] = {"verdict": boosted["verdict"], "advice": boosted["advice"],
                         "contradictions": contradictions(boosted)}  # fmt: skip
     print(f"{name}: {row['verdicts']} top advice applied: {row['applied']}", flush=True)

@@ -200,8 +200,9 @@ def test_the_diagnosis_cache_keeps_each_stage_under_the_commit(tmp_path, monkeyp
     once = diagnosis._once_under(str(tmp_path), "segmentation", "gpu")
     assert once("plain-0", fit, 7) == {"throughput": {"samples_per_s": 7}, "fits": {4: 1.0}} and calls == [7]
     assert once("plain-0", fit, 8)["throughput"]["samples_per_s"] == 7 and calls == [7]  # read back, not run
-    assert "segmentation:plain-0" in diagnosis.CACHED
+    assert once.read == ["plain-0"]  # the stage read back is recorded
     monkeypatch.setenv("GIT_COMMIT", "b" * 40)
+    once = diagnosis._once_under(str(tmp_path), "segmentation", "gpu")  # the next run, at another commit
     assert once("plain-0", fit, 9)["throughput"]["samples_per_s"] == 9 and calls == [7, 9]  # another commit: runs
     assert diagnosis._once_under(None, "segmentation", "gpu")("plain-0", fit, 10)["fits"] == {4: 1.0}
     assert calls == [7, 9, 10]

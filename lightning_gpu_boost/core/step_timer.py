@@ -86,15 +86,13 @@ class StepTimer:
 
     def _record(self) -> object:
         """An event (a free one, else a new one) recorded on the step's stream now."""
-        if self._stream is None:
-            import torch
-
-            self._stream = torch.cuda.current_stream()
         if self._free:
             event = self._free.pop()
         else:
             import torch
 
+            if self._stream is None:
+                self._stream = torch.cuda.current_stream()
             event = torch.cuda.Event(enable_timing=True)
         event.record(self._stream)  # type: ignore[attr-defined]
         return event
