@@ -196,12 +196,24 @@ def probe_batch_size(
 
 
 def sample_seconds(loader: DataLoader, max_s: float = 1.0) -> float | None:
-    """One sample's load time in this process (the DataLoader's fetch path: ``__getitems__`` or ``__getitem__``,
-    then ``collate_fn``), from fetches of 1, 1, 2, 4, ... samples until one takes 50 ms, the batch size is reached
-    or ``max_s`` has passed; ``None`` for iterable datasets or custom batch samplers."""
+    """One sample's load time in this process as a DataLoader worker would take it (the fetch path:
+    ``__getitems__`` or ``__getitem__``, then ``collate_fn``; torch at one thread, as PyTorch sets each worker:
+    a transform made of torch ops, an elastic warp say, runs several times faster on the main process's threads
+    than in a worker, and the search would plan windows too short for the workers' batches), from fetches of
+    1, 1, 2, 4, ... samples until one takes 50 ms, the batch size is reached or ``max_s`` has passed; ``None``
+    for iterable datasets or custom batch samplers."""
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset) or loader.batch_sampler is None:
         return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _sample_seconds(loader, dataset, max_s)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sample_seconds(loader: DataLoader, dataset: Any, max_s: float) -> float | None:
     indices: list[int] = []
     for batch in loader.batch_sampler:
         indices.extend(batch)

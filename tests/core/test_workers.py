@@ -137,6 +137,33 @@ def test_probe_batches_follow_the_sample_cost_and_workers_are_joined():
     assert not set(multiprocessing.active_children()) - before
 
 
+class ThreadsSeen(torch.utils.data.Dataset):
+    """Records torch's thread count in each fetch."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.seen.append(torch.get_num_threads())
+        return torch.zeros(2)
+
+
+def test_sample_cost_is_taken_at_one_thread_as_a_worker_runs():
+    """A worker runs torch at one thread: a sample of torch ops timed on the main process's threads reads several
+    times cheaper than the workers pay, and the search planned windows too short (segmentation on the H200)."""
+    dataset, threads = ThreadsSeen(), torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert workers.sample_seconds(DataLoader(dataset, batch_size=4)) is not None
+        assert dataset.seen and set(dataset.seen) == {1}
+        assert torch.get_num_threads() == 2, "the caller's thread count is restored"
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_probe_ranks_cheap_rows_at_a_large_batch_by_its_own_windows():
     # Whether the choice matches a separate sweep is a timing claim: benchmarks/auto_num_workers.py measures it
     # on the GPU machine (bar probe_of_sweep_best_min). Here: cheap samples are probed at the real batch size,
