@@ -23,10 +23,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from _common import RESULTS
 
 from lightning_gpu_boost.core.results import write_result
-from lightning_gpu_boost.core.workers import clone_loader, measure_loader, tune_num_workers
+from lightning_gpu_boost.core.workers import (
+    _sample_seconds,
+    clone_loader,
+    measure_loader,
+    sample_seconds,
+    tune_num_workers,
+)
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 _spec = importlib.util.spec_from_file_location("workloads_runner", WORKLOADS / "__main__.py")
@@ -40,6 +47,12 @@ def one(name: str, size: str, root: Path, budget_s: float, window_s: float) -> d
     _, loader, _, _ = module.build(data, size)
     batch, workers = loader.batch_size or 1, loader.num_workers
     row: dict[str, Any] = {"batch_size": batch, "num_workers": workers}
+    # one sample's cost as the search takes it (one torch thread, as a worker runs) and on all of this process's
+    # threads (how it was taken before 45dde12)
+    row["sample_ms"] = {"one_thread": 1000 * (sample_seconds(loader) or 0.0)}
+    threads = torch.get_num_threads()
+    row["sample_ms"]["all_threads"] = 1000 * (_sample_seconds(loader, loader.dataset, 1.0) or 0.0)
+    row["sample_ms"]["threads"] = threads
     started = time.perf_counter()
     probe = tune_num_workers(loader, budget_s=budget_s)
     row["probe"] = {"seconds": time.perf_counter() - started, "probe_batch_size": probe.probe_batch_size,
