@@ -233,3 +233,41 @@ def test_the_meter_times_across_the_end_of_an_epoch_too_short_for_a_window():
     trainer.fit(VectorModel(), DataLoader(Even(), batch_size=None))
     summary = meter.summary()
     assert summary["epoch_windows"] == 1 and summary["steps"] > 20 and summary["samples_per_s"] > 0, summary
+
+
+def test_the_meter_times_whole_epochs_where_a_loader_restarting_its_workers_has_no_steady_window():
+    """A loader that starts its workers every epoch, in waves (2 workers, 12 batches an epoch), leaves no steady
+    window after its queue: whole epochs are timed from the next one, their starts included; a change one of our
+    parts made in training (the run record) starts the timed epochs again."""
+    import time
+
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from lightning_gpu_boost.core.run_record import run_record
+    from tests.helpers import VectorModel
+
+    class Waves(Dataset):
+        def __len__(self) -> int:
+            return 12
+
+        def __getitem__(self, i: int):
+            time.sleep(0.25)
+            return torch.randn(4, 8), torch.zeros(4)
+
+    class Change(pl.Callback):  # AutoNumWorkers deciding its count again at the end of epoch 1
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            if trainer.current_epoch == 1:
+                run_record(trainer).changes.append({"setting": "num_workers", "from": 2, "to": 2})
+
+    for change, last_epoch in (False, 2), (True, 3):
+        meter = RUNNER.Meter(warmup=2, steps=8, sample_gpu_util=False)
+        trainer = pl.Trainer(accelerator="cpu", max_epochs=8, callbacks=[*([Change()] if change else []), meter],
+                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False)  # fmt: skip
+        trainer.fit(VectorModel(), DataLoader(Waves(), batch_size=None, num_workers=2))
+        summary = meter.summary()
+        assert summary["measured"] == "whole epochs" and summary["epochs_timed"] == 2, summary
+        assert summary["steps"] == 24 and summary["steady"] and 15 < summary["samples_per_s"] < 32, summary
+        assert trainer.current_epoch == last_epoch + 1, "stopped at the second timed epoch's end"

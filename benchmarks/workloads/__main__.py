@@ -39,6 +39,7 @@ from lightning_gpu_boost.callbacks import GPUBoost, GPUUtilWatchdog  # noqa: E40
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter  # noqa: E402
 from lightning_gpu_boost.core.loaders import spanned_loaders  # noqa: E402
 from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
+from lightning_gpu_boost.core.run_record import run_record  # noqa: E402
 from lightning_gpu_boost.core.steady import (  # noqa: E402
     STEADY_TOLERANCE,
     ResidentBatches,
@@ -63,6 +64,10 @@ MIN_SECONDS = 3.0
 MIN_EPOCH_WINDOW = 16
 #: the most windows, one per epoch, tried for a steady one; then the steadiest is taken (``epoch_windows``)
 EPOCH_WINDOWS = 3
+#: whole epochs timed (at least) where a loader that starts its workers every epoch has no steady window in one
+WHOLE_EPOCHS = 2
+#: and at most
+MAX_WHOLE_EPOCHS = 4
 
 
 class Meter(ThroughputMeter):
@@ -73,52 +78,124 @@ class Meter(ThroughputMeter):
     A window ends at its epoch's end (not through a ``SpanningLoader``: the next epoch starts its workers and fills
     its queue again, which is not the steady state). There the fit ends if the window is steady; otherwise the window
     is kept and a fresh one opens in the next epoch, after its warm-up and queue, up to :data:`EPOCH_WINDOWS`
-    windows; the summary is the steadiest window's, with ``epoch_windows`` (how many were taken). An epoch too short
-    to hold a window of its own (fewer than :data:`MIN_EPOCH_WINDOW` timed steps or :data:`MIN_SECONDS`) is timed
-    across its end, as before (the projects whose epochs are that short are timed over whole epochs instead). ``segmentation`` on the H200: one plain run of three stopped at its
-    first epoch's end with halves 18.5 % apart, and its AutoNumWorkers run's window (a queue of 33 batches in a
-    64-batch epoch) ran on across the next epoch's restart."""
+    windows; the summary is the steadiest window's, with ``epoch_windows`` (how many were taken).
+
+    Where the loader starts its workers again every epoch and an epoch ends with no steady window of its own (too
+    short to hold one: fewer than :data:`MIN_EPOCH_WINDOW` timed steps or :data:`MIN_SECONDS`; or unsteady), whole
+    epochs are timed from the next one on, their starts included, as ``doctor``'s short fits time such a loader
+    (``restarts_short_epochs``): ``segmentation``'s AutoNumWorkers run on the H200 (16 workers, 64-batch epochs)
+    gets each epoch in four waves of 16 batches, and a window after the 33-batch queue held two of them (halves
+    21 % apart). The fit ends once :data:`WHOLE_EPOCHS` epochs and :data:`MIN_SECONDS` are timed with agreeing
+    halves (the first and last half of the epochs), or :data:`MAX_WHOLE_EPOCHS` epochs. A change one of our parts
+    made in training (the run record's ``changes``: AutoNumWorkers deciding its count again, from the next epoch)
+    starts the timed epochs again from the next epoch. Other loaders' short epochs are timed across their ends, as
+    before."""
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self._spans = bool(spanned_loaders(getattr(trainer, "train_dataloader", None)))
+        loader = getattr(trainer, "train_dataloader", None)
+        self._spans = bool(spanned_loaders(loader))
+        self._restarts = bool(getattr(loader, "num_workers", 0)) and not getattr(loader, "persistent_workers", True)
         self._kept: list[dict[str, Any]] = []
+        #: whole-epoch timing: each epoch's end (the first: the training's start) and samples; the first timed epoch
+        self._ends: list[float] = [time.monotonic()]
+        self._epoch_samples: list[float] = [0.0]
+        self._epoch_steps: list[int] = [0]
+        self._whole_from: int | None = None
+        self._changes = 0
+        self._cuda = pl_module.device if pl_module.device.type == "cuda" else None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._epoch_samples[-1] += float(batch_size_of(batch))
+        self._epoch_steps[-1] += 1
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def _may_stop(self, trainer: pl.Trainer, batch_idx: int, timed: int) -> bool:
+        if self._whole_from is not None:
+            return False  # whole epochs: judged at their ends
         elapsed = time.monotonic() - self._stamps[self.opened_at]
         if elapsed < MIN_SECONDS:
             return False
         if elapsed >= 3 * MIN_SECONDS and timed >= 3 * self.timed_steps:
             return True
         if batch_idx + 1 >= trainer.num_training_batches and not self._spans:
-            return self._epoch_ends()
+            return self._epoch_ends(trainer)
         if timed % 8:
             return False
         self._window = None
         return self.window().steady
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._cuda is not None:
+            torch.cuda.synchronize(self._cuda)
+        self._ends.append(time.monotonic())
+        self._epoch_samples.append(0.0)
+        self._epoch_steps.append(0)
+        changes = len(run_record(trainer).changes)
+        if changes != self._changes and self._whole_from is not None:
+            self._whole_from = len(self._ends) - 1  # a part changed the loader: time from the next epoch
+        self._changes = changes
+        if not self.timed_steps or self._spans or trainer.should_stop:
+            return
+        if self._whole_from is not None:
+            whole = self.whole_epochs()
+            if whole["epochs_timed"] >= MAX_WHOLE_EPOCHS or (
+                whole["epochs_timed"] >= WHOLE_EPOCHS and whole["window_s"] >= MIN_SECONDS and whole["steady"]
+            ):
+                trainer.should_stop = True
         # an epoch that ended before its window held its steps (`_may_stop` decided at the others' last step)
-        if self.timed_steps and not self._spans and not trainer.should_stop and self._stamps and self._epoch_ends():
+        elif self._stamps and self._epoch_ends(trainer):
             trainer.should_stop = True
 
-    def _epoch_ends(self) -> bool:
+    def _epoch_ends(self, trainer: pl.Trainer) -> bool:
         """At an epoch's end: stop where the window is steady (or :data:`EPOCH_WINDOWS` epochs were tried), else
-        keep it and start a fresh one in the next epoch."""
+        keep it and start a fresh one in the next epoch, or time whole epochs from the next one on (a loader that
+        starts its workers again every epoch)."""
         self._window = None
         window = self.window()
-        if window.timed < MIN_EPOCH_WINDOW or window.seconds < MIN_SECONDS:
-            return False  # an epoch too short to hold a window of its own: timed on across its end, as before
-        if window.steady:
+        short = window.timed < MIN_EPOCH_WINDOW or window.seconds < MIN_SECONDS
+        if not short and window.steady:
             return True
+        if self._restarts:
+            if not short:
+                self._kept.append(super().summary())
+            self._whole_from = trainer.current_epoch + 1  # the epoch after this one (``_ends[e]``: epoch e's start)
+            self._reset_window()
+            return False
+        if short:
+            return False  # an epoch too short to hold a window of its own: timed on across its end, as before
         self._kept.append(super().summary())
         if len(self._kept) >= EPOCH_WINDOWS:
             return True
-        self._stamps, self._samples, self._waits, self._cpu = [], [0.0], [0.0], []  # the next epoch's window
-        self._window, self.opened_at = None, None
+        self._reset_window()
         return False
 
+    def _reset_window(self) -> None:
+        self._stamps, self._samples, self._waits, self._cpu = [], [0.0], [0.0], []  # the next epoch's window
+        self._window, self.opened_at = None, None
+
+    def whole_epochs(self) -> dict[str, Any]:
+        """Samples per second over the whole epochs timed so far (their starts and any validation included); the
+        halves: the first and the last half of those epochs."""
+        first = self._whole_from or 0
+        ends, samples = self._ends[first:], self._epoch_samples[first:-1]
+        n, half = len(samples), len(samples) // 2
+
+        def rate(a: int, b: int) -> float:  # epochs a..b-1 of those timed
+            seconds = ends[b] - ends[a]
+            return sum(samples[a:b]) / seconds if seconds > 0 else float("nan")
+
+        whole = rate(0, n) if n else float("nan")
+        a, b = (rate(0, half), rate(n - half, n)) if half else (float("nan"), float("nan"))
+        diff = abs(a - b) / max(a, b) if half and max(a, b) > 0 else float("nan")
+        return {"measured": "whole epochs", "samples_per_s": whole, "epochs_timed": n, "first_half": a,
+                "second_half": b, "halves_diff": diff, "steady": diff <= STEADY_TOLERANCE,
+                "window_s": ends[-1] - ends[0] if n else 0.0, "steps": sum(self._epoch_steps[first:-1])}  # fmt: skip
+
     def summary(self) -> dict[str, Any]:
+        if self._whole_from is not None and len(self._ends) - 1 > self._whole_from:
+            whole = self.whole_epochs()
+            return {**whole, "epoch_windows": len(self._kept)}
         now = super().summary()
         windows = [*self._kept, *([now] if now["steps"] else [])] or [now]
         best = min(windows, key=lambda w: (not w["steady"], w["halves_diff"] if w["halves_diff"] == w["halves_diff"]
