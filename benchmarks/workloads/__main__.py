@@ -60,10 +60,12 @@ DATA_BOUND = ("data-bound", "copy-bound", "between-steps")
 #: samples (each covers 1/6 s to 1 s), and short steps would end the fit before its first window closed
 MIN_SECONDS = 3.0
 #: the fewest timed steps a window ended by its epoch's end holds (the workers start again there: a window does not
-#: run across the restart), else it is timed on across that end
+#: run across the restart), else it is timed on across that end (or over whole epochs: ``Meter``)
 MIN_EPOCH_WINDOW = 16
 #: the most windows, one per epoch, tried for a steady one; then the steadiest is taken (``epoch_windows``)
 EPOCH_WINDOWS = 3
+#: the fewest waves (one batch from each worker) a window ended by its epoch's end holds
+EPOCH_WAVES = 4
 #: whole epochs timed (at least) where a loader that starts its workers every epoch has no steady window in one
 WHOLE_EPOCHS = 2
 #: and at most
@@ -80,9 +82,9 @@ class Meter(ThroughputMeter):
     is kept and a fresh one opens in the next epoch, after its warm-up and queue, up to :data:`EPOCH_WINDOWS`
     windows; the summary is the steadiest window's, with ``epoch_windows`` (how many were taken).
 
-    Where the loader starts its workers again every epoch and an epoch ends with no steady window of its own (too
-    short to hold one: fewer than :data:`MIN_EPOCH_WINDOW` timed steps or :data:`MIN_SECONDS`; or unsteady), whole
-    epochs are timed from the next one on, their starts included, as ``doctor``'s short fits time such a loader
+    Where the loader starts its workers again every epoch and an epoch is too short to hold a window of its own
+    (fewer than :data:`MIN_EPOCH_WINDOW` timed steps, :data:`EPOCH_WAVES` waves of one batch per worker, or
+    :data:`MIN_SECONDS`), whole epochs are timed from the next one on, their starts included, as ``doctor``'s short fits time such a loader
     (``restarts_short_epochs``): ``segmentation``'s AutoNumWorkers run on the H200 (16 workers, 64-batch epochs)
     gets each epoch in four waves of 16 batches, and a window after the 33-batch queue held two of them (halves
     21 % apart). The fit ends once :data:`WHOLE_EPOCHS` epochs and :data:`MIN_SECONDS` are timed with agreeing
@@ -153,13 +155,14 @@ class Meter(ThroughputMeter):
         starts its workers again every epoch)."""
         self._window = None
         window = self.window()
-        short = window.timed < MIN_EPOCH_WINDOW or window.seconds < MIN_SECONDS
+        workers = getattr(getattr(trainer, "train_dataloader", None), "num_workers", 0) or 0
+        # a window holds EPOCH_WAVES waves (a batch from each worker) at least: workers started together deliver
+        # their batches in waves, and halves of fewer waves differ by where the waves fall
+        short = window.timed < max(MIN_EPOCH_WINDOW, EPOCH_WAVES * workers) or window.seconds < MIN_SECONDS
         if not short and window.steady:
             return True
-        if self._restarts:
-            if not short:
-                self._kept.append(super().summary())
-            self._whole_from = trainer.current_epoch + 1  # the epoch after this one (``_ends[e]``: epoch e's start)
+        if short and self._restarts:  # whole epochs from the next one (``_ends[e]``: epoch e's start)
+            self._whole_from = trainer.current_epoch + 1
             self._reset_window()
             return False
         if short:
