@@ -84,10 +84,10 @@ class Meter(ThroughputMeter):
 
     Where the loader starts its workers again every epoch and an epoch is too short to hold a window of its own
     (fewer than :data:`MIN_EPOCH_WINDOW` timed steps, :data:`EPOCH_WAVES` waves of one batch per worker, or
-    :data:`MIN_SECONDS`), whole epochs are timed from the next one on, their starts included, as ``doctor``'s short fits time such a loader
-    (``restarts_short_epochs``): ``segmentation``'s AutoNumWorkers run on the H200 (16 workers, 64-batch epochs)
-    gets each epoch in four waves of 16 batches, and a window after the 33-batch queue held two of them (halves
-    21 % apart). The fit ends once :data:`WHOLE_EPOCHS` epochs and :data:`MIN_SECONDS` are timed with agreeing
+    :data:`MIN_SECONDS`), whole epochs are timed from the next one on, their starts included, as ``doctor``'s short
+    fits time such a loader (``restarts_short_epochs``): ``segmentation``'s AutoNumWorkers run on the H200 (16
+    workers, 64-batch epochs) gets each epoch in four waves of 16 batches, and a window after the 33-batch queue
+    held two of them (halves 21 % apart). The fit ends once :data:`WHOLE_EPOCHS` epochs and :data:`MIN_SECONDS` are timed with agreeing
     halves (the first and last half of the epochs), or :data:`MAX_WHOLE_EPOCHS` epochs. A change one of our parts
     made in training (the run record's ``changes``: AutoNumWorkers deciding its count again, from the next epoch)
     starts the timed epochs again from the next epoch. Other loaders' short epochs are timed across their ends, as
