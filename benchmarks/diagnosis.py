@@ -31,6 +31,10 @@ beside the plain fits' rate; where those were data-bound (the loader setting the
 figure ``doctor_loader_vs_data_bound_fit_error`` (issue 41: within 10 %; a figure, not a bar).
 
 The result is written after each workload (a workload that fails is recorded with its error and the rest still run).
+``--rerun-applied`` (with ``--keep`` and ``--only``) keeps a row's plain runs and prediction, with their commit
+(``kept_stages``), and runs its applied advice and ``GPUBoost()`` again: for a change to how the applied run is timed,
+where the package and the workload's code are unchanged since that commit (checked with ``git diff`` where the
+history is at hand; refused where they changed).
 
 Bars (``diagnosis-<date>-<machine>.json``): ``workloads_with_advice_applied`` >= 10, ``prediction_error_max`` <= 0.25,
 ``self_contradictions`` == 0, ``verdict_repeat_agreement_min`` >= 0.9, ``steady_state_halves_max_diff`` <= 0.05 (the
@@ -195,21 +199,33 @@ def main() -> None:
     parser.add_argument("--cache", help="a folder where each fit's and doctor's result is kept as it ends (pickled, "
                         "under the commit): a workload that a call's time limit cut short goes on from its last "
                         "finished fit when the same command runs again")  # fmt: skip
+    parser.add_argument("--rerun-applied", action="store_true", help="for the workloads of --only, keep the --keep "
+                        "row's plain runs and prediction (recorded with their commit) and run only the applied advice "
+                        "and GPUBoost() again; refused where the package or the workload's code changed since that "
+                        "commit (a change to how the applied run is timed, say)")  # fmt: skip
     args = parser.parse_args()
     root = Path(args.data)
     rows: dict[str, dict[str, Any]] = {}
+    earlier: dict[str, dict[str, Any]] = {}
+    if args.rerun_applied and not (args.keep and args.only):
+        parser.error("--rerun-applied needs --keep (the earlier result) and --only (the workloads)")
     if args.keep:
         from _common import carried_over
 
         rows.update(carried_over(args.keep, [n for n in RUNNER.names() if not args.only or n not in args.only],
                                  "workloads"))  # fmt: skip
+        if args.rerun_applied:
+            earlier = carried_over(args.keep, args.only, "workloads")
     unknown = sorted(set(args.only or ()) - set(RUNNER.names()))
     if unknown:
         parser.error(f"--only: no workload named {', '.join(unknown)} (there are: {', '.join(RUNNER.names())})")
+    missing = sorted(n for n in args.only or () if args.rerun_applied and not (earlier.get(n) or {}).get("applied"))
+    if missing:
+        parser.error(f"--rerun-applied: {args.keep} has no applied advice for {', '.join(missing)}")
     # in the order given: a GPU machine's time may end before the last one
     for name in dict.fromkeys(args.only or RUNNER.names()):
         try:
-            rows[name] = diagnose_workload(name, args, root)
+            rows[name] = diagnose_workload(name, args, root, earlier.get(name))
         except Exception as err:  # one workload's failure is recorded; the others still run
             import traceback
 
@@ -250,9 +266,36 @@ def _once_under(cache: str | None, name: str, size: str) -> Any:
     return once
 
 
-def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """One workload's row: its plain repeats, the top advice applied, the GPUBoost() run's contradictions."""
-    print(f"{name}: plain x{args.repeats} ...", flush=True)
+#: what ``--rerun-applied`` keeps of an earlier row (its plain runs and what doctor predicted from them)
+KEPT_STAGES = ("verdicts", "verdict", "verdict_agreement", "top_advice", "plain_samples_per_s", "plain_halves_diff",
+               "doctor_loader")  # fmt: skip
+
+
+def code_unchanged_since(commit: str | None, name: str) -> bool | None:
+    """Whether the package and workload ``name``'s own code (its module and the workloads' shared helpers, not the
+    runner's ``__main__.py``, whose timing of the applied run is what a rerun is for) are the same now as at
+    ``commit`` (``git diff``); ``None`` where that cannot be told here (no git or no such commit: a GPU machine gets
+    the working tree without its history)."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    paths = ["lightning_gpu_boost", f"benchmarks/workloads/{name}.py",
+             *(f"benchmarks/workloads/{p.name}" for p in sorted((here / "workloads").glob("_*.py"))
+                                              if not p.name.startswith("__"))]  # fmt: skip
+    if not commit:
+        return None
+    try:
+        run = subprocess.run(["git", "diff", "--quiet", commit, "HEAD", "--", *paths], cwd=here.parent,
+                             capture_output=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {0: True, 1: False}.get(run.returncode)
+
+
+def diagnose_workload(name: str, args: argparse.Namespace, root: Path, earlier: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:  # fmt: skip
+    """One workload's row: its plain repeats, the top advice applied, the GPUBoost() run's contradictions.
+    ``earlier`` (``--rerun-applied``): an earlier row whose plain runs and prediction are kept, with their commit."""
     clock = [time.perf_counter()]
     seconds: dict[str, float] = {}  # each stage's wall time, its data's first preparation in "plain" (planning)
 
@@ -261,23 +304,42 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
         seconds[stage] = round(clock[-1] - clock[-2], 1)
 
     once = _once_under(args.cache, name, args.size)
-    plains = [once(f"plain-{i}", RUNNER.fit, name, args.size, root) for i in range(args.repeats)]
-    lap("plain")
-    verdicts = [p["verdict"] for p in plains]
-    mode, count = Counter(verdicts).most_common(1)[0]
-    top = (plains[0]["advice"] or [""])[0]
-    row: dict[str, Any] = {"verdicts": verdicts, "verdict": mode, "verdict_agreement": count / len(verdicts),
-                           "top_advice": top, "plain_samples_per_s": [_rate(p) for p in plains],
-                           "plain_halves_diff": [_halves(p) for p in plains]}  # fmt: skip
-    chosen = apply(name, top)
+    if earlier is not None:
+        unchanged = code_unchanged_since(earlier.get("git_commit"), name)
+        if unchanged is False:
+            raise ValueError(f"--rerun-applied: the package or {name}'s code changed since {earlier['git_commit']}, "
+                             "which measured its plain runs: run the workload whole")  # fmt: skip
+        print(f"{name}: plain runs and prediction kept from {earlier.get('git_commit')} (code unchanged since: "
+              f"{'not checked here: no git history' if unchanged is None else 'yes'})", flush=True)  # fmt: skip
+        row: dict[str, Any] = {k: earlier[k] for k in KEPT_STAGES if k in earlier}
+        row["kept_stages"] = {"stages": ["plain", "prediction"], "git_commit": earlier.get("git_commit"),
+                              "gpu": earlier.get("gpu"), "code_unchanged_since": unchanged}  # fmt: skip
+        plains: list[dict[str, Any]] = []
+    else:
+        print(f"{name}: plain x{args.repeats} ...", flush=True)
+        plains = [once(f"plain-{i}", RUNNER.fit, name, args.size, root) for i in range(args.repeats)]
+        lap("plain")
+        verdicts = [p["verdict"] for p in plains]
+        mode, count = Counter(verdicts).most_common(1)[0]
+        row = {"verdicts": verdicts, "verdict": mode, "verdict_agreement": count / len(verdicts),
+               "top_advice": (plains[0]["advice"] or [""])[0], "plain_samples_per_s": [_rate(p) for p in plains],
+               "plain_halves_diff": [_halves(p) for p in plains]}  # fmt: skip
+    chosen = apply(name, row["top_advice"])
     if chosen is None:
         row["applied"] = None
     else:
         how, change = chosen
-        guess, source, loader = once("prediction", predicted, name, how, plains[0], args.size, root)
-        if loader is not None:
-            row["doctor_loader"] = loader
-        lap("prediction")
+        if earlier is not None:
+            if how != earlier["applied"]["how"]:
+                raise ValueError(f"--rerun-applied: {name}'s kept advice now applies as {how}, not as "
+                                 f"{earlier['applied']['how']}: run the workload whole")  # fmt: skip
+            gain, source = earlier["applied"]["predicted_gain"], earlier["applied"]["prediction_source"]
+        else:
+            guess, source, loader = once("prediction", predicted, name, how, plains[0], args.size, root)
+            if loader is not None:
+                row["doctor_loader"] = loader
+            gain = guess / _rate(plains[0]) if guess else None
+            lap("prediction")
         print(f"{name}: applying {how} ...", flush=True)
         if change == "best":
             run = once("applied", RUNNER.fit, name, args.size, root, "best")
@@ -288,7 +350,6 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path) -> dict[s
         # the predicted gain is the first plain run's (whose advice is applied), taken on the plain runs' median:
         # one run's rate varies by 10-20 % from the next (vit_finetune on the H200: 1,367, 1,515, 1,682/s)
         base = median(row["plain_samples_per_s"])
-        gain = guess / _rate(plains[0]) if guess else None
         row["applied"] = {"how": how, "samples_per_s": _rate(run), "halves_diff": _halves(run),
                           "verdict_after": run["verdict"], "predicted_samples_per_s": gain * base if gain else None,
                           "prediction_source": source, "measured_gain": _rate(run) / base, "predicted_gain": gain,

@@ -134,6 +134,44 @@ def test_the_diagnosis_benchmark_applies_the_advice_as_written():
     assert diagnosis.apply("speech_ctc", "compute the features on the GPU per batch ... LogMel ...")[1] == "best"
 
 
+def test_the_diagnosis_reruns_only_the_applied_advice_keeping_the_plain_runs_with_their_commit(monkeypatch):
+    """--rerun-applied: the kept row's plain runs and prediction stay (with their commit), the applied advice and
+    GPUBoost() run again; refused where the code changed since."""
+    import argparse
+    import subprocess
+
+    spec = importlib.util.spec_from_file_location("diagnosis", WORKLOADS.parent / "diagnosis.py")
+    diagnosis = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diagnosis)
+    runs: list[tuple] = []
+
+    def fit(name, size, root, case="plain", change=None):
+        runs.append((case, change is not None))
+        return {"throughput": {"samples_per_s": 30.0, "halves_diff": 0.01}, "verdict": "data-bound", "advice": [],
+                "messages": []}  # fmt: skip
+
+    monkeypatch.setattr(diagnosis.RUNNER, "fit", fit)
+    earlier = {"verdicts": ["data-bound"] * 3, "verdict": "data-bound", "verdict_agreement": 1.0,
+               "top_advice": "only 4 of 16 CPUs load data: add AutoNumWorkers() to measure the best count.",
+               "plain_samples_per_s": [11.7, 9.6, 9.4], "plain_halves_diff": [0.001, 0.007, 0.008],
+               "applied": {"how": "AutoNumWorkers()", "predicted_gain": 3.0, "prediction_source": "doctor's fits"},
+               "git_commit": "a" * 40, "gpu": "NVIDIA H200"}  # fmt: skip
+    args = argparse.Namespace(cache=None, size="cpu", repeats=3)
+    monkeypatch.setattr(diagnosis, "code_unchanged_since", lambda commit, name: True)
+    row = diagnosis.diagnose_workload("segmentation", args, Path("."), earlier)
+    assert runs == [("plain", True), ("gpu_boost", False)], "only the applied advice and GPUBoost() ran"
+    assert row["plain_samples_per_s"] == [11.7, 9.6, 9.4] and row["kept_stages"]["git_commit"] == "a" * 40
+    assert row["applied"]["predicted_gain"] == 3.0 and abs(row["applied"]["measured_gain"] - 30.0 / 9.6) < 1e-9
+    monkeypatch.setattr(diagnosis, "code_unchanged_since", lambda commit, name: False)
+    with pytest.raises(ValueError, match="changed since"):
+        diagnosis.diagnose_workload("segmentation", args, Path("."), earlier)
+    monkeypatch.undo()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=WORKLOADS.parent.parent)
+    if head.returncode == 0:  # a checkout with its history: HEAD is unchanged since itself
+        assert diagnosis.code_unchanged_since(head.stdout.strip(), "segmentation") is True
+    assert diagnosis.code_unchanged_since(None, "segmentation") is None
+
+
 def test_the_diagnosis_predicts_a_worker_count_by_doctors_gain_on_the_plain_fits_rate(monkeypatch):
     """doctor's short fits share a bias at both counts (photos_hr on the H100: 25.6/s at 4 workers where the plain
     fits read 18.4-23.3/s); the gain its advice quotes, on the rate the project's own fit measured, cancels it."""
