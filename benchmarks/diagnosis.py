@@ -215,6 +215,11 @@ def main() -> None:
         rows.update(carried_over(args.keep, [n for n in RUNNER.names() if not args.only or n not in args.only],
                                  "workloads"))  # fmt: skip
         if args.rerun_applied:
+            import json
+
+            kept_size = json.loads(Path(args.keep).read_text())["figures"]["config"].get("size")
+            if kept_size != args.size:
+                parser.error(f"--rerun-applied: {args.keep} was measured at --size {kept_size}, this run is {args.size}")
             earlier = carried_over(args.keep, args.only, "workloads")
     unknown = sorted(set(args.only or ()) - set(RUNNER.names()))
     if unknown:
