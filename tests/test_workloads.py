@@ -270,7 +270,9 @@ def test_the_meter_times_across_the_end_of_an_epoch_too_short_for_a_window():
                          enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     trainer.fit(VectorModel(), DataLoader(Even(), batch_size=None))
     summary = meter.summary()
-    assert summary["epoch_windows"] == 1 and summary["steps"] > 20 and summary["samples_per_s"] > 0, summary
+    # more steps than an epoch holds: the window ran on across an epoch's end (how many depends on the machine's
+    # load: the window's start moves later where its halves differ)
+    assert summary["epoch_windows"] == 1 and summary["steps"] > 10 and summary["samples_per_s"] > 0, summary
 
 
 def test_the_meter_times_whole_epochs_where_a_loader_restarting_its_workers_has_no_steady_window():
@@ -299,13 +301,15 @@ def test_the_meter_times_whole_epochs_where_a_loader_restarting_its_workers_has_
             if trainer.current_epoch == 1:
                 run_record(trainer).changes.append({"setting": "num_workers", "from": 2, "to": 2})
 
-    for change, last_epoch in (False, 2), (True, 3):
+    for change, first_timed in (False, 1), (True, 2):
         meter = RUNNER.Meter(warmup=2, steps=8, sample_gpu_util=False)
         trainer = pl.Trainer(accelerator="cpu", max_epochs=8, callbacks=[*([Change()] if change else []), meter],
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False)  # fmt: skip
         trainer.fit(VectorModel(), DataLoader(Waves(), batch_size=None, num_workers=2))
         summary = meter.summary()
-        assert summary["measured"] == "whole epochs" and summary["epochs_timed"] == 2, summary
-        assert summary["steps"] == 24 and summary["steady"] and 15 < summary["samples_per_s"] < 32, summary
-        assert trainer.current_epoch == last_epoch + 1, "stopped at the second timed epoch's end"
+        n = summary["epochs_timed"]  # 2 where their halves agree; up to 4 on a loaded machine
+        assert summary["measured"] == "whole epochs" and 2 <= n <= RUNNER.MAX_WHOLE_EPOCHS, summary
+        assert summary["steady"] or n == RUNNER.MAX_WHOLE_EPOCHS, summary
+        assert summary["steps"] == 12 * n and 5 < summary["samples_per_s"] < 40, summary  # 2 workers: <= 32/s
+        assert trainer.current_epoch == first_timed + n, "stopped at the last timed epoch's end"
