@@ -26,6 +26,24 @@ def test_a_slow_loader_is_the_bottleneck():
     assert "short fits of the model measured" in d.advice[0] and "training (a short fit" in d.format()
     # without the loader's queue to play with, the fit at 0 workers runs at the loader's pace (4 ms a sample)
     assert 0.7 < fits[0] / d.loader_samples_per_s < 1.3, (fits, d.loader_samples_per_s)
+    # that fit ran at the loader's pace (far below the step's): it is the loader's figure in training's conditions
+    assert d.loader_in_training_samples_per_s == fits[0], d.format()
+    assert "loader in training at num_workers=0" in d.format()
+    assert d.as_dict()["loader_in_training_samples_per_s"] == fits[0]
+
+
+def test_the_loader_in_training_is_a_short_fit_that_ran_at_the_loaders_pace():
+    """A short fit at the current count is the loader's figure in training only where it ran well below what the
+    step and the copy allow; a fit near that bound says nothing about the loader."""
+    d = Diagnosis("cpu", batch_size=32, num_workers=4, loader_samples_per_s=900.0, step_ms=10.0, copy_ms=0.0)
+    assert d.loader_in_training_samples_per_s is None  # no fit
+    d.fit_samples_per_s = {4: 1000.0, 8: 1900.0}
+    assert d.loader_in_training_samples_per_s == 1000.0  # the step allows 3,200/s: the loader set the pace
+    d.fit_samples_per_s = {4: 3000.0}
+    assert d.loader_in_training_samples_per_s is None  # near the step's pace
+    d.copy_ms = 10.0
+    assert d.loader_in_training_samples_per_s is None  # the copy halves what is allowed: 1,600/s
+    assert "loader in training" not in d.format()
 
 
 def test_trials_can_be_turned_off():
