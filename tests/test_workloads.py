@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch.utils.data import Dataset
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "benchmarks" / "workloads"
 
@@ -23,6 +24,41 @@ def _runner():
 
 
 RUNNER = _runner()
+
+
+class Sleeping(Dataset):
+    """A map-style dataset of ``length`` batches (4 samples each), each taking ``seconds`` to load, or
+    ``seconds(call)`` (``call``: 1, 2, ... over the dataset's life in this process): the meter tests' loaders."""
+
+    def __init__(self, length: int, seconds) -> None:
+        self.length, self.seconds, self.calls = length, seconds, 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        import time
+
+        import torch
+
+        self.calls += 1
+        time.sleep(self.seconds(self.calls) if callable(self.seconds) else self.seconds)
+        return torch.randn(4, 8), torch.zeros(4)
+
+
+def meter_fit(dataset: Sleeping, max_epochs: int, num_workers: int = 0, callbacks: tuple = ()):
+    """``VectorModel`` fit on ``dataset`` (one batch per item) under the runner's ``Meter`` (warm-up 2, 8 steps);
+    the meter's summary and the trainer."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from tests.helpers import VectorModel
+
+    meter = RUNNER.Meter(warmup=2, steps=8, sample_gpu_util=False)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=max_epochs, callbacks=[*callbacks, meter], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(VectorModel(), DataLoader(dataset, batch_size=None, num_workers=num_workers))
+    return meter.summary(), trainer
 
 
 @pytest.fixture(scope="module")
@@ -193,31 +229,9 @@ def test_the_diagnosis_predicts_a_worker_count_by_doctors_gain_on_the_plain_fits
 def test_the_meter_opens_a_fresh_window_in_the_next_epoch_where_an_epoch_ended_an_unsteady_one():
     """A window never holds an epoch's restart: where an epoch ends with its window unsteady, the next epoch gets a
     fresh one (after its warm-up), and the summary is the steadiest window's."""
-    import time
-
-    import lightning.pytorch as pl
-    import torch
-    from torch.utils.data import DataLoader, Dataset
-
-    from tests.helpers import VectorModel
-
-    class Phased(Dataset):  # epoch 1: fast steps, then a slow tail (no start gives agreeing halves); 2: even
-        def __init__(self) -> None:
-            self.calls = 0
-
-        def __len__(self) -> int:
-            return 60
-
-        def __getitem__(self, i: int):
-            self.calls += 1
-            time.sleep(0.03 if self.calls <= 48 else 0.15 if self.calls <= 60 else 0.06)
-            return torch.randn(4, 8), torch.zeros(4)
-
-    meter = RUNNER.Meter(warmup=2, steps=8, sample_gpu_util=False)
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=RUNNER.EPOCH_WINDOWS + 2, callbacks=[meter], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    trainer.fit(VectorModel(), DataLoader(Phased(), batch_size=None))
-    summary = meter.summary()
+    # epoch 1: fast steps, then a slow tail (no start gives agreeing halves); 2: even
+    phased = Sleeping(60, lambda call: 0.03 if call <= 48 else 0.15 if call <= 60 else 0.06)
+    summary, _ = meter_fit(phased, max_epochs=RUNNER.EPOCH_WINDOWS + 2)
     assert summary["epoch_windows"] == 2 and summary["steady"] and summary["halves_diff"] <= 0.05, summary
     assert 40 < summary["samples_per_s"] < 75, summary  # epoch 2's pace: 4 samples each 60 ms
 
@@ -249,27 +263,7 @@ def test_the_diagnosis_cache_keeps_each_stage_under_the_commit(tmp_path, monkeyp
 def test_the_meter_times_across_the_end_of_an_epoch_too_short_for_a_window():
     """Epochs of 10 steps cannot hold a window of their own: it runs on across their ends, as before, and the
     summary is a timed window (not an empty one)."""
-    import time
-
-    import lightning.pytorch as pl
-    import torch
-    from torch.utils.data import DataLoader, Dataset
-
-    from tests.helpers import VectorModel
-
-    class Even(Dataset):
-        def __len__(self) -> int:
-            return 10
-
-        def __getitem__(self, i: int):
-            time.sleep(0.02)
-            return torch.randn(4, 8), torch.zeros(4)
-
-    meter = RUNNER.Meter(warmup=2, steps=8, sample_gpu_util=False)
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=4, callbacks=[meter], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    trainer.fit(VectorModel(), DataLoader(Even(), batch_size=None))
-    summary = meter.summary()
+    summary, _ = meter_fit(Sleeping(10, 0.02), max_epochs=4)
     # more steps than an epoch holds: the window ran on across an epoch's end (how many depends on the machine's
     # load: the window's start moves later where its halves differ)
     assert summary["epoch_windows"] == 1 and summary["steps"] > 10 and summary["samples_per_s"] > 0, summary
@@ -279,22 +273,9 @@ def test_the_meter_times_whole_epochs_where_a_loader_restarting_its_workers_has_
     """A loader that starts its workers every epoch, in waves (2 workers, 12 batches an epoch), leaves no steady
     window after its queue: whole epochs are timed from the next one, their starts included; a change one of our
     parts made in training (the run record) starts the timed epochs again."""
-    import time
-
     import lightning.pytorch as pl
-    import torch
-    from torch.utils.data import DataLoader, Dataset
 
     from lightning_gpu_boost.core.run_record import run_record
-    from tests.helpers import VectorModel
-
-    class Waves(Dataset):
-        def __len__(self) -> int:
-            return 12
-
-        def __getitem__(self, i: int):
-            time.sleep(0.25)
-            return torch.randn(4, 8), torch.zeros(4)
 
     class Change(pl.Callback):  # AutoNumWorkers deciding its count again at the end of epoch 1
         def on_train_epoch_end(self, trainer, pl_module) -> None:
@@ -302,12 +283,8 @@ def test_the_meter_times_whole_epochs_where_a_loader_restarting_its_workers_has_
                 run_record(trainer).changes.append({"setting": "num_workers", "from": 2, "to": 2})
 
     for change, first_timed in (False, 1), (True, 2):
-        meter = RUNNER.Meter(warmup=2, steps=8, sample_gpu_util=False)
-        trainer = pl.Trainer(accelerator="cpu", max_epochs=8, callbacks=[*([Change()] if change else []), meter],
-                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False)  # fmt: skip
-        trainer.fit(VectorModel(), DataLoader(Waves(), batch_size=None, num_workers=2))
-        summary = meter.summary()
+        summary, trainer = meter_fit(Sleeping(12, 0.25), max_epochs=8, num_workers=2,
+                                     callbacks=(Change(),) if change else ())  # fmt: skip
         n = summary["epochs_timed"]  # 2 where their halves agree; up to 4 on a loaded machine
         assert summary["measured"] == "whole epochs" and 2 <= n <= RUNNER.MAX_WHOLE_EPOCHS, summary
         assert summary["steady"] or n == RUNNER.MAX_WHOLE_EPOCHS, summary

@@ -178,22 +178,10 @@ class Meter(ThroughputMeter):
         self._window, self.opened_at = None, None
 
     def whole_epochs(self) -> dict[str, Any]:
-        """Samples per second over the whole epochs timed so far (their starts and any validation included); the
-        halves: the first and the last half of those epochs."""
+        """Samples per second over the whole epochs timed so far (their starts and any validation included)."""
         first = self._whole_from or 0
-        ends, samples = self._ends[first:], self._epoch_samples[first:-1]
-        n, half = len(samples), len(samples) // 2
-
-        def rate(a: int, b: int) -> float:  # epochs a..b-1 of those timed
-            seconds = ends[b] - ends[a]
-            return sum(samples[a:b]) / seconds if seconds > 0 else float("nan")
-
-        whole = rate(0, n) if n else float("nan")
-        a, b = (rate(0, half), rate(n - half, n)) if half else (float("nan"), float("nan"))
-        diff = abs(a - b) / max(a, b) if half and max(a, b) > 0 else float("nan")
-        return {"measured": "whole epochs", "samples_per_s": whole, "epochs_timed": n, "first_half": a,
-                "second_half": b, "halves_diff": diff, "steady": diff <= STEADY_TOLERANCE,
-                "window_s": ends[-1] - ends[0] if n else 0.0, "steps": sum(self._epoch_steps[first:-1])}  # fmt: skip
+        return {**whole_epoch_rates(self._ends[first:], self._epoch_samples[first:-1]),
+                "steps": sum(self._epoch_steps[first:-1])}  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
         if self._whole_from is not None and len(self._ends) - 1 > self._whole_from:
@@ -249,21 +237,26 @@ class EpochClock(pl.Callback):
         self.end = time.monotonic()
 
     def summary(self) -> dict[str, Any]:
-        bounds = [*self.starts[1:], self.end]  # epoch e runs from starts[e] to bounds[e] (its validation included)
         w = min(self.WARMUP, max(len(self.starts) - 2, 0))  # at least two timed epochs where there are three
-        timed = len(self.starts) - w
-        half = timed // 2
+        # epoch e runs from starts[e] to starts[e + 1] (its validation included), the last to the end
+        return {**whole_epoch_rates([*self.starts[w:], self.end], self.samples[w:]), "warmup_epochs": w}
 
-        def rate(first: int, last: int) -> float:  # epochs first..last-1 (0-based among all epochs)
-            seconds = bounds[last - 1] - self.starts[first]
-            return sum(self.samples[first:last]) / seconds if seconds > 0 else float("nan")
 
-        n = len(self.starts)
-        whole, a, b = rate(w, n), rate(w, w + half), rate(n - half, n)
-        diff = abs(a - b) / max(a, b) if half and max(a, b) > 0 else float("nan")
-        return {"measured": "whole epochs", "samples_per_s": whole, "epochs_timed": timed, "warmup_epochs": w,
-                "first_half": a, "second_half": b, "halves_diff": diff, "steady": diff <= STEADY_TOLERANCE,
-                "window_s": bounds[-1] - self.starts[w] if timed else 0.0}  # fmt: skip
+def whole_epoch_rates(edges: list[float], samples: list[float]) -> dict[str, Any]:
+    """Samples per second over whole epochs (``Meter``'s and ``EpochClock``'s figure): epoch ``i`` of those timed ran
+    from ``edges[i]`` to ``edges[i + 1]`` with ``samples[i]``; the halves are the first and the last half of them."""
+    n, half = len(samples), len(samples) // 2
+
+    def rate(a: int, b: int) -> float:  # epochs a..b-1
+        seconds = edges[b] - edges[a]
+        return sum(samples[a:b]) / seconds if seconds > 0 else float("nan")
+
+    whole = rate(0, n) if n else float("nan")
+    a, b = (rate(0, half), rate(n - half, n)) if half else (float("nan"), float("nan"))
+    diff = abs(a - b) / max(a, b) if half and max(a, b) > 0 else float("nan")
+    return {"measured": "whole epochs", "samples_per_s": whole, "epochs_timed": n, "first_half": a,
+            "second_half": b, "halves_diff": diff, "steady": diff <= STEADY_TOLERANCE,
+            "window_s": edges[n] - edges[0] if n else 0.0}  # fmt: skip
 
 
 def names() -> tuple[str, ...]:
