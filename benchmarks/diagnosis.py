@@ -206,6 +206,9 @@ def main() -> None:
                         "row's plain runs and prediction (recorded with their commit) and run only the applied advice "
                         "and GPUBoost() again; refused where the package or the workload's code changed since that "
                         "commit (a change to how the applied run is timed, say)")  # fmt: skip
+    parser.add_argument("--accept-changes", metavar="REASON", help="with --rerun-applied: go on where the code "
+                        "changed since the kept commit, recording REASON and the changed files in the row (for a "
+                        "change that cannot move the plain runs or the prediction: a figure added beside them)")  # fmt: skip
     args = parser.parse_args()
     root = Path(args.data)
     rows: dict[str, dict[str, Any]] = {}
@@ -279,6 +282,22 @@ KEPT_STAGES = ("verdicts", "verdict", "verdict_agreement", "top_advice", "plain_
                "doctor_loader")  # fmt: skip
 
 
+def _code_paths(name: str) -> list[str]:
+    here = Path(__file__).resolve().parent
+    return ["lightning_gpu_boost", f"benchmarks/workloads/{name}.py",
+            *(f"benchmarks/workloads/{p.name}" for p in sorted((here / "workloads").glob("_*.py"))
+              if not p.name.startswith("__"))]  # fmt: skip
+
+
+def changed_since(commit: str, name: str) -> list[str]:
+    """The files of :func:`code_unchanged_since`'s paths that changed since ``commit``."""
+    import subprocess
+
+    run = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", *_code_paths(name)],
+                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=60)  # fmt: skip
+    return run.stdout.split()
+
+
 def code_unchanged_since(commit: str | None, name: str) -> bool | None:
     """Whether the package and workload ``name``'s own code (its module and the workloads' shared helpers, not the
     runner's ``__main__.py``, whose timing of the applied run is what a rerun is for) are the same now as at
@@ -287,9 +306,7 @@ def code_unchanged_since(commit: str | None, name: str) -> bool | None:
     import subprocess
 
     here = Path(__file__).resolve().parent
-    paths = ["lightning_gpu_boost", f"benchmarks/workloads/{name}.py",
-             *(f"benchmarks/workloads/{p.name}" for p in sorted((here / "workloads").glob("_*.py"))
-                                              if not p.name.startswith("__"))]  # fmt: skip
+    paths = _code_paths(name)
     if not commit:
         return None
     try:
@@ -314,14 +331,18 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path, earlier: 
     once = _once_under(args.cache, name, args.size)
     if earlier is not None:
         unchanged = code_unchanged_since(earlier.get("git_commit"), name)
-        if unchanged is False:
+        if unchanged is False and not getattr(args, "accept_changes", None):
             raise ValueError(f"--rerun-applied: the package or {name}'s code changed since {earlier['git_commit']}, "
                              "which measured its plain runs: run the workload whole")  # fmt: skip
+        said = {None: "not checked here: no git history", True: "yes", False: f"no, accepted: {args.accept_changes}"}
         print(f"{name}: plain runs and prediction kept from {earlier.get('git_commit')} (code unchanged since: "
-              f"{'not checked here: no git history' if unchanged is None else 'yes'})", flush=True)  # fmt: skip
+              f"{said[unchanged]})", flush=True)  # fmt: skip
         row: dict[str, Any] = {k: earlier[k] for k in KEPT_STAGES if k in earlier}
         row["kept_stages"] = {"stages": ["plain", "prediction"], "git_commit": earlier.get("git_commit"),
                               "gpu": earlier.get("gpu"), "code_unchanged_since": unchanged}  # fmt: skip
+        if unchanged is False:
+            row["kept_stages"]["changes_accepted"] = {"reason": args.accept_changes,
+                                                      "files": changed_since(earlier["git_commit"], name)}  # fmt: skip
         plains: list[dict[str, Any]] = []
     else:
         print(f"{name}: plain x{args.repeats} ...", flush=True)
