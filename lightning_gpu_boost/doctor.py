@@ -100,6 +100,9 @@ class Diagnosis:
     #: samples/s of short fits of the model with the real loader, as training sees it (steady state), by worker count:
     #: the current count and the advised one (``trials=True``, a model, and a worker count to advise)
     fit_samples_per_s: dict[int, float] = field(default_factory=dict)
+    #: how each of those fits was timed, by worker count: ``"steps"`` (a steady window of steps) or ``"whole
+    #: epochs"`` (where the loader starts its workers again every short epoch, as the run pays it)
+    fit_timed: dict[int, str] = field(default_factory=dict)
     #: samples/s of short fits over whole epochs (validation included) as the project runs and with its workers kept
     #: loading across epoch ends (``SpanEpochs(min_restart_share=0)``): ``{"plain": ..., "spanned": ...}``, where
     #: the advice is to span the epochs (``trials=True``, a model)
@@ -165,7 +168,9 @@ class Diagnosis:
                        if self.between_frac is not None else "")  # fmt: skip
             lines.append(f"  first batch of a fresh iterator: {self.startup_s:.2f} s{restart}")
         for w, r in sorted(self.fit_samples_per_s.items()):
-            lines.append(f"  training (a short fit of the model) at num_workers={w}: {rate(r)}")
+            how = (f", over whole epochs, each starting {w} workers again"
+                   if self.fit_timed.get(w) == "whole epochs" else "")  # fmt: skip
+            lines.append(f"  training (a short fit of the model{how}) at num_workers={w}: {rate(r)}")
         in_training = self.loader_in_training_samples_per_s
         if in_training is not None:
             lines.append(f"  loader in training at num_workers={self.num_workers}: {rate(in_training)} (its short fit "
@@ -427,13 +432,17 @@ def diagnose(
         fit_steps = max(2 * steps, 32)
         for count in (loader.num_workers, advised):
             say(f"a short fit of the model with the loader at num_workers={count} ...")
-            trial = clone_loader(loader, count)
-            if restarts_short_epochs(trial, fit_steps):
+            # the loader's own epochs at this count: an endless clone (the loader-alone measurements') has no epoch
+            # to start again (photos_hr on the H200: 24 batches an epoch from 16 workers, two waves of them, timed
+            # in a window at 85 samples/s where the run made 65)
+            epochs = clone_loader(loader, count, loader.prefetch_factor or 2, endless=False)
+            if restarts_short_epochs(epochs, fit_steps):
                 # its epochs' starts are part of what training sees: a window of steps would leave them out
-                fit = measure_epochs_fit(model, trial, steps=fit_steps, **trainer_kwargs)
+                fit = measure_epochs_fit(model, epochs, steps=fit_steps, **trainer_kwargs)
             else:
-                fit = measure_fit(model, trial, steps=fit_steps, warmup=3, **trainer_kwargs)
+                fit = measure_fit(model, clone_loader(loader, count), steps=fit_steps, warmup=3, **trainer_kwargs)
             result.fit_samples_per_s[count] = fit["samples_per_s"]
+            result.fit_timed[count] = "whole epochs" if fit.get("measured") == "whole epochs" else "steps"
     _conclude(result)
     if trials and model is not None and isinstance(loader, DataLoader) and result.bottleneck == "epoch-start":
         _span_trials(result, model, loader, max(2 * steps, 32), val_loader, val_batches, say, trainer_kwargs)

@@ -23,6 +23,12 @@ def test_a_slow_loader_is_the_bottleneck():
     # the expected effect is what short fits of the model measured at both counts, the way training sees it
     fits = d.fit_samples_per_s
     assert set(fits) == {0, d.tuned_workers} and fits[d.tuned_workers] > 1.5 * fits[0], d.format()
+    # 8 batches an epoch: at the tuned count the workers start again every epoch, so that fit runs over whole epochs
+    # of the loader's own (not an endless clone's window, which has no epoch to start), as the run pays them
+    assert d.fit_timed == {0: "steps", d.tuned_workers: "whole epochs"}, d.format()
+    assert f"over whole epochs, each starting {d.tuned_workers} workers again) at num_workers={d.tuned_workers}" in (
+        d.format()
+    )
     assert "short fits of the model measured" in d.advice[0] and "training (a short fit" in d.format()
     # without the loader's queue to play with, the fit at 0 workers runs at the loader's pace (4 ms a sample)
     assert 0.7 < fits[0] / d.loader_samples_per_s < 1.3, (fits, d.loader_samples_per_s)

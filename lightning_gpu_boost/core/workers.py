@@ -112,11 +112,21 @@ class EndlessBatches:
 
 
 def clone_loader(
-    loader: DataLoader, num_workers: int, prefetch_factor: int = 2, batch_size: int | None = None
+    loader: DataLoader,
+    num_workers: int,
+    prefetch_factor: int = 2,
+    batch_size: int | None = None,
+    endless: bool = True,
 ) -> DataLoader:
     """A DataLoader like ``loader`` with another worker count (no persistent workers: a probe is short-lived),
     optionally with smaller batches of the same samples (``batch_size``; plain batch samplers only). A map-style
-    dataset's batches repeat its epochs without end (:class:`EndlessBatches`): the steady state, not restarts."""
+    dataset's batches repeat its epochs without end (:class:`EndlessBatches`): the steady state, not restarts.
+
+    ``endless=False``: the loader's own epochs instead (its length, its sampler, its ``persistent_workers`` where
+    it keeps workers), as training would run it at ``num_workers``: for a fit timed over whole epochs, whose
+    starts are what an endless clone leaves out (``batch_size`` is then not allowed)."""
+    if not endless and batch_size is not None:
+        raise ValueError(f"batch_size must be None where endless=False, got {batch_size!r}.")
     kwargs: dict[str, Any] = {
         "num_workers": num_workers,
         "collate_fn": loader.collate_fn,
@@ -126,10 +136,14 @@ def clone_loader(
         "multiprocessing_context": loader.multiprocessing_context if num_workers else None,
         "prefetch_factor": prefetch_factor if num_workers else None,
     }
+    if not endless:
+        kwargs["persistent_workers"] = bool(loader.persistent_workers) and num_workers > 0
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=batch_size or loader.batch_size, drop_last=loader.drop_last)
     elif loader.batch_sampler is None:  # batch_size=None: each of the sampler's items is a batch already
-        kwargs.update(sampler=EndlessBatches(loader.sampler), batch_size=None)
+        kwargs.update(sampler=EndlessBatches(loader.sampler) if endless else loader.sampler, batch_size=None)
+    elif not endless:
+        kwargs["batch_sampler"] = loader.batch_sampler
     elif batch_size and type(loader.batch_sampler) is BatchSampler:
         kwargs["batch_sampler"] = EndlessBatches(BatchSampler(loader.sampler, batch_size, drop_last=False))
     else:

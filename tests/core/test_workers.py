@@ -287,3 +287,21 @@ def test_fewer_workers_are_taken_in_training_where_they_still_outpace_it():
     value, said = decide_workers_again(probe, loader, 15, "the GPU idles", "Tuner", applied.append,
                                        training_batches_s=80.0, restart=restarted.append)  # fmt: skip
     assert value == 15 and restarted == [spanning] and said.startswith("Tuner decided again: num_workers 16 -> 15")
+
+
+def test_a_clone_with_the_loaders_own_epochs():
+    """``endless=False``: the loader's length, sampler and persistence at another count (a fit over whole epochs
+    times their starts); the default clone is endless (the loader-alone measurements' steady state)."""
+    from torch.utils.data import DataLoader
+
+    from tests.helpers import VectorDataset
+
+    loader = DataLoader(VectorDataset(40), batch_size=8, num_workers=2, persistent_workers=True)
+    finite = workers.clone_loader(loader, 4, endless=False)
+    assert len(finite) == 5 and finite.num_workers == 4 and finite.persistent_workers
+    assert finite.batch_sampler is loader.batch_sampler
+    assert sum(len(b[1]) for b in finite) == 40
+    assert not workers.clone_loader(loader, 0, endless=False).persistent_workers  # no workers to keep
+    assert len(workers.clone_loader(loader, 4)) == 2**62
+    with pytest.raises(ValueError, match="batch_size must be None where endless=False, got 4"):
+        workers.clone_loader(loader, 4, batch_size=4, endless=False)
