@@ -22,7 +22,12 @@ from torch.utils.data import DataLoader
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import usable_cpus
-from lightning_gpu_boost.core.loaders import fixed_worker_count
+from lightning_gpu_boost.core.loaders import (
+    AUTO_PERSISTENT_WORKERS,
+    AUTO_PREFETCH_FACTOR,
+    fixed_worker_count,
+    set_num_workers,
+)
 from lightning_gpu_boost.core.steady import (
     MIN_WINDOW_STEPS,
     TimedIterable,
@@ -47,7 +52,7 @@ from lightning_gpu_boost.core.worker_cpu import WorkerCPU
 from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s
 from lightning_gpu_boost.core.workers_cache import agreed_probe
 
-__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_epochs_fit', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s', 'restarts_short_epochs']
+__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_epochs_fit', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s', 'short_epochs']
 
 Bottleneck = Literal["loader", "remote", "copy", "host", "epoch-start", "compute", "unknown"]
 
@@ -168,8 +173,7 @@ class Diagnosis:
                        if self.between_frac is not None else "")  # fmt: skip
             lines.append(f"  first batch of a fresh iterator: {self.startup_s:.2f} s{restart}")
         for w, r in sorted(self.fit_samples_per_s.items()):
-            how = (f", over whole epochs, each starting {w} workers again"
-                   if self.fit_timed.get(w) == "whole epochs" else "")  # fmt: skip
+            how = ", over whole epochs" if self.fit_timed.get(w) == "whole epochs" else ""
             lines.append(f"  training (a short fit of the model{how}) at num_workers={w}: {rate(r)}")
         in_training = self.loader_in_training_samples_per_s
         if in_training is not None:
@@ -320,9 +324,9 @@ def diagnose(
             (a fresh iterator; with persistent workers, the second pass), and counts as time between steps.
         val_batches: batches validation reads per epoch, ``>= 1`` or ``None``.
         trials: where the advice is another worker count, also fit the model with the real loader at the current
-            and at that count (short fits timed in steady state, :func:`measure_fit`; over whole epochs,
-            :func:`measure_epochs_fit`, where the loader starts its workers again every epoch and an epoch is short,
-            as the run will pay those starts): the expected effect is then
+            and at that count, as ``AutoNumWorkers()`` applies it (its workers kept between epochs; short fits timed
+            in steady state, :func:`measure_fit`; over whole epochs, :func:`measure_epochs_fit`, where an epoch is
+            short (:func:`short_epochs`), as the run will pay each epoch's start): the expected effect is then
             what training measured, not an estimate from the loader alone.
         use_cache: the worker search is ``AutoNumWorkers``' own (:func:`~lightning_gpu_boost.core.workers_cache.
             agreed_probe`), read from and written to its cache: the count this diagnosis advises, and whose effect its
@@ -432,15 +436,20 @@ def diagnose(
         fit_steps = max(2 * steps, 32)
         for count in (loader.num_workers, advised):
             say(f"a short fit of the model with the loader at num_workers={count} ...")
-            # the loader's own epochs at this count: an endless clone (the loader-alone measurements') has no epoch
-            # to start again (photos_hr on the H200: 24 batches an epoch from 16 workers, two waves of them, timed
-            # in a window at 85 samples/s where the run made 65)
-            epochs = clone_loader(loader, count, loader.prefetch_factor or 2, endless=False)
-            if restarts_short_epochs(epochs, fit_steps):
+            # the loader's own epochs: the project's loader, and at the advised count that loader as AutoNumWorkers()
+            # applies it (its workers kept between epochs by default). An endless clone (the loader-alone
+            # measurements') has no epoch to start: photos_hr on the H200 (24 batches an epoch, 16 workers, so two
+            # waves of them) read 85 samples/s in a window where the AutoNumWorkers() run made 65 over whole epochs
+            # and 16 workers started again every epoch 53
+            epochs = clone_loader(loader, loader.num_workers, loader.prefetch_factor or 2, endless=False)
+            if count != loader.num_workers:
+                set_num_workers(epochs, count, AUTO_PREFETCH_FACTOR, AUTO_PERSISTENT_WORKERS)
+            if short_epochs(epochs, fit_steps):
                 # its epochs' starts are part of what training sees: a window of steps would leave them out
                 fit = measure_epochs_fit(model, epochs, steps=fit_steps, **trainer_kwargs)
             else:
-                fit = measure_fit(model, clone_loader(loader, count), steps=fit_steps, warmup=3, **trainer_kwargs)
+                fit = measure_fit(model, clone_loader(epochs, count, epochs.prefetch_factor or 2), steps=fit_steps,
+                                  warmup=3, **trainer_kwargs)  # fmt: skip
             result.fit_samples_per_s[count] = fit["samples_per_s"]
             result.fit_timed[count] = "whole epochs" if fit.get("measured") == "whole epochs" else "steps"
     _conclude(result)
@@ -500,10 +509,13 @@ def measure_fit(model: Any, data: Any, steps: int, warmup: int, callbacks: tuple
 MAX_TIMED_EPOCHS = 4
 
 
-def restarts_short_epochs(loader: Any, steps: int) -> bool:
-    """``loader`` starts its workers again every epoch (workers, not persistent) and an epoch is at most
-    ``2 * steps`` batches: a window of ``steps`` steps cannot hold its epochs' starts in proportion."""
-    if not isinstance(loader, DataLoader) or not loader.num_workers or loader.persistent_workers:
+def short_epochs(loader: Any, steps: int) -> bool:
+    """``loader`` has workers and an epoch is at most ``2 * steps`` batches: a window of ``steps`` steps cannot hold
+    its epochs' starts in proportion. Every epoch's start costs: a DataLoader's workers, persistent or not, load an
+    epoch's batches only once it begins, so its first batches arrive after one worker's whole batch and the last
+    wave may leave workers idle (24 batches from 16 workers: two waves); workers that are not persistent also start
+    again."""
+    if not isinstance(loader, DataLoader) or not loader.num_workers:
         return False
     try:
         return 0 < len(loader) <= 2 * steps
@@ -599,6 +611,15 @@ def _join_fixes(d: Diagnosis) -> str:
     return "; ".join(sample_cost_fixes(facts))
 
 
+def _advised(d: Diagnosis) -> str:
+    """The advised count as the short fit at it ran it, as ``AutoNumWorkers()`` applies it: ``"num_workers=N"``,
+    with ``", persistent_workers=True"`` where the loader's workers are not kept between epochs (the fit kept them:
+    AutoNumWorkers' default)."""
+    keep = AUTO_PERSISTENT_WORKERS and d.tuned_workers and not d.persistent_workers and d.tuned_workers in (
+        d.fit_samples_per_s)
+    return f"num_workers={d.tuned_workers}" + (", persistent_workers=True" if keep else "")
+
+
 def _measured(d: Diagnosis) -> str:
     """``" (short fits of the model measured A -> B samples/s, Nx)"`` where both fits ran, else ``""``."""
     fits = d.fit_samples_per_s
@@ -648,7 +669,7 @@ def _conclude(d: Diagnosis) -> None:
         d.advice.append(
             f"num_workers=0 loads each batch in the training process, between the steps: {1000 * load_s:.1f} ms of "
             f"every {1000 * (load_s + step_s + copy_s):.1f} ms ({100 * share:.0f} %). "
-            + (f"set num_workers={d.tuned_workers} (or add AutoNumWorkers()) to load while the step runs"
+            + (f"set {_advised(d)} (or add AutoNumWorkers()) to load while the step runs"
                + _measured(d) + "; "
                if d.tuned_workers else "add AutoNumWorkers() to the Trainer's callbacks to load while the step runs; ")
             + "and make each sample cheaper: " + _join_fixes(d) + "."
@@ -668,7 +689,7 @@ def _conclude(d: Diagnosis) -> None:
             now, then = fits[d.num_workers], fits[d.tuned_workers]
             if then > 1.05 * now:
                 d.advice.append(
-                    f"set num_workers={d.tuned_workers} (or add AutoNumWorkers() to the Trainer's callbacks): short fits "
+                    f"set {_advised(d)} (or add AutoNumWorkers() to the Trainer's callbacks): short fits "
                     f"of the model measured {now:,.0f} -> {then:,.0f} samples/s ({then / now:.2f}x)."
                 )
             else:

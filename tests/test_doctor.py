@@ -23,12 +23,12 @@ def test_a_slow_loader_is_the_bottleneck():
     # the expected effect is what short fits of the model measured at both counts, the way training sees it
     fits = d.fit_samples_per_s
     assert set(fits) == {0, d.tuned_workers} and fits[d.tuned_workers] > 1.5 * fits[0], d.format()
-    # 8 batches an epoch: at the tuned count the workers start again every epoch, so that fit runs over whole epochs
-    # of the loader's own (not an endless clone's window, which has no epoch to start), as the run pays them
+    # 8 batches an epoch: at the tuned count, as AutoNumWorkers() applies it (workers kept between epochs), each
+    # epoch's start costs, so that fit runs over the loader's own whole epochs (not an endless clone's window, which
+    # has no epoch to start), as the run pays them; the advice names the persistence the fit ran with
     assert d.fit_timed == {0: "steps", d.tuned_workers: "whole epochs"}, d.format()
-    assert f"over whole epochs, each starting {d.tuned_workers} workers again) at num_workers={d.tuned_workers}" in (
-        d.format()
-    )
+    assert f"short fit of the model, over whole epochs) at num_workers={d.tuned_workers}" in d.format()
+    assert f"set num_workers={d.tuned_workers}, persistent_workers=True (or add AutoNumWorkers())" in d.advice[0]
     assert "short fits of the model measured" in d.advice[0] and "training (a short fit" in d.format()
     # without the loader's queue to play with, the fit at 0 workers runs at the loader's pace (4 ms a sample)
     assert 0.7 < fits[0] / d.loader_samples_per_s < 1.3, (fits, d.loader_samples_per_s)
@@ -167,15 +167,17 @@ def test_trial_fits_of_short_restarting_epochs_time_whole_epochs():
     96 samples/s where the run, over whole epochs, made 69)."""
     from torch.utils.data import DataLoader
 
-    from lightning_gpu_boost.doctor import measure_epochs_fit, restarts_short_epochs
+    from lightning_gpu_boost.doctor import measure_epochs_fit, short_epochs
     from tests.helpers import VectorDataset
 
     def loader(persistent: bool) -> DataLoader:
         return DataLoader(VectorDataset(48, delay_s=0.002), batch_size=16, num_workers=2,
                           persistent_workers=persistent, worker_init_fn=_slow_worker_init)  # fmt: skip
 
-    assert restarts_short_epochs(loader(False), steps=6) and not restarts_short_epochs(loader(True), steps=6)
-    assert not restarts_short_epochs(DataLoader(VectorDataset(48), batch_size=16), steps=6)
+    # persistent workers too start an epoch's batches only once it begins; without workers there is no such start
+    assert short_epochs(loader(False), steps=6) and short_epochs(loader(True), steps=6)
+    assert not short_epochs(loader(False), steps=1)  # 3 batches an epoch: a 1-step window holds them in proportion
+    assert not short_epochs(DataLoader(VectorDataset(48), batch_size=16), steps=6)
     fit = measure_epochs_fit(VectorModel(), loader(False), steps=6, accelerator="cpu")
     assert fit["measured"] == "whole epochs" and fit["epochs_timed"] == 2
     assert fit["samples_per_s"] <= 48 / 0.3, fit  # no epoch is faster than its workers' start

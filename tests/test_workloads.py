@@ -46,7 +46,8 @@ class Sleeping(Dataset):
         return torch.randn(4, 8), torch.zeros(4)
 
 
-def meter_fit(dataset: Sleeping, max_epochs: int, num_workers: int = 0, callbacks: tuple = ()):
+def meter_fit(dataset: Sleeping, max_epochs: int, num_workers: int = 0, callbacks: tuple = (),
+              persistent: bool = False):  # fmt: skip
     """``VectorModel`` fit on ``dataset`` (one batch per item) under the runner's ``Meter`` (warm-up 2, 8 steps);
     the meter's summary and the trainer."""
     import lightning.pytorch as pl
@@ -57,7 +58,8 @@ def meter_fit(dataset: Sleeping, max_epochs: int, num_workers: int = 0, callback
     meter = RUNNER.Meter(warmup=2, steps=8, sample_gpu_util=False)
     trainer = pl.Trainer(accelerator="cpu", max_epochs=max_epochs, callbacks=[*callbacks, meter], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    trainer.fit(VectorModel(), DataLoader(dataset, batch_size=None, num_workers=num_workers))
+    trainer.fit(VectorModel(), DataLoader(dataset, batch_size=None, num_workers=num_workers,
+                                          persistent_workers=persistent))  # fmt: skip
     return meter.summary(), trainer
 
 
@@ -269,10 +271,10 @@ def test_the_meter_times_across_the_end_of_an_epoch_too_short_for_a_window():
     assert summary["epoch_windows"] == 1 and summary["steps"] > 10 and summary["samples_per_s"] > 0, summary
 
 
-def test_the_meter_times_whole_epochs_where_a_loader_restarting_its_workers_has_no_steady_window():
-    """A loader that starts its workers every epoch, in waves (2 workers, 12 batches an epoch), leaves no steady
-    window after its queue: whole epochs are timed from the next one, their starts included; a change one of our
-    parts made in training (the run record) starts the timed epochs again."""
+def test_the_meter_times_whole_epochs_where_a_loader_with_workers_has_no_steady_window():
+    """A loader whose workers start every epoch's batches in waves (2 workers, 12 batches an epoch; started again,
+    or kept: persistent) leaves no steady window after its queue: whole epochs are timed from the next one, their
+    starts included; a change one of our parts made in training (the run record) starts the timed epochs again."""
     import lightning.pytorch as pl
 
     from lightning_gpu_boost.core.run_record import run_record
@@ -282,9 +284,9 @@ def test_the_meter_times_whole_epochs_where_a_loader_restarting_its_workers_has_
             if trainer.current_epoch == 1:
                 run_record(trainer).changes.append({"setting": "num_workers", "from": 2, "to": 2})
 
-    for change, first_timed in (False, 1), (True, 2):
+    for change, first_timed, persistent in (False, 1, False), (True, 2, False), (False, 1, True):
         summary, trainer = meter_fit(Sleeping(12, 0.25), max_epochs=8, num_workers=2,
-                                     callbacks=(Change(),) if change else ())  # fmt: skip
+                                     callbacks=(Change(),) if change else (), persistent=persistent)  # fmt: skip
         n = summary["epochs_timed"]  # 2 where their halves agree; up to 4 on a loaded machine
         assert summary["measured"] == "whole epochs" and 2 <= n <= RUNNER.MAX_WHOLE_EPOCHS, summary
         assert summary["steady"] or n == RUNNER.MAX_WHOLE_EPOCHS, summary

@@ -66,7 +66,7 @@ MIN_EPOCH_WINDOW = 16
 EPOCH_WINDOWS = 3
 #: the fewest waves (one batch from each worker) a window ended by its epoch's end holds
 EPOCH_WAVES = 4
-#: whole epochs timed (at least) where a loader that starts its workers every epoch has no steady window in one
+#: whole epochs timed (at least) where a loader with workers has no steady window in one epoch
 WHOLE_EPOCHS = 2
 #: and at most
 MAX_WHOLE_EPOCHS = 4
@@ -82,22 +82,22 @@ class Meter(ThroughputMeter):
     is kept and a fresh one opens in the next epoch, after its warm-up and queue, up to :data:`EPOCH_WINDOWS`
     windows; the summary is the steadiest window's, with ``epoch_windows`` (how many were taken).
 
-    Where the loader starts its workers again every epoch and an epoch is too short to hold a window of its own
-    (fewer than :data:`MIN_EPOCH_WINDOW` timed steps, :data:`EPOCH_WAVES` waves of one batch per worker, or
-    :data:`MIN_SECONDS`), whole epochs are timed from the next one on, their starts included, as ``doctor``'s short
-    fits time such a loader (``restarts_short_epochs``): ``segmentation``'s AutoNumWorkers run on the H200 (16
-    workers, 64-batch epochs) gets each epoch in four waves of 16 batches, and a window after the 33-batch queue
-    held two of them (halves 21 % apart). The fit ends once :data:`WHOLE_EPOCHS` epochs and :data:`MIN_SECONDS` are timed with agreeing
+    Where the loader has workers and an epoch is too short to hold a window of its own (fewer than
+    :data:`MIN_EPOCH_WINDOW` timed steps, :data:`EPOCH_WAVES` waves of one batch per worker, or :data:`MIN_SECONDS`),
+    whole epochs are timed from the next one on, their starts included, as ``doctor``'s short fits time such a
+    loader (``short_epochs``): workers, persistent or not, load an epoch's batches only once it begins (and start
+    again where not persistent). ``segmentation``'s AutoNumWorkers run on the H200 (16 workers, 64-batch epochs) gets
+    each epoch in four waves of 16 batches, and a window after the 33-batch queue held two of them (halves 21 %
+    apart; over whole epochs 2.6 %). The fit ends once :data:`WHOLE_EPOCHS` epochs and :data:`MIN_SECONDS` are timed with agreeing
     halves (the first and last half of the epochs), or :data:`MAX_WHOLE_EPOCHS` epochs. A change one of our parts
     made in training (the run record's ``changes``: AutoNumWorkers deciding its count again, from the next epoch)
-    starts the timed epochs again from the next epoch. Other loaders' short epochs are timed across their ends, as
+    starts the timed epochs again from the next epoch. Short epochs without workers are timed across their ends, as
     before."""
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         loader = getattr(trainer, "train_dataloader", None)
         self._spans = bool(spanned_loaders(loader))
-        self._restarts = bool(getattr(loader, "num_workers", 0)) and not getattr(loader, "persistent_workers", True)
         self._kept: list[dict[str, Any]] = []
         #: whole-epoch timing: each epoch's end (the first: the training's start) and samples; the first timed epoch
         self._ends: list[float] = [time.monotonic()]
@@ -161,7 +161,7 @@ class Meter(ThroughputMeter):
         short = window.timed < max(MIN_EPOCH_WINDOW, EPOCH_WAVES * workers) or window.seconds < MIN_SECONDS
         if not short and window.steady:
             return True
-        if short and self._restarts:  # whole epochs from the next one (``_ends[e]``: epoch e's start)
+        if short and workers:  # whole epochs from the next one (``_ends[e]``: epoch e's start)
             self._whole_from = trainer.current_epoch + 1
             self._reset_window()
             return False

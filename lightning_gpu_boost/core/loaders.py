@@ -85,6 +85,11 @@ def splits_by_worker(dataset: Any) -> bool:
     return isinstance(stages, list) and any(getattr(s, "__name__", None) == "split_by_worker" for s in stages)
 
 
+#: how ``AutoNumWorkers()`` applies a worker count by default (its ``prefetch_factor`` where a loader goes from 0
+#: workers to some, and ``persistent_workers``): ``doctor``'s trial fit at the count it advises runs the loader so
+AUTO_PREFETCH_FACTOR, AUTO_PERSISTENT_WORKERS = 4, True
+
+
 def set_num_workers(
     loader: DataLoader,
     num_workers: int,

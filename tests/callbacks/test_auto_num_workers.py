@@ -189,3 +189,15 @@ def test_a_count_decided_again_restarts_spanning_workers_at_the_epochs_end_and_s
         assert ids == list(range(16)), epoch
     counts = {e: set().union(*(c for x, _, c in model.batches if x == e)) for e in range(3)}
     assert counts[0] == {2} and counts[1] == {1} and counts[2] == {1}, counts
+
+
+def test_doctor_runs_the_advised_count_as_auto_num_workers_applies_it():
+    """``doctor``'s trial fit at the count it advises runs the loader with AutoNumWorkers' defaults (the constants
+    in ``core.loaders``): its predicted gain is the gain of what ``AutoNumWorkers()`` then does."""
+    import inspect
+
+    from lightning_gpu_boost.core.loaders import AUTO_PERSISTENT_WORKERS, AUTO_PREFETCH_FACTOR
+
+    defaults = inspect.signature(AutoNumWorkers).parameters
+    assert defaults["prefetch_factor"].default == AUTO_PREFETCH_FACTOR
+    assert defaults["persistent_workers"].default == AUTO_PERSISTENT_WORKERS
