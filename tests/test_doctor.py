@@ -175,9 +175,11 @@ def test_trial_fits_of_short_restarting_epochs_time_whole_epochs():
                           persistent_workers=persistent, worker_init_fn=_slow_worker_init)  # fmt: skip
 
     # persistent workers too start an epoch's batches only once it begins; without workers there is no such start
-    assert short_epochs(loader(False), steps=6) and short_epochs(loader(True), steps=6)
-    assert not short_epochs(loader(False), steps=1)  # 3 batches an epoch: a 1-step window holds them in proportion
-    assert not short_epochs(DataLoader(VectorDataset(48), batch_size=16), steps=6)
+    assert short_epochs(loader(False)) and short_epochs(loader(True))
+    assert not short_epochs(DataLoader(VectorDataset(48), batch_size=16))
+    # 17 waves of 2 workers: a window loses at most one wave in 17, and whole epochs would take three of them
+    assert not short_epochs(DataLoader(VectorDataset(34 * 16), batch_size=16, num_workers=2))
+    assert short_epochs(DataLoader(VectorDataset(16 * 16), batch_size=16, num_workers=2))  # 8 waves
     fit = measure_epochs_fit(VectorModel(), loader(False), steps=6, accelerator="cpu")
     assert fit["measured"] == "whole epochs" and fit["epochs_timed"] == 2
     assert fit["samples_per_s"] <= 48 / 0.3, fit  # no epoch is faster than its workers' start

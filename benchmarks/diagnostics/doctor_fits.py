@@ -56,7 +56,7 @@ def fit_at(name: str, size: str, root: Path, count: int, steps: int, persistent:
         set_num_workers(epochs, count, AUTO_PREFETCH_FACTOR, AUTO_PERSISTENT_WORKERS)
     elif count != loader.num_workers:  # as a user setting num_workers=N by hand
         set_num_workers(epochs, count, AUTO_PREFETCH_FACTOR, persistent_workers=bool(loader.persistent_workers))
-    if short_epochs(epochs, steps):
+    if short_epochs(epochs):
         fit = measure_epochs_fit(model, epochs, steps=steps, **trainer)
     else:
         fit = measure_fit(model, clone_loader(epochs, count, epochs.prefetch_factor or 2), steps=steps, warmup=3,
