@@ -331,17 +331,18 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path, earlier: 
     once = _once_under(args.cache, name, args.size)
     if earlier is not None:
         unchanged = code_unchanged_since(earlier.get("git_commit"), name)
-        if unchanged is False and not getattr(args, "accept_changes", None):
+        if unchanged is False and not getattr(args, "accept_changes", None):  # --accept-changes REASON
             raise ValueError(f"--rerun-applied: the package or {name}'s code changed since {earlier['git_commit']}, "
                              "which measured its plain runs: run the workload whole")  # fmt: skip
-        said = {None: "not checked here: no git history", True: "yes", False: f"no, accepted: {args.accept_changes}"}
+        accepted = getattr(args, "accept_changes", None)
+        said = {None: "not checked here: no git history", True: "yes", False: f"no, accepted: {accepted}"}
         print(f"{name}: plain runs and prediction kept from {earlier.get('git_commit')} (code unchanged since: "
               f"{said[unchanged]})", flush=True)  # fmt: skip
         row: dict[str, Any] = {k: earlier[k] for k in KEPT_STAGES if k in earlier}
         row["kept_stages"] = {"stages": ["plain", "prediction"], "git_commit": earlier.get("git_commit"),
                               "gpu": earlier.get("gpu"), "code_unchanged_since": unchanged}  # fmt: skip
         if unchanged is False:
-            row["kept_stages"]["changes_accepted"] = {"reason": args.accept_changes,
+            row["kept_stages"]["changes_accepted"] = {"reason": accepted,
                                                       "files": changed_since(earlier["git_commit"], name)}  # fmt: skip
         plains: list[dict[str, Any]] = []
     else:

@@ -203,6 +203,13 @@ def test_the_diagnosis_reruns_only_the_applied_advice_keeping_the_plain_runs_wit
     monkeypatch.setattr(diagnosis, "code_unchanged_since", lambda commit, name: False)
     with pytest.raises(ValueError, match="changed since"):
         diagnosis.diagnose_workload("segmentation", args, Path("."), earlier)
+    # --accept-changes REASON: goes on, the reason and the files that changed recorded in the row
+    monkeypatch.setattr(diagnosis, "changed_since", lambda commit, name: ["lightning_gpu_boost/doctor.py"])
+    args.accept_changes = "a figure added beside the prediction"
+    row = diagnosis.diagnose_workload("segmentation", args, Path("."), earlier)
+    assert row["kept_stages"]["code_unchanged_since"] is False
+    assert row["kept_stages"]["changes_accepted"] == {"reason": "a figure added beside the prediction",
+                                                      "files": ["lightning_gpu_boost/doctor.py"]}  # fmt: skip
     monkeypatch.undo()
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=WORKLOADS.parent.parent)
     if head.returncode == 0:  # a checkout with its history: HEAD is unchanged since itself
