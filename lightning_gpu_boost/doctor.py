@@ -106,7 +106,7 @@ class Diagnosis:
     #: the current count and the advised one (``trials=True``, a model, and a worker count to advise)
     fit_samples_per_s: dict[int, float] = field(default_factory=dict)
     #: how each of those fits was timed, by worker count: ``"steps"`` (a steady window of steps) or ``"whole
-    #: epochs"`` (where the loader starts its workers again every short epoch, as the run pays it)
+    #: epochs"`` (where an epoch is short, :func:`short_epochs`: each epoch's start is in the figure, as the run pays it)
     fit_timed: dict[int, str] = field(default_factory=dict)
     #: samples/s of short fits over whole epochs (validation included) as the project runs and with its workers kept
     #: loading across epoch ends (``SpanEpochs(min_restart_share=0)``): ``{"plain": ..., "spanned": ...}``, where
@@ -447,6 +447,8 @@ def diagnose(
             if short_epochs(epochs):
                 # its epochs' starts are part of what training sees: a window of steps would leave them out
                 fit = measure_epochs_fit(model, epochs, steps=fit_steps, **trainer_kwargs)
+                _shutdown(getattr(epochs, "_iterator", None))  # persistent workers: stopped now, not when collected
+                epochs._iterator = None
             else:
                 fit = measure_fit(model, clone_loader(epochs, count, epochs.prefetch_factor or 2), steps=fit_steps,
                                   warmup=3, **trainer_kwargs)  # fmt: skip

@@ -118,7 +118,7 @@ def clone_loader(
     batch_size: int | None = None,
     endless: bool = True,
 ) -> DataLoader:
-    """A DataLoader like ``loader`` with another worker count (no persistent workers: a probe is short-lived),
+    """A DataLoader like ``loader`` with another worker count (endless: no persistent workers, a probe is short-lived),
     optionally with smaller batches of the same samples (``batch_size``; plain batch samplers only). A map-style
     dataset's batches repeat its epochs without end (:class:`EndlessBatches`): the steady state, not restarts.
 
