@@ -52,7 +52,7 @@ from lightning_gpu_boost.core.worker_cpu import WorkerCPU
 from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s
 from lightning_gpu_boost.core.workers_cache import agreed_probe
 
-__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'SHORT_EPOCH_WAVES', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_epochs_fit', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s', 'short_epochs']
+__all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'SHORT_EPOCH_WAVES', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_epochs_fit', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s', 'short_epochs', 'trial_fit']
 
 Bottleneck = Literal["loader", "remote", "copy", "host", "epoch-start", "compute", "unknown"]
 
@@ -436,28 +436,39 @@ def diagnose(
         fit_steps = max(2 * steps, 32)
         for count in (loader.num_workers, advised):
             say(f"a short fit of the model with the loader at num_workers={count} ...")
-            # the loader's own epochs: the project's loader, and at the advised count that loader as AutoNumWorkers()
-            # applies it (its workers kept between epochs by default). An endless clone (the loader-alone
-            # measurements') has no epoch to start: photos_hr on the H200 (24 batches an epoch, 16 workers, so two
-            # waves of them) read 85 samples/s in a window where the AutoNumWorkers() run made 65 over whole epochs
-            # and 16 workers started again every epoch 53
-            epochs = clone_loader(loader, loader.num_workers, loader.prefetch_factor or 2, endless=False)
-            if count != loader.num_workers:
-                set_num_workers(epochs, count, AUTO_PREFETCH_FACTOR, AUTO_PERSISTENT_WORKERS)
-            if short_epochs(epochs):
-                # its epochs' starts are part of what training sees: a window of steps would leave them out
-                fit = measure_epochs_fit(model, epochs, steps=fit_steps, **trainer_kwargs)
-                _shutdown(getattr(epochs, "_iterator", None))  # persistent workers: stopped now, not when collected
-                epochs._iterator = None
-            else:
-                fit = measure_fit(model, clone_loader(epochs, count, epochs.prefetch_factor or 2), steps=fit_steps,
-                                  warmup=3, **trainer_kwargs)  # fmt: skip
+            fit = trial_fit(model, loader, count, fit_steps, **trainer_kwargs)
             result.fit_samples_per_s[count] = fit["samples_per_s"]
-            result.fit_timed[count] = "whole epochs" if fit.get("measured") == "whole epochs" else "steps"
+            result.fit_timed[count] = fit["measured"]
     _conclude(result)
     if trials and model is not None and isinstance(loader, DataLoader) and result.bottleneck == "epoch-start":
         _span_trials(result, model, loader, max(2 * steps, 32), val_loader, val_batches, say, trainer_kwargs)
     return result
+
+
+def trial_fit(model: Any, loader: DataLoader, count: int, steps: int, persistent_workers: bool | None = None,
+              **trainer_kwargs: Any) -> dict[str, Any]:  # fmt: skip
+    """A short fit of ``model`` with ``loader`` at ``count`` workers, as training would run it: the loader's own
+    epochs, at another count than its own as ``AutoNumWorkers()`` applies it (its workers kept between epochs by
+    default; ``persistent_workers`` overrides that, e.g. ``False`` for a count set by hand). Timed over whole epochs
+    where an epoch is short (:func:`short_epochs`, :func:`measure_epochs_fit`: each epoch's start is in the figure),
+    else in a steady window of ``steps`` steps (:func:`measure_fit`, on an endless clone). Returns the fit's figures
+    with ``"measured"``: ``"whole epochs"`` or ``"steps"``.
+
+    An endless clone (the loader-alone measurements') has no epoch to start: ``photos_hr`` on the H200 (24 batches
+    an epoch, 16 workers, so two waves of them, one half empty) read 85 samples/s in a window where the
+    ``AutoNumWorkers()`` run made 65 over whole epochs, and 16 workers started again every epoch 53."""
+    epochs = clone_loader(loader, loader.num_workers, loader.prefetch_factor or 2, endless=False)
+    if count != loader.num_workers:
+        keep = AUTO_PERSISTENT_WORKERS if persistent_workers is None else persistent_workers
+        set_num_workers(epochs, count, AUTO_PREFETCH_FACTOR, keep)
+    if short_epochs(epochs):
+        fit = measure_epochs_fit(model, epochs, steps=steps, **trainer_kwargs)
+        _shutdown(getattr(epochs, "_iterator", None))  # persistent workers: stopped now, not when collected
+        epochs._iterator = None
+        return fit
+    fit = measure_fit(model, clone_loader(epochs, count, epochs.prefetch_factor or 2), steps=steps, warmup=3,
+                      **trainer_kwargs)  # fmt: skip
+    return {**fit, "measured": "steps"}
 
 
 def _span_trials(result: Diagnosis, model: Any, loader: DataLoader, steps: int, val_loader: Any,

@@ -350,3 +350,24 @@ class FakeImageFolder(Dataset):
         out = self.transform(self.images[i]) if self.transform else self.images[i]
         self.produced.append(getattr(out, "dtype", None))  # what the (in-process) workers produced
         return out, i % 3
+
+
+class Sleeping(Dataset):
+    """A map-style dataset of ``length`` batches (4 samples each), each taking ``seconds`` to load, or
+    ``seconds(call)`` (``call``: 1, 2, ... over the dataset's life in this process), with no CPU used while it
+    waits: the meter's and the doctor's trial-fit tests' loaders (one batch per item: ``batch_size=None``)."""
+
+    def __init__(self, length: int, seconds) -> None:
+        self.length, self.seconds, self.calls = length, seconds, 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        import time
+
+        import torch
+
+        self.calls += 1
+        time.sleep(self.seconds(self.calls) if callable(self.seconds) else self.seconds)
+        return torch.randn(4, 8), torch.zeros(4)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_gpu_boost.doctor import Diagnosis, diagnose
-from tests.helpers import VectorDataModule, VectorModel
+from tests.helpers import Sleeping, VectorDataModule, VectorModel
 
 
 def test_a_slow_loader_is_the_bottleneck():
@@ -234,3 +234,23 @@ def test_a_step_that_syncs_and_sleeps_is_host_bound_on_the_gpu():
     d = diagnose(VectorDataModule(), Syncs(), budget_s=4, steps=10, tune=False)
     assert d.step_gpu_util is not None and d.step_gpu_util < 50, d.format()
     assert d.bottleneck == "host" and d.verdict == "host-bound" and ".item()" in d.advice[0], d.format()
+
+
+def test_a_trial_fit_of_short_epochs_pays_their_waves():
+    """Six batches an epoch from 4 workers (0.3 s a batch, sleeping: no CPU limit) come in two waves, the second
+    half empty: at most 10 batches/s over whole epochs, where a window of steps on an endless clone reads up to
+    13.3. The trial at another count runs the loader as AutoNumWorkers() applies it (workers kept), or as set by
+    hand; at the loader's own count, as it is."""
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.doctor import trial_fit
+
+    loader = DataLoader(Sleeping(6, 0.3), batch_size=None, num_workers=1)
+    fit = trial_fit(VectorModel(), loader, 4, steps=8, accelerator="cpu")
+    assert fit["measured"] == "whole epochs", fit
+    assert fit["samples_per_s"] <= 4 * 10.5, fit  # 4 samples a batch, two waves of 0.3 s per 6-batch epoch
+    assert trial_fit(VectorModel(), loader, 4, steps=8, persistent_workers=False, accelerator="cpu")[
+        "measured"] == "whole epochs"  # fmt: skip
+    assert loader.num_workers == 1 and not loader.persistent_workers  # the project's loader is left as it was
+    long_epochs = DataLoader(Sleeping(40, 0.01), batch_size=None, num_workers=1)  # 40 waves: a window
+    assert trial_fit(VectorModel(), long_epochs, 1, steps=8, accelerator="cpu")["measured"] == "steps"

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from torch.utils.data import Dataset
+
+from tests.helpers import Sleeping
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "benchmarks" / "workloads"
 
@@ -24,26 +25,6 @@ def _runner():
 
 
 RUNNER = _runner()
-
-
-class Sleeping(Dataset):
-    """A map-style dataset of ``length`` batches (4 samples each), each taking ``seconds`` to load, or
-    ``seconds(call)`` (``call``: 1, 2, ... over the dataset's life in this process): the meter tests' loaders."""
-
-    def __init__(self, length: int, seconds) -> None:
-        self.length, self.seconds, self.calls = length, seconds, 0
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, i: int):
-        import time
-
-        import torch
-
-        self.calls += 1
-        time.sleep(self.seconds(self.calls) if callable(self.seconds) else self.seconds)
-        return torch.randn(4, 8), torch.zeros(4)
 
 
 def meter_fit(dataset: Sleeping, max_epochs: int, num_workers: int = 0, callbacks: tuple = (),

@@ -32,10 +32,8 @@ from typing import Any
 import torch
 from _common import RESULTS
 
-from lightning_gpu_boost.core.loaders import AUTO_PERSISTENT_WORKERS, AUTO_PREFETCH_FACTOR, set_num_workers
 from lightning_gpu_boost.core.results import write_result
-from lightning_gpu_boost.core.workers import clone_loader
-from lightning_gpu_boost.doctor import measure_epochs_fit, measure_fit, short_epochs
+from lightning_gpu_boost.doctor import trial_fit
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 _spec = importlib.util.spec_from_file_location("workloads_runner", WORKLOADS / "__main__.py")
@@ -51,21 +49,12 @@ def fit_at(name: str, size: str, root: Path, count: int, steps: int, persistent:
     gpu = size == "gpu" and torch.cuda.is_available()
     trainer = {"accelerator": "gpu" if gpu else "cpu", **{k: v for k, v in kwargs.items() if k == "precision"}}
     started = time.perf_counter()
-    epochs = clone_loader(loader, loader.num_workers, loader.prefetch_factor or 2, endless=False)
-    if count != loader.num_workers and persistent:  # as AutoNumWorkers() applies it (diagnose's trial)
-        set_num_workers(epochs, count, AUTO_PREFETCH_FACTOR, AUTO_PERSISTENT_WORKERS)
-    elif count != loader.num_workers:  # as a user setting num_workers=N by hand
-        set_num_workers(epochs, count, AUTO_PREFETCH_FACTOR, persistent_workers=bool(loader.persistent_workers))
-    if short_epochs(epochs):
-        fit = measure_epochs_fit(model, epochs, steps=steps, **trainer)
-    else:
-        fit = measure_fit(model, clone_loader(epochs, count, epochs.prefetch_factor or 2), steps=steps, warmup=3,
-                          **trainer)  # fmt: skip
-        fit["measured"] = "steps"
-    row = {"samples_per_s": fit["samples_per_s"], "persistent_workers": bool(epochs.persistent_workers),
-           "timed": fit.get("measured"), "epochs_timed": fit.get("epochs_timed"),
-           "halves_diff": fit.get("halves_diff"), "batches_per_epoch": len(loader), "seconds": time.perf_counter() - started}  # fmt: skip
-    del model, loader, epochs
+    fit = trial_fit(model, loader, count, steps, persistent_workers=None if persistent else loader.persistent_workers,
+                    **trainer)  # fmt: skip
+    row = {"samples_per_s": fit["samples_per_s"], "as_auto_num_workers": persistent, "timed": fit["measured"],
+           "epochs_timed": fit.get("epochs_timed"), "halves_diff": fit.get("halves_diff"),
+           "batches_per_epoch": len(loader), "seconds": time.perf_counter() - started}  # fmt: skip
+    del model, loader
     gc.collect()
     return row
 
