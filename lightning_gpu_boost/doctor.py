@@ -34,6 +34,7 @@ from lightning_gpu_boost.core.steady import (
     batch_size_of,
     min_warmup,
     steady_window,
+    whole_epoch_rates,
 )
 from lightning_gpu_boost.core.streaming.cache import CacheGrowth
 from lightning_gpu_boost.core.streaming.source import remote_stream
@@ -570,8 +571,9 @@ def measure_epochs_fit(model: Any, loader: DataLoader, steps: int, warmup_epochs
     """Fit ``model`` on ``loader`` for ``warmup_epochs`` and then whole epochs holding ``steps`` steps (two epochs
     at least, :data:`MAX_TIMED_EPOCHS` at most), and time those epochs from the end of the last warm-up epoch to
     the end of the last one: each timed epoch's start (its workers started again, their first batches) is in the
-    figure, as in the run. Returns ``{"samples_per_s", "measured": "whole epochs", "epochs_timed", "halves_diff"}``
-    (the halves: the first and the last half of the timed epochs). ``callbacks`` join the fit; ``val_loader``
+    figure, as in the run. Returns :func:`~lightning_gpu_boost.core.steady.whole_epoch_rates`' figures
+    (``samples_per_s``, ``"measured": "whole epochs"``, ``epochs_timed``, the halves: the first and the last half
+    of the timed epochs). ``callbacks`` join the fit; ``val_loader``
     (``val_batches`` of it, all by default) validates after every epoch, as the project does, else none."""
     import lightning.pytorch as pl
 
@@ -586,15 +588,7 @@ def measure_epochs_fit(model: Any, loader: DataLoader, steps: int, warmup_epochs
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=NO_VALIDATION_WARNING)
         trainer.fit(model, train_dataloaders=loader, val_dataloaders=val_loader)
-    ends, samples = clock.ends[warmup_epochs:], clock.samples[warmup_epochs:-1]
-
-    def rate(first: int, last: int) -> float:  # timed epochs first..last-1
-        return sum(samples[first:last]) / (ends[last] - ends[first])
-
-    n, half = len(samples), len(samples) // 2
-    a, b = rate(0, half), rate(n - half, n)
-    return {"samples_per_s": rate(0, n), "measured": "whole epochs", "epochs_timed": n,
-            "halves_diff": abs(a - b) / max(a, b)}  # fmt: skip
+    return whole_epoch_rates(clock.ends[warmup_epochs:], clock.samples[warmup_epochs:-1])
 
 
 def queue_bound(data: Any, procs_per_node: int = 1) -> int:

@@ -41,9 +41,9 @@ from lightning_gpu_boost.core.loaders import spanned_loaders  # noqa: E402
 from lightning_gpu_boost.core.results import bar, write_result  # noqa: E402
 from lightning_gpu_boost.core.run_record import run_record  # noqa: E402
 from lightning_gpu_boost.core.steady import (  # noqa: E402
-    STEADY_TOLERANCE,
     ResidentBatches,
     batch_size_of,
+    whole_epoch_rates,
     worst_halves_diff,
 )
 
@@ -88,11 +88,11 @@ class Meter(ThroughputMeter):
     loader (``short_epochs``): workers, persistent or not, load an epoch's batches only once it begins (and start
     again where not persistent). ``segmentation``'s AutoNumWorkers run on the H200 (16 workers, 64-batch epochs) gets
     each epoch in four waves of 16 batches, and a window after the 33-batch queue held two of them (halves 21 %
-    apart; over whole epochs 2.6 %). The fit ends once :data:`WHOLE_EPOCHS` epochs and :data:`MIN_SECONDS` are timed with agreeing
-    halves (the first and last half of the epochs), or :data:`MAX_WHOLE_EPOCHS` epochs. A change one of our parts
-    made in training (the run record's ``changes``: AutoNumWorkers deciding its count again, from the next epoch)
-    starts the timed epochs again from the next epoch. Short epochs without workers are timed across their ends, as
-    before."""
+    apart; over whole epochs 2.6 %). The fit ends once :data:`WHOLE_EPOCHS` epochs and :data:`MIN_SECONDS` are
+    timed with agreeing halves (the first and last half of the epochs), or :data:`MAX_WHOLE_EPOCHS` epochs. A change
+    one of our parts made in training (the run record's ``changes``: AutoNumWorkers deciding its count again, from
+    the next epoch) starts the timed epochs again from the next epoch. Short epochs without workers are timed across
+    their ends, as before."""
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -151,8 +151,8 @@ class Meter(ThroughputMeter):
 
     def _epoch_ends(self, trainer: pl.Trainer) -> bool:
         """At an epoch's end: stop where the window is steady (or :data:`EPOCH_WINDOWS` epochs were tried), else
-        keep it and start a fresh one in the next epoch, or time whole epochs from the next one on (a loader that
-        starts its workers again every epoch)."""
+        keep it and start a fresh one in the next epoch, or time whole epochs from the next one on (a loader with
+        workers whose epoch is too short for a window)."""
         self._window = None
         window = self.window()
         workers = getattr(getattr(trainer, "train_dataloader", None), "num_workers", 0) or 0
@@ -240,23 +240,6 @@ class EpochClock(pl.Callback):
         w = min(self.WARMUP, max(len(self.starts) - 2, 0))  # at least two timed epochs where there are three
         # epoch e runs from starts[e] to starts[e + 1] (its validation included), the last to the end
         return {**whole_epoch_rates([*self.starts[w:], self.end], self.samples[w:]), "warmup_epochs": w}
-
-
-def whole_epoch_rates(edges: list[float], samples: list[float]) -> dict[str, Any]:
-    """Samples per second over whole epochs (``Meter``'s and ``EpochClock``'s figure): epoch ``i`` of those timed ran
-    from ``edges[i]`` to ``edges[i + 1]`` with ``samples[i]``; the halves are the first and the last half of them."""
-    n, half = len(samples), len(samples) // 2
-
-    def rate(a: int, b: int) -> float:  # epochs a..b-1
-        seconds = edges[b] - edges[a]
-        return sum(samples[a:b]) / seconds if seconds > 0 else float("nan")
-
-    whole = rate(0, n) if n else float("nan")
-    a, b = (rate(0, half), rate(n - half, n)) if half else (float("nan"), float("nan"))
-    diff = abs(a - b) / max(a, b) if half and max(a, b) > 0 else float("nan")
-    return {"measured": "whole epochs", "samples_per_s": whole, "epochs_timed": n, "first_half": a,
-            "second_half": b, "halves_diff": diff, "steady": diff <= STEADY_TOLERANCE,
-            "window_s": edges[n] - edges[0] if n else 0.0}  # fmt: skip
 
 
 def names() -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ['EXTRA_WARMUP', 'MIN_WINDOW_STEPS', 'ResidentBatches', 'STEADY_TOLERANCE', 'ShortWindow', 'SteadyRate', 'TimedIterable', 'batch_size_of', 'min_warmup', 'queue_batches', 'steady_window', 'worst_halves_diff']
+__all__ = ['EXTRA_WARMUP', 'MIN_WINDOW_STEPS', 'ResidentBatches', 'STEADY_TOLERANCE', 'ShortWindow', 'SteadyRate', 'TimedIterable', 'batch_size_of', 'min_warmup', 'queue_batches', 'steady_window', 'whole_epoch_rates', 'worst_halves_diff']
 
 #: steps beyond the loader's queue that are never timed
 EXTRA_WARMUP = 4
@@ -124,6 +124,24 @@ def _rate(units: Sequence[float], times: Sequence[float], start: int, end: int) 
     """Units of steps ``start+1 .. end`` over the time between their ends (``times[i]``: end of step ``i``)."""
     seconds = times[end] - times[start]
     return sum(units[start + 1 : end + 1]) / seconds if seconds > 0 else float("inf")
+
+
+def whole_epoch_rates(edges: Sequence[float], samples: Sequence[float]) -> dict[str, Any]:
+    """Samples per second over whole epochs, their starts included (for epochs too short to hold a steady window:
+    ``doctor``'s trial fits, the workloads' runner): epoch ``i`` of those timed ran from ``edges[i]`` to
+    ``edges[i + 1]`` with ``samples[i]``; the halves are the first and the last half of them."""
+    n, half = len(samples), len(samples) // 2
+
+    def rate(a: int, b: int) -> float:  # epochs a..b-1
+        seconds = edges[b] - edges[a]
+        return sum(samples[a:b]) / seconds if seconds > 0 else float("nan")
+
+    whole = rate(0, n) if n else float("nan")
+    a, b = (rate(0, half), rate(n - half, n)) if half else (float("nan"), float("nan"))
+    diff = abs(a - b) / max(a, b) if half and max(a, b) > 0 else float("nan")
+    return {"measured": "whole epochs", "samples_per_s": whole, "epochs_timed": n, "first_half": a,
+            "second_half": b, "halves_diff": diff, "steady": diff <= STEADY_TOLERANCE,
+            "window_s": edges[n] - edges[0] if n else 0.0}  # fmt: skip
 
 
 def steady_window(
