@@ -289,32 +289,28 @@ def _code_paths(name: str) -> list[str]:
               if not p.name.startswith("__"))]  # fmt: skip
 
 
-def changed_since(commit: str, name: str) -> list[str]:
-    """The files of :func:`code_unchanged_since`'s paths that changed since ``commit``."""
+def changed_since(commit: str | None, name: str) -> list[str] | None:
+    """The files of the package and of workload ``name``'s own code (its module and the workloads' shared helpers,
+    not the runner's ``__main__.py``, whose timing of the applied run is what a rerun is for) that differ now from
+    ``commit`` (``git diff``); ``None`` where that cannot be told here (no git or no such commit)."""
     import subprocess
 
-    run = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", *_code_paths(name)],
-                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=60)  # fmt: skip
-    return run.stdout.split()
-
-
-def code_unchanged_since(commit: str | None, name: str) -> bool | None:
-    """Whether the package and workload ``name``'s own code (its module and the workloads' shared helpers, not the
-    runner's ``__main__.py``, whose timing of the applied run is what a rerun is for) are the same now as at
-    ``commit`` (``git diff``); ``None`` where that cannot be told here (no git or no such commit: a GPU machine gets
-    the working tree without its history)."""
-    import subprocess
-
-    here = Path(__file__).resolve().parent
-    paths = _code_paths(name)
     if not commit:
         return None
     try:
-        run = subprocess.run(["git", "diff", "--quiet", commit, "HEAD", "--", *paths], cwd=here.parent,
-                             capture_output=True, timeout=60)  # fmt: skip
+        run = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", *_code_paths(name)],
+                             cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return {0: True, 1: False}.get(run.returncode)
+    return run.stdout.split() if run.returncode == 0 else None
+
+
+def code_unchanged_since(commit: str | None, name: str) -> bool | None:
+    """Whether :func:`changed_since` finds no file changed since ``commit``; ``None`` where it cannot tell (a GPU
+    machine may get the working tree without its history)."""
+    files = changed_since(commit, name)
+    return None if files is None else not files
 
 
 def diagnose_workload(name: str, args: argparse.Namespace, root: Path, earlier: dict[str, Any] | None = None
@@ -331,10 +327,10 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path, earlier: 
     once = _once_under(args.cache, name, args.size)
     if earlier is not None:
         unchanged = code_unchanged_since(earlier.get("git_commit"), name)
-        if unchanged is False and not getattr(args, "accept_changes", None):  # --accept-changes REASON
+        accepted = getattr(args, "accept_changes", None)  # --accept-changes REASON
+        if unchanged is False and not accepted:
             raise ValueError(f"--rerun-applied: the package or {name}'s code changed since {earlier['git_commit']}, "
                              "which measured its plain runs: run the workload whole")  # fmt: skip
-        accepted = getattr(args, "accept_changes", None)
         said = {None: "not checked here: no git history", True: "yes", False: f"no, accepted: {accepted}"}
         print(f"{name}: plain runs and prediction kept from {earlier.get('git_commit')} (code unchanged since: "
               f"{said[unchanged]})", flush=True)  # fmt: skip
