@@ -17,7 +17,13 @@ from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
-from lightning_gpu_boost.core.loaders import fixed_worker_count, iter_loaders, set_num_workers
+from lightning_gpu_boost.core.loaders import (
+    AUTO_PERSISTENT_WORKERS,
+    AUTO_PREFETCH_FACTOR,
+    fixed_worker_count,
+    iter_loaders,
+    set_num_workers,
+)
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.workers import WorkerProbe, decide_workers_again
 from lightning_gpu_boost.core.workers_cache import agreed_probe as core_agreed_probe
@@ -99,8 +105,8 @@ class AutoNumWorkers(Callback):
         keep_user_value: bool = False,
         max_workers: int | None = None,
         tolerance: float = 0.03,
-        prefetch_factor: int = 4,
-        persistent_workers: bool = True,
+        prefetch_factor: int = AUTO_PREFETCH_FACTOR,
+        persistent_workers: bool = AUTO_PERSISTENT_WORKERS,
         worker_niceness: int = 0,
         **old_names: Any,
     ) -> None:
