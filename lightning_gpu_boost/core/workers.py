@@ -387,7 +387,7 @@ def tune_num_workers(
         >>> import torch
         >>> from torch.utils.data import DataLoader, TensorDataset
         >>> cheap = DataLoader(TensorDataset(torch.randn(4096, 8)), batch_size=64)
-        >>> tune_num_workers(cheap, budget_s=5, max_workers=2).num_workers  # workers only add overhead
+        >>> tune_num_workers(cheap, budget_s=10, max_workers=2).num_workers  # workers only add overhead
         0
     """
     checks.check_number("budget_s", budget_s, low=0.0, low_open=True)
