@@ -630,6 +630,26 @@ def _advised(d: Diagnosis) -> str:
     return f"num_workers={d.tuned_workers}" + (", persistent_workers=True" if keep else "")
 
 
+#: an advised worker count's short fit must beat the current count's by this factor (the fits' own spread is a few
+#: per cent): below it the count is not advised, and a note says what the fits measured
+FIT_GAIN_MIN = 1.05
+
+
+def _fits_gain(d: Diagnosis) -> float | None:
+    """The tuned count's short fit over the current count's, where both ran."""
+    fits = d.fit_samples_per_s
+    if d.tuned_workers not in fits or d.num_workers not in fits or fits[d.num_workers] <= 0:
+        return None
+    return fits[d.tuned_workers] / fits[d.num_workers]
+
+
+def _not_advised(d: Diagnosis, loader: float, tuned: float) -> str:
+    """The note for a worker count that loads faster alone but whose short fit was no faster."""
+    now, then = d.fit_samples_per_s[d.num_workers], d.fit_samples_per_s[d.tuned_workers]
+    return (f"num_workers={d.tuned_workers} loads faster alone ({loader:,.0f} -> {tuned:,.0f} samples/s), but short "
+            f"fits of the model measured {now:,.0f} -> {then:,.0f} samples/s: not advised.")  # fmt: skip
+
+
 def _measured(d: Diagnosis) -> str:
     """``" (short fits of the model measured A -> B samples/s, Nx)"`` where both fits ran, else ``""``."""
     fits = d.fit_samples_per_s
@@ -676,13 +696,17 @@ def _conclude(d: Diagnosis) -> None:
     elif serial and load_s >= SERIAL_WAIT_SHARE * (load_s + step_s + copy_s):
         d.bottleneck = "loader"
         share = load_s / (load_s + step_s + copy_s)
+        if not d.tuned_workers:
+            workers = "add AutoNumWorkers() to the Trainer's callbacks to load while the step runs; and make"
+        elif _fits_gain(d) is None or _fits_gain(d) > FIT_GAIN_MIN:
+            workers = f"set {_advised(d)} (or add AutoNumWorkers()) to load while the step runs{_measured(d)}; and make"
+        else:  # the fits measured no gain: the count is not advised, as for a loader with workers (below)
+            workers = "Make"
+            d.notes.append(_not_advised(d, loader, tuned))
         d.advice.append(
             f"num_workers=0 loads each batch in the training process, between the steps: {1000 * load_s:.1f} ms of "
-            f"every {1000 * (load_s + step_s + copy_s):.1f} ms ({100 * share:.0f} %). "
-            + (f"set {_advised(d)} (or add AutoNumWorkers()) to load while the step runs"
-               + _measured(d) + "; "
-               if d.tuned_workers else "add AutoNumWorkers() to the Trainer's callbacks to load while the step runs; ")
-            + "and make each sample cheaper: " + _join_fixes(d) + "."
+            f"every {1000 * (load_s + step_s + copy_s):.1f} ms ({100 * share:.0f} %). {workers} each sample cheaper: "
+            + _join_fixes(d) + "."
         )  # fmt: skip
     elif loader < 0.9 * with_copy and d.stream is not None and downloading(_evidence(d)):
         d.bottleneck = "remote"  # the workers sat idle while the stream's cache grew: the wait is on downloads
@@ -695,18 +719,15 @@ def _conclude(d: Diagnosis) -> None:
         d.bottleneck = "loader"
         expected = min(tuned, with_copy)
         fits = d.fit_samples_per_s
-        if d.tuned_workers in fits and d.num_workers in fits:  # measured the way training sees it
+        if _fits_gain(d) is not None:  # measured the way training sees it
             now, then = fits[d.num_workers], fits[d.tuned_workers]
-            if then > 1.05 * now:
+            if then > FIT_GAIN_MIN * now:
                 d.advice.append(
                     f"set {_advised(d)} (or add AutoNumWorkers() to the Trainer's callbacks): short fits "
                     f"of the model measured {now:,.0f} -> {then:,.0f} samples/s ({then / now:.2f}x)."
                 )
             else:
-                d.notes.append(
-                    f"num_workers={d.tuned_workers} loads faster alone ({loader:,.0f} -> {tuned:,.0f} samples/s), but "
-                    f"short fits of the model measured {now:,.0f} -> {then:,.0f} samples/s: not advised."
-                )
+                d.notes.append(_not_advised(d, loader, tuned))
         elif d.tuned_workers is not None and tuned > 1.1 * loader:
             d.advice.append(
                 f"set num_workers={d.tuned_workers} (or add AutoNumWorkers() to the Trainer's callbacks): the loader "

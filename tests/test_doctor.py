@@ -111,6 +111,26 @@ def test_conclusions_from_figures():
     assert at_ceiling.bottleneck == "loader" and "DALIDataModule" in at_ceiling.advice[0]
 
 
+def test_a_worker_count_whose_short_fits_gain_nothing_is_not_advised_with_or_without_workers():
+    """The two loader branches apply one rule: a count whose short fit is not 5 % faster than the current count's is
+    not advised (a note says what the fits measured); one that is, is advised with that gain."""
+    from lightning_gpu_boost.doctor import _conclude
+
+    for current in (0, 4):  # num_workers=0 (loading between the steps) and a loader with workers
+        for fits, advised in (({current: 578.0, 16: 587.0}, False), ({current: 578.0, 16: 1_200.0}, True)):
+            d = Diagnosis("cuda:0", 32, current, loader_samples_per_s=600.0, tuned_workers=16,
+                          tuned_samples_per_s=1_500.0, copy_ms=0.5, step_ms=10.0, fit_samples_per_s=fits)  # fmt: skip
+            _conclude(d)
+            assert d.bottleneck == "loader", d.format()
+            said = " ".join(d.advice)
+            assert ("set num_workers=16" in said) is advised, (current, fits, d.advice)
+            assert any("not advised" in n for n in d.notes) is not advised, (current, fits, d.notes)
+            if advised:
+                assert f"{1_200 / 578:.2f}x" in said, said
+            else:
+                assert "578 -> 587 samples/s: not advised" in " ".join(d.notes), d.notes
+
+
 class SameBatch:
     """One large CPU batch yielded again and again: loading costs nothing, copying it is the work."""
 
