@@ -696,9 +696,10 @@ def _conclude(d: Diagnosis) -> None:
     elif serial and load_s >= SERIAL_WAIT_SHARE * (load_s + step_s + copy_s):
         d.bottleneck = "loader"
         share = load_s / (load_s + step_s + copy_s)
+        gain = _fits_gain(d)
         if not d.tuned_workers:
             workers = "add AutoNumWorkers() to the Trainer's callbacks to load while the step runs; and make"
-        elif _fits_gain(d) is None or _fits_gain(d) > FIT_GAIN_MIN:
+        elif gain is None or gain > FIT_GAIN_MIN:
             workers = f"set {_advised(d)} (or add AutoNumWorkers()) to load while the step runs{_measured(d)}; and make"
         else:  # the fits measured no gain: the count is not advised, as for a loader with workers (below)
             workers = "Make"
@@ -718,13 +719,13 @@ def _conclude(d: Diagnosis) -> None:
     elif loader < 0.9 * with_copy:
         d.bottleneck = "loader"
         expected = min(tuned, with_copy)
-        fits = d.fit_samples_per_s
-        if _fits_gain(d) is not None:  # measured the way training sees it
-            now, then = fits[d.num_workers], fits[d.tuned_workers]
-            if then > FIT_GAIN_MIN * now:
+        gain = _fits_gain(d)
+        if gain is not None:  # measured the way training sees it
+            if gain > FIT_GAIN_MIN:
+                now, then = d.fit_samples_per_s[d.num_workers], d.fit_samples_per_s[d.tuned_workers]
                 d.advice.append(
                     f"set {_advised(d)} (or add AutoNumWorkers() to the Trainer's callbacks): short fits "
-                    f"of the model measured {now:,.0f} -> {then:,.0f} samples/s ({then / now:.2f}x)."
+                    f"of the model measured {now:,.0f} -> {then:,.0f} samples/s ({gain:.2f}x)."
                 )
             else:
                 d.notes.append(_not_advised(d, loader, tuned))

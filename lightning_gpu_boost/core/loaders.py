@@ -86,7 +86,7 @@ def splits_by_worker(dataset: Any) -> bool:
 
 
 #: how ``AutoNumWorkers()`` applies a worker count by default (its ``prefetch_factor`` where a loader goes from 0
-#: workers to some, and ``persistent_workers``): ``doctor``'s trial fit at the count it advises runs the loader so
+#: workers to some, and ``persistent_workers``); ``doctor``'s trial fit at the count it advises applies it the same way
 AUTO_PREFETCH_FACTOR, AUTO_PERSISTENT_WORKERS = 4, True
 
 
