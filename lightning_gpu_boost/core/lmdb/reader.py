@@ -12,14 +12,21 @@ from typing import Any
 
 from lightning_gpu_boost._imports import require
 from lightning_gpu_boost.core.lmdb.format import (
+    _CRC32,
+    _HEADER_SIZE,
+    _UNPACK_HEADER,
+    CODEC_NAMES,
+    CRC_PREFIX,
     KEY,
     META,
     READABLE_VERSIONS,
     RECORDS,
+    SCHEMA_VERSION,
     CorruptRecordError,
     IncompletePackError,
     Record,
     StalePackError,
+    _crc32_function,
     decode_record,
     meta_crc,
 )
@@ -39,6 +46,8 @@ _ENVS_LOCK = threading.Lock()  # reader threads (DALI's read-ahead) may open the
 
 
 _PID = [os.getpid()]  # this process's id, kept current after a fork: readers compare it at each read
+
+_new = tuple.__new__  # Record(...) without its __new__'s Python call: the read path below
 
 #: a reader checks every this many reads that its pack is still the file at its path (one ``stat``)
 CHECK_EVERY = 4096
@@ -385,6 +394,7 @@ class PackReader:
                 hint = f"; {partial!r} is an interrupted pack: resume it with `lightning-gpu-boost pack SRC {self.path} --resume`" if os.path.exists(partial) else ""  # fmt: skip
                 raise FileNotFoundError(f"No LMDB pack at {self.path!r}{hint}.")
             env, dbs, identity = _shared_env(self.path, self.readahead)
+            _crc32_function()  # the CRC-32 that reads check records with (ISA-L's where installed), in this process
             known = self.__dict__.get("identity")
             if known is not None and identity != known:
                 raise self._stale("another file is at that path now")
@@ -468,6 +478,14 @@ class PackReader:
                 gate.leave_while_forking()
         if value is None:
             raise CorruptRecordError(f"Record {index} is missing from {self.path!r}.")
+        # the usual record (this version, a known codec, its length and CRC right), checked inline: a 4 KB read is
+        # mostly Python calls; anything else takes decode_record's general checks, which raise naming the fault
+        if len(value) >= _HEADER_SIZE:
+            version, codec, label, length, crc = _UNPACK_HEADER(value)
+            payload = value[_HEADER_SIZE:]
+            if version == SCHEMA_VERSION and len(payload) == length and codec in CODEC_NAMES:
+                if not self.check_crc or _CRC32[0](payload, _CRC32[0](value[:CRC_PREFIX])) == crc:
+                    return decode(_new(Record, (index, CODEC_NAMES[codec], label, payload)))
         return decode(decode_record(index, value, self.check_crc))
 
     @property
