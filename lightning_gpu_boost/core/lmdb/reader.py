@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,6 +49,7 @@ _ENVS_LOCK = threading.Lock()  # reader threads (DALI's read-ahead) may open the
 _PID = [os.getpid()]  # this process's id, kept current after a fork: readers compare it at each read
 
 _new = tuple.__new__  # Record(...) without its __new__'s Python call: the read path below
+_CODEC_NAMES_GET = CODEC_NAMES.get
 
 #: a reader checks every this many reads that its pack is still the file at its path (one ``stat``)
 CHECK_EVERY = 4096
@@ -480,12 +482,15 @@ class PackReader:
             raise CorruptRecordError(f"Record {index} is missing from {self.path!r}.")
         # the usual record (this version, a known codec, its length and CRC right), checked inline: a 4 KB read is
         # mostly Python calls; anything else takes decode_record's general checks, which raise naming the fault
-        if len(value) >= _HEADER_SIZE:
+        try:
             version, codec, label, length, crc = _UNPACK_HEADER(value)
-            payload = value[_HEADER_SIZE:]
-            if version == SCHEMA_VERSION and len(payload) == length and codec in CODEC_NAMES:
-                if not self.check_crc or _CRC32[0](payload, _CRC32[0](value[:CRC_PREFIX])) == crc:
-                    return decode(_new(Record, (index, CODEC_NAMES[codec], label, payload)))
+        except struct.error:  # shorter than a header: decode_record says so
+            return decode(decode_record(index, value, self.check_crc))
+        payload = value[_HEADER_SIZE:]
+        name = _CODEC_NAMES_GET(codec)
+        if version == SCHEMA_VERSION and len(payload) == length and name is not None:
+            if not self.check_crc or _CRC32[0](payload, _CRC32[0](value[:CRC_PREFIX])) == crc:
+                return decode(_new(Record, (index, name, label, payload)))
         return decode(decode_record(index, value, self.check_crc))
 
     @property
