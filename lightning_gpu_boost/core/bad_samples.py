@@ -33,7 +33,7 @@ CHECK_LEVELS = ("structure", "decode")
 POLICIES = ("raise", "skip")
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 
 
 class BadSampleError(RuntimeError):
@@ -43,8 +43,32 @@ class BadSampleError(RuntimeError):
 _SEGMENT = struct.Struct(">BBH").unpack_from  # 0xFF, the marker, the segment's length
 
 
+#: markers where a segment is expected that the careful walk handles: fill bytes, markers without a segment
+_NOT_A_SEGMENT = frozenset({0xFF, 0x01, *range(0xD0, 0xDA)})
+
+
 def _jpeg_problem(data: bytes | memoryview) -> str | None:
-    n, i, frame = len(data), 2, False
+    n, i, frame, segment = len(data), 2, False, _SEGMENT
+    # the usual file, segment after segment, in as few steps as Python allows (this runs on the pack's critical path
+    # for every file); anything else (fill bytes, markers without a segment, damage) goes on in the careful walk
+    while i + 4 <= n:
+        ff, marker, length = segment(data, i)
+        if ff != 0xFF or length < 2 or marker in _NOT_A_SEGMENT:
+            break
+        if marker == 0xDA:  # start of scan: the compressed data follows, then (eventually) the end marker
+            if not frame:
+                return "damaged JPEG: image data without a frame header"
+            return _jpeg_scan_end(data, i + 2 + length)
+        if marker in _JPEG_SOF:
+            frame = True
+        i += 2 + length
+    return _jpeg_walk(data, i, frame)
+
+
+def _jpeg_walk(data: bytes | memoryview, i: int, frame: bool) -> str | None:
+    """The JPEG's segments from byte ``i`` on, fill bytes and markers without a segment included (``frame``: a
+    frame header was seen before ``i``)."""
+    n = len(data)
     while i < n:
         if i + 4 <= n:  # the usual case in one call: a marker with a segment, no fill bytes
             ff, marker, length = _SEGMENT(data, i)

@@ -74,3 +74,24 @@ def test_a_jpeg_cut_anywhere_in_its_headers_or_before_its_end_marker_fails(broke
         assert check_image(memoryview(bytearray(jpeg[:cut]))) is not None, cut  # as pack reads it
     fill = jpeg[:2] + b"\xff\xff" + jpeg[2:]  # fill bytes before a marker are allowed
     assert check_image(jpeg) is None and check_image(fill) is None
+
+
+def test_the_quick_jpeg_walk_says_what_the_careful_walk_says_for_any_damaged_header(broken_tree):
+    """The structure check walks the usual segments quickly and hands anything unusual to the careful walk: with
+    any header byte set to each of a few values, or a cut anywhere, both say the same."""
+    import random
+
+    from lightning_gpu_boost.core.bad_samples import _jpeg_problem, _jpeg_walk
+
+    root, _ = broken_tree
+    folder = os.path.join(root, "class_000")
+    jpeg = open(os.path.join(folder, sorted(os.listdir(folder))[-1]), "rb").read()
+    scan = jpeg.index(b"\xff\xda") + 14
+    rng = random.Random(0)
+    cases = [jpeg, jpeg[:2] + b"\xff\xff" + jpeg[2:], jpeg[:2] + b"\xff\xd0" + jpeg[2:]]
+    cases += [jpeg[:cut] for cut in range(2, scan)]
+    for at in range(2, scan):
+        for value in (0x00, 0x01, 0xD0, 0xD9, 0xDA, 0xFF, rng.randrange(256)):
+            cases.append(jpeg[:at] + bytes([value]) + jpeg[at + 1 :])
+    for data in cases:
+        assert _jpeg_problem(data) == _jpeg_walk(data, 2, False), data[:scan]
