@@ -3,9 +3,10 @@
 # - A torch that PYTHON can already import is reused: its site-packages is linked into the venv and its
 #   version is pinned by a constraint, so no second build is installed over it.
 # - Otherwise a CPU build of torch is installed (from the PyTorch CPU index when reachable, else PyPI).
-# - Packages are installed with uv where it installs (the venv ready in about half pip's time on the 2-CPU CI
-#   machine: 38 s against 68 s, the bytecode compiled on every CPU), else with pip. pip's find-links
-#   (PIP_FIND_LINKS: wheels on the machine's disk) are passed on to uv.
+# - Where torch is installed here, packages go in with uv where it installs (a fresh venv with empty caches on the
+#   2-CPU CI machine: 64 s against pip's 87 s, the bytecode compiled on every CPU), else with pip; pip's
+#   find-links (PIP_FIND_LINKS: wheels on the machine's disk) are passed on to uv. A reused torch keeps pip: uv
+#   does not see packages that a .pth file adds, and would install a second torch over the linked one.
 set -euo pipefail
 python=$1 venv=$2 torch_version=$3 cpu_index=$4
 
@@ -15,9 +16,9 @@ site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 constraints="$venv/constraints.txt"
 : > "$constraints"
 
-"$venv/bin/python" -m pip install -q uv 2>/dev/null || echo "uv is not installable here: installing with pip"
+use_uv=0
 install() {  # pip install's arguments, with the constraints
-  if [ -x "$venv/bin/uv" ]; then
+  if [ "$use_uv" = 1 ]; then
     "$venv/bin/uv" pip install -q --python "$venv/bin/python" --compile-bytecode -c "$constraints" \
       ${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"} "$@"
   else
@@ -32,6 +33,7 @@ if existing=$("$python" -c 'import torch, sysconfig; print(torch.__version__); p
   echo "torch==$version" >> "$constraints"
 else
   echo "no torch found: installing a CPU build of torch $torch_version"
+  if "$venv/bin/python" -m pip install -q uv 2>/dev/null; then use_uv=1; else echo "uv is not installable here: installing with pip"; fi
   UV_HTTP_TIMEOUT=10 install --index-url "$cpu_index" "torch==$torch_version" 2>/dev/null \
     || install "torch==$torch_version"
   echo "torch==$torch_version" >> "$constraints"
