@@ -33,8 +33,14 @@ if existing=$("$python" -c 'import torch, sysconfig; print(torch.__version__); p
   echo "torch==$version" >> "$constraints"
 else
   echo "no torch found: installing a CPU build of torch $torch_version"
-  if "$venv/bin/python" -m pip install -q uv 2>/dev/null; then use_uv=1; else echo "uv is not installable here: installing with pip"; fi
-  UV_HTTP_TIMEOUT=10 install --index-url "$cpu_index" "torch==$torch_version" 2>/dev/null \
+  if "$venv/bin/python" -m pip install -q uv 2>/dev/null; then
+    use_uv=1
+  else
+    echo "uv is not installable here: installing with pip"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+  fi
+  # the CPU index at most 10 s without retries (either installer), then PyPI
+  UV_HTTP_TIMEOUT=10 PIP_TIMEOUT=10 PIP_RETRIES=0 install --index-url "$cpu_index" "torch==$torch_version" 2>/dev/null \
     || install "torch==$torch_version"
   echo "torch==$torch_version" >> "$constraints"
 fi

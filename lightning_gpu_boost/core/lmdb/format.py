@@ -108,7 +108,7 @@ class Record(NamedTuple):
 
 def meta_crc(items: Any) -> int:
     """CRC32 of a pack's meta keys and values (sorted by key), but ``progress`` and ``meta_crc`` themselves."""
-    crc, of = 0, _CRC32[0] if _CRC32 else _crc32_function()  # checked at every open: ISA-L's where installed
+    crc, of = 0, _crc32_function()  # checked at every open: ISA-L's where installed
     for key, value in sorted((bytes(k), bytes(v)) for k, v in items):
         if key not in (b"progress", b"meta_crc"):
             crc = of(value, of(struct.pack(">I", len(value)), of(key + b"\0", crc)))
