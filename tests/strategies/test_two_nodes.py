@@ -1,13 +1,11 @@
 """Two nodes without a cluster: two torchrun agents on this host (``--nnodes 2 --node-rank 0|1``, one gloo process
-each) train one of our DataModules; ranks, node ranks, the CPU share per node, exact-once sampling and a resume from
-a mid-epoch checkpoint are checked."""
+each, which its agent forks: ``--run-path --start-method fork``) train one of our DataModules; ranks, node ranks,
+the CPU share per node, exact-once sampling and a resume from a mid-epoch checkpoint are checked."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -58,34 +56,50 @@ def _free_port() -> int:
     return free_port()
 
 
+#: one torchrun agent, as ``torchrun ARGS`` runs it (``torch.distributed.run.main``), in its own process group
+AGENT = """
+import os
+os.setsid()  # a hang: the test kills the agent and its ranks together
+from torch.distributed.run import main
+main({argv!r})
+"""
+
+
 def _two_agents(script: Path, timeout: int = 240) -> None:
-    """Run ``script`` under two torchrun agents, node ranks 0 and 1, against a rendezvous on this host."""
+    """Run ``script`` under two torchrun agents, node ranks 0 and 1, against a rendezvous on this host.
+
+    Each agent is forked from a process that has imported torch and Lightning (``tests/warm_python.py``), and runs
+    its rank with torchrun's ``--run-path --start-method fork`` (the script run as ``__main__`` in a process forked
+    from the agent): the same agent, rendezvous and environment as ``torchrun script.py``, without the ~4 s of
+    imports that each fresh interpreter (two agents, two ranks) costs the 2-CPU CI machine."""
+    from tests.warm_python import WarmProcess
+
     port = _free_port()
     env = {k: v for k, v in os.environ.items()
            if k not in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                         "MASTER_ADDR", "MASTER_PORT") and not k.startswith(("PL_", "TORCHELASTIC"))}  # fmt: skip
+    # a fork server that a rank starts imports its preloaded modules (tests.helpers) from PYTHONPATH: without this
+    # checkout on it, each of its DataLoader workers imports Lightning again (seconds each)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     agents = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
+        WarmProcess(code=AGENT.format(argv=[
+            "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "--run-path", "--start-method", "fork", str(script)]),
+            cwd=script.parent, env=env)  # fmt: skip
         for node in (0, 1)
     ]
     deadline = time.monotonic() + timeout
-    try:
-        logs = [agent.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for agent in agents]
-    except subprocess.TimeoutExpired:  # a hang: both agents' output says where (it happened once in ~50 CI runs)
-        for agent in agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, 9)
-        logs = [agent.communicate()[0] or "" for agent in agents]
-        pytest.fail(f"the two agents did not finish in {timeout} s:\n" + "\n".join(log[-3000:] for log in logs))
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, 9)
-    assert all(agent.returncode == 0 for agent in agents), "\n".join(log[-3000:] for log in logs)
+    done = []
+    for agent in agents:
+        agent.proc.join(max(1.0, deadline - time.monotonic()))
+        if agent.proc.is_alive():  # a hang: both agents' output says where (it happened once in ~50 CI runs)
+            for other in agents:
+                if other.proc.is_alive():
+                    os.killpg(other.proc.pid, 9)
+            logs = [other.wait(10)[1] for other in agents]
+            pytest.fail(f"the two agents did not finish in {timeout} s:\n" + "\n".join(log[-3000:] for log in logs))
+    done = [agent.wait(10) for agent in agents]
+    assert all(code == 0 for code, _ in done), "\n".join(log[-3000:] for _, log in done)
 
 
 def test_two_simulated_nodes_split_ranks_and_samples(tmp_path):

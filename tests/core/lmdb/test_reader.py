@@ -95,8 +95,12 @@ def test_workers_of_a_reader_opened_before_the_rebuild_raise_naming_the_pack(two
     old = LMDBDataModule(str(pack), image_size=16, batch_size=4, num_workers=2, persistent_workers=False)
     dataset = old.train_dataset()
     _repack(two_trees[1], pack)
-    with pytest.raises(StalePackError, match="p.lmdb.*was replaced"):
-        next(iter(DataLoader(dataset, batch_size=4, num_workers=2)))
+    batches = iter(DataLoader(dataset, batch_size=4, num_workers=2))
+    try:
+        with pytest.raises(StalePackError, match="p.lmdb.*was replaced"):
+            next(batches)
+    finally:  # now, not whenever the traceback that holds the iterator is collected (10 s of joins then)
+        batches._shutdown_workers()
 
 
 def test_a_long_lived_reader_raises_once_its_file_is_replaced(two_trees, tmp_path, monkeypatch):
