@@ -9,6 +9,7 @@ import pytest
 
 
 def test_import_is_light():
+    """A fresh interpreter: ``tests/fresh_python.py``'s preloaded ``torch._dynamo`` imports pynvml."""
     code = (
         "import lightning_gpu_boost, sys; "
         "heavy = {'nvidia.dali', 'lmdb', 'pynvml', 'matplotlib', 'litdata', 'boto3'} & set(sys.modules); "
@@ -19,9 +20,13 @@ def test_import_is_light():
 
 @pytest.mark.parametrize("name", ["recommended_precision", "GPUBoost", "DDPBoostStrategy", "StreamPrefetch"])
 def test_each_public_name_resolves_first_in_a_fresh_process(name):
+    """In a process that has imported neither Lightning nor the package (``tests/fresh_python.py``)."""
+    from tests.fresh_python import run_fresh
+
     code = f"import lightning_gpu_boost as l; l.{name}; from lightning.pytorch.strategies import StrategyRegistry; "
     code += "assert 'ddp_boost' in StrategyRegistry"
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    status, output = run_fresh(code)
+    assert status == 0, output
 
 
 def test_public_names_resolve():

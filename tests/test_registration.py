@@ -3,10 +3,9 @@ imported first."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+
+from tests.fresh_python import run_fresh
 
 
 @pytest.mark.parametrize("order", ["package first", "lightning first"])
@@ -18,4 +17,5 @@ def test_ddp_boost_resolves_once_the_package_is_imported(order):
         [*imports, "t = Trainer(strategy='ddp_boost', accelerator='cpu', devices=1, logger=False)",
          "assert type(t.strategy).__name__ == 'DDPBoostStrategy', t.strategy"]
     )  # fmt: skip
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    status, output = run_fresh(code)  # neither the package nor Lightning imported before (tests/fresh_python.py)
+    assert status == 0, output

@@ -140,8 +140,6 @@ def test_compression_hook_registers_on_nccl(tmp_path):
 @pytest.mark.skipif(not CLI_AVAILABLE, reason="LightningCLI needs jsonargparse[signatures] (the GPU machine lacks it)")
 def test_the_preset_builds_from_yaml_in_a_script_that_never_imports_the_package(tmp_path):
     """A user's LightningCLI script with only Lightning imports: the class path in the YAML is enough."""
-    import subprocess
-    import sys
 
     config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "ddp_boost.yaml"
     script = (
@@ -162,7 +160,8 @@ def test_the_preset_builds_from_yaml_in_a_script_that_never_imports_the_package(
     # an in-process DDP Trainer of an earlier test leaves LOCAL_RANK & co. behind: not for this fresh process
     env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS and not k.startswith(("PL_", "TORCHELASTIC"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env=env)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "DDPBoostStrategy"
+    from tests.fresh_python import run_fresh  # a process that has imported neither Lightning nor the package
+
+    status, output = run_fresh(script, cwd=tmp_path, env=env, timeout=120)
+    assert status == 0, output[-3000:]
+    assert output.strip().splitlines()[-1] == "DDPBoostStrategy"
