@@ -24,7 +24,7 @@ def _context():
     return ctx
 
 
-def _main(kind: str, what: str, cwd: str, env: dict[str, str], log: str) -> None:
+def _main(kind: str, what: str, cwd: str, env: dict[str, str], log: str, args: tuple[str, ...] = ()) -> None:
     import runpy
     import traceback
     import warnings
@@ -39,7 +39,7 @@ def _main(kind: str, what: str, cwd: str, env: dict[str, str], log: str) -> None
     multiprocessing.set_start_method(None, force=True)  # the platform's default, not the fork server it came from
     sys.path.insert(0, cwd if kind == "code" else str(Path(what).parent))
     sys.path.insert(1, str(ROOT))
-    sys.argv = [what] if kind == "path" else ["-c"]
+    sys.argv = [what, *args] if kind == "path" else ["-c", *args]
     code = 0
     try:
         if kind == "path":
@@ -62,13 +62,14 @@ class WarmProcess:
     everything it wrote to stdout and stderr. Several run at once (the ranks of a DDP job)."""
 
     def __init__(self, *, path: str | os.PathLike | None = None, code: str | None = None, cwd: str | os.PathLike,
-                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:  # fmt: skip
         if (path is None) == (code is None):
             raise ValueError("give path or code")
         kind, what = ("path", str(path)) if path is not None else ("code", code)
         with tempfile.NamedTemporaryFile(prefix="warm-python-", suffix=".log", delete=False) as f:
             self.log = f.name
-        self.proc = _context().Process(target=_main, args=(kind, what, str(cwd), dict(env or os.environ), self.log))
+        self.proc = _context().Process(target=_main, args=(kind, what, str(cwd), dict(env or os.environ), self.log,
+                                                                     tuple(args)))
         self.proc.start()
 
     def wait(self, timeout: float = 240) -> tuple[int, str]:
@@ -85,8 +86,8 @@ class WarmProcess:
 
 def run_python(
     *, path: str | os.PathLike | None = None, code: str | None = None, cwd: str | os.PathLike,
-    env: dict[str, str] | None = None, timeout: float = 240,
+    env: dict[str, str] | None = None, timeout: float = 240, args: tuple[str, ...] = (),
 ) -> tuple[int, str]:  # fmt: skip
-    """Run ``path`` (a script, as ``__main__``) or ``code`` (as ``python -c``) in ``cwd`` with ``env`` (default:
-    this process's); returns the exit status and everything it wrote to stdout and stderr."""
-    return WarmProcess(path=path, code=code, cwd=cwd, env=env).wait(timeout)
+    """Run ``path`` (a script, as ``__main__``) or ``code`` (as ``python -c``) with command-line ``args`` in ``cwd``
+    with ``env`` (default: this process's); returns the exit status and everything it wrote to stdout and stderr."""
+    return WarmProcess(path=path, code=code, cwd=cwd, env=env, args=args).wait(timeout)

@@ -12,8 +12,7 @@ import threading
 import time
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 pytest.importorskip("lmdb")
 pytest.importorskip("msgpack")
@@ -22,19 +21,9 @@ from lightning_gpu_boost.core import lmdb as lf
 from lightning_gpu_boost.core.images import make_jpeg_folder, scan_image_folder
 from lightning_gpu_boost.core.lmdb import StalePackError, pack_image_folder
 from lightning_gpu_boost.datamodules import LMDBDataModule
+from tests.core.lmdb.shared import Reads
 
 linux_fork = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is Linux's here")
-
-
-class Reads(Dataset):
-    def __init__(self, path):
-        self.reader = lf.PackReader(path)
-
-    def __len__(self):
-        return len(self.reader)
-
-    def __getitem__(self, i):
-        return torch.tensor(self.reader.read(i, lambda r: r.label))
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
