@@ -180,17 +180,25 @@ def test_a_chunk_gone_mid_run_raises_naming_it_and_skips_nothing(tmp_path, s3, t
     assert len(sum(model.seen["train"], [])) < N  # the run stopped: no epoch ended with samples missing
 
 
+@pytest.fixture(scope="module")
+def starved_url(tmp_path_factory, s3_server):
+    """A stream of 48 images in 16 KB chunks on the S3 endpoint, written once for the tests that read it."""
+    folder = make_jpeg_folder(tmp_path_factory.mktemp("starved"), n=48, num_classes=4, size_range=(64, 80, 48, 64),
+                              progress=False)  # fmt: skip
+    url = f"s3://{s3_server.bucket('starved')}/images"
+    write_image_stream(folder, url, chunk_bytes="16KB", num_workers=1, storage_options=s3_server.storage_options)
+    return url
+
+
 @pytest.fixture
-def starved_stream(tmp_path, s3):
-    """A stream of 48 images in 16 KB chunks behind a slow link (150 ms per request, 256 KB/s): a DataModule with
-    one worker reading it through the link."""
+def starved_stream(starved_url, tmp_path, s3):
+    """The 48-image stream behind a slow link (150 ms per request, 256 KB/s): a DataModule with one worker reading
+    it through the link."""
     from urllib.parse import urlparse
 
     from tests.link_proxy import LinkProxy
 
-    folder = make_jpeg_folder(tmp_path / "jpegs", n=48, num_classes=4, size_range=(64, 80, 48, 64), progress=False)
-    url = f"s3://{s3.bucket('starved')}/images"
-    write_image_stream(folder, url, chunk_bytes="16KB", num_workers=1, storage_options=s3.storage_options)
+    url = starved_url
     endpoint = urlparse(s3.endpoint)
     proxy = LinkProxy(endpoint.hostname, endpoint.port, latency_s=0.15, bandwidth=256 << 10).start()  # a slow link
     try:
