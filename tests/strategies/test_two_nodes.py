@@ -89,7 +89,6 @@ def _two_agents(script: Path, timeout: int = 240) -> None:
         for node in (0, 1)
     ]
     deadline = time.monotonic() + timeout
-    done = []
     for agent in agents:
         agent.proc.join(max(1.0, deadline - time.monotonic()))
         if agent.proc.is_alive():  # a hang: both agents' output says where (it happened once in ~50 CI runs)
