@@ -4,12 +4,13 @@ torch's import each time.
 Tests of import-time behaviour (which of the package and Lightning is imported first, a script that never imports
 the package) need a process where neither Lightning nor the package has been imported: ``tests/warm_python.py``
 forks from one that has imported both, so it cannot serve them. Here the process is forked from a server that has
-imported torch and ``torch._dynamo`` only (about 4 of the 6 s of CPU that ``import lightning.pytorch`` costs a fresh
-interpreter on the 2-CPU CI machine; Lightning's import pulls ``torch._dynamo`` in) and nothing of Lightning,
-torchmetrics or this package. ``torch._dynamo`` imports pynvml where it is installed, so the test of what the
-package's own import pulls in keeps a fresh interpreter (``tests/test_package.py``). The server starts no thread
-before it forks. Each run gets its own working folder, environment, ``sys.path`` (``''`` first and the run's
-``PYTHONPATH``, as for ``python -c``), ``__main__`` namespace and exit status.
+imported torch and ``torch._dynamo`` (about 4 of the 6 s of CPU that ``import lightning.pytorch`` costs a fresh
+interpreter on the 2-CPU CI machine; Lightning's import pulls ``torch._dynamo`` in) and ``tests/warm_python.py``
+(whose ``run_as_main`` runs each code string), nothing of Lightning, torchmetrics or this package.
+``torch._dynamo`` imports pynvml where it is installed, so the test of what the package's own import pulls in keeps
+a fresh interpreter (``tests/test_package.py``). The server starts no thread before it forks. Each run gets its own
+working folder, environment, ``sys.path`` (``''`` first and the run's ``PYTHONPATH``, as for ``python -c``),
+``__main__`` namespace and exit status.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ import tempfile
 import threading
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+
 #: what the server imports before it forks: torch and what Lightning's import spends most of its time on, nothing
 #: of Lightning, torchmetrics (which imports matplotlib) or this package
 PRELOAD = ["torch", "torch._dynamo"]
 
 _SERVER = r"""
-import json, os, sys, traceback
+import json, os, sys
+base = [p for p in sys.path if p]
+sys.path.insert(0, ROOT)
+from tests.warm_python import run_as_main  # imports no torch; the runs' sys.path is their own
 for name in PRELOAD:
     __import__(name)
-base = [p for p in sys.path if p]
 for line in sys.stdin:
     req = json.loads(line)
     pid = os.fork()
@@ -48,18 +53,7 @@ for line in sys.stdin:
         os.environ.update(req["env"])
         extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = ["", *extra, *base]
-        sys.argv = ["-c"]
-        code = 0
-        try:
-            exec(compile(req["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        run_as_main("code", req["code"])
     print(json.dumps({"pid": pid}), flush=True)
     _, status = os.waitpid(pid, 0)
     print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
@@ -74,7 +68,7 @@ def _start() -> subprocess.Popen:
     if _server is None or _server.poll() is not None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # each run brings its own
         _server = subprocess.Popen(
-            [sys.executable, "-c", f"PRELOAD = {PRELOAD!r}\n" + _SERVER], stdin=subprocess.PIPE,
+            [sys.executable, "-c", f"PRELOAD, ROOT = {PRELOAD!r}, {str(ROOT)!r}\n" + _SERVER], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir(),
         )  # fmt: skip
         atexit.register(_stop, _server)

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 PRELOAD = ["torch", "lightning.pytorch", "lightning_gpu_boost"]
@@ -25,8 +26,6 @@ def _context():
 
 
 def _main(kind: str, what: str, cwd: str, env: dict[str, str], log: str, args: tuple[str, ...] = ()) -> None:
-    import runpy
-    import traceback
     import warnings
 
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -39,6 +38,15 @@ def _main(kind: str, what: str, cwd: str, env: dict[str, str], log: str, args: t
     multiprocessing.set_start_method(None, force=True)  # the platform's default, not the fork server it came from
     sys.path.insert(0, cwd if kind == "code" else str(Path(what).parent))
     sys.path.insert(1, str(ROOT))
+    run_as_main(kind, what, args)
+
+
+def run_as_main(kind: str, what: str, args: tuple[str, ...] = ()) -> NoReturn:
+    """Run a script (``kind="path"``) or a code string (``"code"``) as ``__main__`` with ``args`` on its command
+    line, then end this process with its exit status, as ``python`` would (also used by ``tests/fresh_python.py``)."""
+    import runpy
+    import traceback
+
     sys.argv = [what, *args] if kind == "path" else ["-c", *args]
     code = 0
     try:
