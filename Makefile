@@ -17,10 +17,11 @@ demo: $(VENV)/.installed
 	$(BIN)/lightning-gpu-boost demo $(DEMO_ARGS)
 
 # one pytest process per CPU (pytest-xdist; tests that need several processes start their own): PYTEST_ARGS="-n 0"
-# runs them in one process
+# runs them in one process. Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: the tests start many
+# processes that import the same modules, and each would compile them again (the venv has no bytecode compiled ahead)
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n auto --dist worksteal $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n auto --dist worksteal $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
