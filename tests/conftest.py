@@ -13,6 +13,39 @@ from lightning_gpu_boost.core.images import make_jpeg_folder
 
 os.environ.setdefault("PL_DISABLE_FORK", "0")
 
+_SLOTS = None  # this xdist worker's CPU slots (tests/cpu_slots.py), where there are more workers than CPUs
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU and one more, for the tests marked ``waits`` (``tests/cpu_slots.py``)."""
+    from tests.cpu_slots import workers_for_auto
+
+    return workers_for_auto()
+
+
+def pytest_configure(config):
+    global _SLOTS
+    workerinput = getattr(config, "workerinput", None)  # set in xdist's workers only
+    if workerinput is None:
+        return
+    from tests.cpu_slots import Slots, cpus
+
+    if workerinput["workercount"] > cpus():
+        _SLOTS = Slots(workerinput["testrunuid"], cpus())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test holds a CPU slot from its setup to its teardown, unless it is marked ``waits``."""
+    slot = _SLOTS is not None and item.get_closest_marker("waits") is None
+    if slot:
+        _SLOTS.acquire()
+    try:
+        yield
+    finally:
+        if slot:
+            _SLOTS.release()
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

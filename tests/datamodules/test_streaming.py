@@ -218,6 +218,7 @@ def test_the_doctor_tells_a_starved_stream_the_download_side_fixes(starved_strea
     assert d.tuned_workers is None  # a stream's worker count is part of its resume state: not searched
 
 
+@pytest.mark.waits
 def test_the_watchdog_tells_a_starved_stream_the_download_side_fixes(starved_stream, trainer_kwargs):
     from lightning_gpu_boost.callbacks import GPUUtilWatchdog
 
