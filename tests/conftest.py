@@ -48,6 +48,12 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_collection_modifyitems(config, items):
+    if _SLOTS is not None:
+        # the tests marked waits first: the worker beyond the CPUs starts on them, and none is left for the end of
+        # the run, where it would keep the run going with a CPU idle (every worker sorts alike: xdist's workers must
+        # collect the same list)
+        waits = [item for item in items if item.get_closest_marker("waits")]
+        items[:] = waits + [item for item in items if not item.get_closest_marker("waits")]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

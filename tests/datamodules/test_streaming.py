@@ -180,9 +180,10 @@ def test_a_chunk_gone_mid_run_raises_naming_it_and_skips_nothing(tmp_path, s3, t
     assert len(sum(model.seen["train"], [])) < N  # the run stopped: no epoch ended with samples missing
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def starved_url(tmp_path_factory, s3_server):
-    """A stream of 48 images in 16 KB chunks on the S3 endpoint, written once for the tests that read it."""
+    """A stream of 48 images in 16 KB chunks on the S3 endpoint, written once for the tests that read it (once per
+    session: under xdist the one marked waits runs ahead of its module)."""
     folder = make_jpeg_folder(tmp_path_factory.mktemp("starved"), n=48, num_classes=4, size_range=(64, 80, 48, 64),
                               progress=False)  # fmt: skip
     url = f"s3://{s3_server.bucket('starved')}/images"
