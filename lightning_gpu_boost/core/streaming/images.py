@@ -22,7 +22,7 @@ import random
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 __all__ = ["DecodeImage", "write_image_stream", "written_samples"]
@@ -81,14 +81,19 @@ def write_image_stream(
     num_workers: int | None = None,
     check: str = "structure",
     storage_options: dict[str, Any] | None = None,
+    start_method: Literal["spawn", "fork", "forkserver"] | None = None,
 ) -> dict[str, Any]:
     """Write the image folder ``src`` as a litdata stream at ``dst`` (a local folder or ``s3://bucket/prefix``).
 
     Returns ``{"samples", "classes", "bad_samples", "url"}``; ``classes`` is also written beside the index as
     ``classes.json``. ``check``: ``"structure"`` (default) or ``"decode"``, as ``pack --check``, or ``"none"``.
+    ``start_method``: how litdata starts its writer processes. ``None`` keeps litdata's default, spawn outside a
+    notebook: each process imports the calling script again, so call this under ``if __name__ == "__main__":``.
+    ``"fork"`` (Linux) starts them from this process as it is: no import again, no such guard needed.
 
     Raises:
-        ValueError: ``check`` is not one of its values, or every file is broken (nothing to stream).
+        ValueError: ``check`` or ``start_method`` is not one of its values, or every file is broken (nothing to
+            stream).
         RuntimeError: litdata wrote fewer samples than the folder's good files (nothing is uploaded then).
         ImportError: litdata (the ``stream`` extra) is missing.
     """
@@ -98,6 +103,8 @@ def write_image_stream(
     from lightning_gpu_boost.core.images import scan_image_folder
 
     checks.check_choice("check", check, ("structure", "decode", "none"))
+    if start_method is not None:
+        checks.check_choice("start_method", start_method, ("spawn", "fork", "forkserver"))
     litdata = require("litdata")
     samples, classes, _ = scan_image_folder(src)
     items = [(path, label, i) for i, (path, label) in enumerate(samples)]
@@ -115,18 +122,18 @@ def write_image_stream(
         workers = num_workers if num_workers is not None else max(1, min(len(items) // 64, os.cpu_count() or 1))
         import multiprocessing
 
-        start_method = multiprocessing.get_start_method(allow_none=True)
+        callers = multiprocessing.get_start_method(allow_none=True)
         try:
             litdata.optimize(fn=_ReadSample(), inputs=items, output_dir=out, chunk_bytes=chunk_bytes,
-                             num_workers=workers, mode="overwrite", verbose=False)  # fmt: skip
+                             num_workers=workers, mode="overwrite", verbose=False, start_method=start_method)  # fmt: skip
         finally:  # optimize sets the process's start method to spawn for good: the caller's DataLoaders keep theirs
-            multiprocessing.set_start_method(start_method, force=True)
+            multiprocessing.set_start_method(callers, force=True)
         written = written_samples(out)
         if written != len(items):
             raise RuntimeError(
                 f"Writing {str(dst)!r}: litdata's optimize wrote {written} of {len(items)} samples. Its workers are "
                 "spawned and import the calling script again: call write_image_stream under "
-                "`if __name__ == \"__main__\":` in a script."
+                "`if __name__ == \"__main__\":` in a script, or pass start_method=\"fork\" (Linux)."
             )
         Path(out, "classes.json").write_text(json.dumps({"classes": classes, "bad_samples": bad}))
         if remote:

@@ -19,19 +19,19 @@ def folder(tmp_path_factory):
 
 
 def test_a_written_stream_passes_locally_and_on_s3(folder, tmp_path, s3):
-    local = write_image_stream(folder, str(tmp_path / "stream"), chunk_bytes="20KB", num_workers=1)
+    local = write_image_stream(folder, str(tmp_path / "stream"), chunk_bytes="20KB", num_workers=1, start_method="fork")
     assert local["samples"] == 24 and local["classes"] == ["class_000", "class_001", "class_002"]
     source = check_stream_source(str(tmp_path / "stream"))
     assert source.samples == 24 and len(source.chunks) > 1 and not source.remote
     url = f"s3://{s3.bucket('streams')}/written"
-    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options)
+    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options, start_method="fork")
     source = check_stream_source(url, s3.storage_options)
     assert source.samples == 24 and source.remote
 
 
 def test_each_bad_input_is_one_error_naming_the_url(folder, tmp_path, s3, monkeypatch):
     url = f"s3://{s3.bucket('streams')}/bad-inputs"
-    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options)
+    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options, start_method="fork")
     closed = {**s3.storage_options, "endpoint_url": f"http://127.0.0.1:{free_port()}"}
     with pytest.raises(StreamSourceError, match=r"Cannot reach http://127\.0\.0\.1:\d+ to read 's3://streams/bad-inputs'"):
         check_stream_source(url, closed)
@@ -62,7 +62,7 @@ def test_each_bad_input_is_one_error_naming_the_url(folder, tmp_path, s3, monkey
 
 def test_a_folder_of_broken_files_is_refused_and_broken_files_are_listed(tmp_path, broken_tree):
     root, broken = broken_tree
-    out = write_image_stream(root, str(tmp_path / "stream"), num_workers=1)
+    out = write_image_stream(root, str(tmp_path / "stream"), num_workers=1, start_method="fork")
     listed = {entry["path"] for entry in out["bad_samples"]}
     assert listed and listed <= set(broken)
     with pytest.raises(ValueError, match=r"check must be one of"):
@@ -77,6 +77,7 @@ def test_a_stream_written_short_is_refused_not_returned(folder, tmp_path):
     import textwrap
 
     from lightning_gpu_boost.core.streaming.images import written_samples
+    from tests.fresh_python import run_fresh
 
     script = tmp_path / "unguarded.py"
     script.write_text(textwrap.dedent(f"""
@@ -87,4 +88,11 @@ def test_a_stream_written_short_is_refused_not_returned(folder, tmp_path):
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "returned" not in run.stdout
     assert "wrote 0 of 24 samples" in run.stderr and '__name__ == "__main__"' in run.stderr
+    assert 'start_method="fork"' in run.stderr
     assert written_samples(tmp_path / "out") == 0
+    # the other way out: writer processes forked from the script as it is, which import nothing again
+    status, output = run_fresh(script.read_text().replace("num_workers=1", 'num_workers=1, start_method="fork"'),
+                               cwd=tmp_path)  # fmt: skip
+    assert status == 0 and "returned" in output and written_samples(tmp_path / "out") == 24, output[-2000:]
+    with pytest.raises(ValueError, match=r"start_method must be one of 'spawn', 'fork', 'forkserver'"):
+        write_image_stream(folder, str(tmp_path / "s3"), start_method="thread")
