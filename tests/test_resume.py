@@ -43,10 +43,9 @@ def test_ddp_runs_resumed_from_any_step_see_exactly_the_uninterrupted_batches(re
     data = {k: str(v) for k, v in resume_data.items()}
     script = f"""
         import logging, warnings
-        import multiprocessing
         import tests.resume_harness as harness
         from tests.resume_harness import resume_counts
-        multiprocessing.set_forkserver_preload(["torch", "tests.helpers"])
+        harness.start_forkserver_by_fork()
         harness.WORKER_CONTEXT = "forkserver"
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
         warnings.filterwarnings("ignore")

@@ -168,12 +168,11 @@ HARNESS = """
 import json, logging, sys, warnings
 from pathlib import Path
 sys.path.insert(0, {root!r})
-import multiprocessing
 import tests.resume_harness as harness
 from tests.resume_harness import resume_counts
 
 if __name__ == "__main__":
-    multiprocessing.set_forkserver_preload(["torch", "tests.helpers"])
+    harness.start_forkserver_by_fork()
     harness.WORKER_CONTEXT = "forkserver"  # see harness.WORKER_CONTEXT
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
