@@ -18,9 +18,9 @@ _SLOTS = None  # this xdist worker's CPU slots (tests/cpu_slots.py), where there
 
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per CPU and one more, for the tests marked ``waits`` (``tests/cpu_slots.py``)."""
-    from tests.cpu_slots import workers_for_auto
+    from lightning_gpu_boost.core.cpus import usable_cpus
 
-    return workers_for_auto()
+    return usable_cpus() + 1
 
 
 def pytest_configure(config):
@@ -28,10 +28,11 @@ def pytest_configure(config):
     workerinput = getattr(config, "workerinput", None)  # set in xdist's workers only
     if workerinput is None:
         return
-    from tests.cpu_slots import Slots, cpus
+    from lightning_gpu_boost.core.cpus import usable_cpus
+    from tests.cpu_slots import Slots
 
-    if workerinput["workercount"] > cpus():
-        _SLOTS = Slots(workerinput["testrunuid"], cpus())
+    if workerinput["workercount"] > usable_cpus():
+        _SLOTS = Slots(workerinput["testrunuid"], usable_cpus())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -52,8 +53,7 @@ def pytest_collection_modifyitems(config, items):
         # the tests marked waits first: the worker beyond the CPUs starts on them, and none is left for the end of
         # the run, where it would keep the run going with a CPU idle (every worker sorts alike: xdist's workers must
         # collect the same list)
-        waits = [item for item in items if item.get_closest_marker("waits")]
-        items[:] = waits + [item for item in items if not item.get_closest_marker("waits")]
+        items.sort(key=lambda item: item.get_closest_marker("waits") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

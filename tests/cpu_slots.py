@@ -22,17 +22,6 @@ from pathlib import Path
 POLL_S = 0.02
 
 
-def cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def workers_for_auto() -> int:
-    return cpus() + 1
-
-
 class Slots:
     """``count`` slots shared by the xdist workers of the run ``run_id``."""
 

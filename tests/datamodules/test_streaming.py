@@ -25,7 +25,8 @@ def stream_url(tmp_path_factory, s3_server):
     folder = make_jpeg_folder(tmp_path_factory.mktemp("jpegs"), n=N, num_classes=N, size_range=(64, 80, 48, 64),
                               progress=False)  # fmt: skip
     url = f"s3://{s3_server.bucket('train')}/images"
-    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3_server.storage_options, start_method="fork")
+    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3_server.storage_options,
+                       start_method="fork")
     return url
 
 
@@ -167,7 +168,8 @@ def test_on_the_gpu_gpu_boost_hands_the_step_the_values_a_cpu_run_gets(tmp_path)
 def test_a_chunk_gone_mid_run_raises_naming_it_and_skips_nothing(tmp_path, s3, trainer_kwargs):
     folder = make_jpeg_folder(tmp_path / "jpegs", n=24, num_classes=24, size_range=(64, 80, 48, 64), progress=False)
     url = f"s3://{s3.bucket('gone')}/images"
-    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options, start_method="fork")
+    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options,
+                       start_method="fork")
     dm = _dm(url, s3, tmp_path, num_workers=1)
     dm.setup("fit")  # checked while complete: the chunk goes afterwards, as a store's object can
     client = s3.client()
@@ -187,7 +189,8 @@ def starved_url(tmp_path_factory, s3_server):
     folder = make_jpeg_folder(tmp_path_factory.mktemp("starved"), n=48, num_classes=4, size_range=(64, 80, 48, 64),
                               progress=False)  # fmt: skip
     url = f"s3://{s3_server.bucket('starved')}/images"
-    write_image_stream(folder, url, chunk_bytes="16KB", num_workers=1, storage_options=s3_server.storage_options, start_method="fork")
+    write_image_stream(folder, url, chunk_bytes="16KB", num_workers=1, storage_options=s3_server.storage_options,
+                       start_method="fork")
     return url
 
 
@@ -199,12 +202,11 @@ def starved_stream(starved_url, tmp_path, s3):
 
     from tests.link_proxy import LinkProxy
 
-    url = starved_url
     endpoint = urlparse(s3.endpoint)
     proxy = LinkProxy(endpoint.hostname, endpoint.port, latency_s=0.15, bandwidth=256 << 10).start()  # a slow link
     try:
-        yield url, _dm(url, s3, tmp_path, num_workers=1,
-                       storage_options={**s3.storage_options, "endpoint_url": proxy.url})  # fmt: skip
+        yield starved_url, _dm(starved_url, s3, tmp_path, num_workers=1,
+                               storage_options={**s3.storage_options, "endpoint_url": proxy.url})  # fmt: skip
     finally:
         proxy.stop()
 
@@ -247,7 +249,8 @@ def test_the_watchdog_stays_quiet_on_a_fed_stream(tmp_path, s3, trainer_kwargs):
 
     folder = make_jpeg_folder(tmp_path / "jpegs", n=96, num_classes=4, size_range=(64, 80, 48, 64), progress=False)
     url = f"s3://{s3.bucket('fed')}/images"
-    write_image_stream(folder, url, chunk_bytes="16KB", num_workers=1, storage_options=s3.storage_options, start_method="fork")
+    write_image_stream(folder, url, chunk_bytes="16KB", num_workers=1, storage_options=s3.storage_options,
+                       start_method="fork")
     dog = GPUUtilWatchdog(window=6, warmup_steps=4)
     pl.Trainer(max_epochs=1, callbacks=[dog], **trainer_kwargs).fit(_SlowStep(), datamodule=_dm(url, s3, tmp_path))
     assert len(dog.timeline) >= 3

@@ -78,9 +78,6 @@ def _two_agents(script: Path, timeout: int = 240) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                         "MASTER_ADDR", "MASTER_PORT") and not k.startswith(("PL_", "TORCHELASTIC"))}  # fmt: skip
-    # a fork server that a rank starts imports its preloaded modules (tests.helpers) from PYTHONPATH: without this
-    # checkout on it, each of its DataLoader workers imports Lightning again (seconds each)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     agents = [
         WarmProcess(code=AGENT.format(argv=[
             "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",

@@ -125,7 +125,8 @@ def write_image_stream(
         callers = multiprocessing.get_start_method(allow_none=True)
         try:
             litdata.optimize(fn=_ReadSample(), inputs=items, output_dir=out, chunk_bytes=chunk_bytes,
-                             num_workers=workers, mode="overwrite", verbose=False, start_method=start_method)  # fmt: skip
+                             num_workers=workers, mode="overwrite", verbose=False,
+                             start_method=start_method)  # fmt: skip
         finally:  # optimize sets the process's start method to spawn for good: the caller's DataLoaders keep theirs
             multiprocessing.set_start_method(callers, force=True)
         written = written_samples(out)

@@ -41,7 +41,8 @@ def test_a_stream_trains_through_the_link(s3, tmp_path, trainer_kwargs):
 
     folder = make_jpeg_folder(tmp_path / "jpegs", n=12, num_classes=12, size_range=(64, 80, 48, 64), progress=False)
     url = f"s3://{s3.bucket('link')}/stream"
-    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options, start_method="fork")
+    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options,
+                       start_method="fork")
     endpoint = urlparse(s3.endpoint)
     proxy = LinkProxy(endpoint.hostname, endpoint.port, latency_s=0.02, bandwidth=4 << 20).start()
     try:

@@ -24,14 +24,16 @@ def test_a_written_stream_passes_locally_and_on_s3(folder, tmp_path, s3):
     source = check_stream_source(str(tmp_path / "stream"))
     assert source.samples == 24 and len(source.chunks) > 1 and not source.remote
     url = f"s3://{s3.bucket('streams')}/written"
-    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options, start_method="fork")
+    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options,
+                       start_method="fork")
     source = check_stream_source(url, s3.storage_options)
     assert source.samples == 24 and source.remote
 
 
 def test_each_bad_input_is_one_error_naming_the_url(folder, tmp_path, s3, monkeypatch):
     url = f"s3://{s3.bucket('streams')}/bad-inputs"
-    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options, start_method="fork")
+    write_image_stream(folder, url, chunk_bytes="20KB", num_workers=1, storage_options=s3.storage_options,
+                       start_method="fork")
     closed = {**s3.storage_options, "endpoint_url": f"http://127.0.0.1:{free_port()}"}
     with pytest.raises(StreamSourceError, match=r"Cannot reach http://127\.0\.0\.1:\d+ to read 's3://streams/bad-inputs'"):
         check_stream_source(url, closed)
