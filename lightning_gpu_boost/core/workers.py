@@ -18,7 +18,7 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.steady import MIN_WINDOW_STEPS, SteadyRate, min_warmup, steady_window
 
-__all__ = ['decide_workers_again', 'CONTENDER_SPREAD', 'EndlessBatches', 'PROBE_BATCH_S', 'QUICK_SHARE', 'REAL_BATCH_BUDGET_SHARE', 'SHUTDOWN_S', 'WorkerProbe', 'WorkersDied', 'ZERO_WORKERS_MARGIN', 'clone_loader', 'max_workers_for_node', 'measure_batches_per_s', 'measure_loader', 'measurement_seconds', 'probe_batch_size', 'sample_seconds', 'tune_num_workers']
+__all__ = ['decide_workers_again', 'CONTENDER_SPREAD', 'EndlessBatches', 'PROBE_BATCH_S', 'QUICK_SHARE', 'QUICK_WINDOW_SPREAD', 'REAL_BATCH_BUDGET_SHARE', 'SHUTDOWN_S', 'WorkerProbe', 'WorkersDied', 'ZERO_WORKERS_MARGIN', 'clone_loader', 'decisive_zero', 'max_workers_for_node', 'measure_batches_per_s', 'measure_loader', 'measurement_seconds', 'probe_batch_size', 'sample_seconds', 'tune_num_workers']
 
 log = logging.getLogger(__name__)
 
@@ -531,6 +531,12 @@ QUICK_SHARE = 1 / 15
 #: counts within this share of the fastest are contenders for the extra windows of quick loaders
 CONTENDER_SPREAD = 0.15
 
+#: how far one window of a quick loader moves from the next (+-25 % on 16 CPUs): 0 workers measured faster than
+#: every worker count by ``ZERO_WORKERS_MARGIN * (1 + QUICK_WINDOW_SPREAD) / (1 - QUICK_WINDOW_SPREAD)`` (2.5x) stays
+#: the choice whichever way the windows move, so no count gets the extra windows (in-memory tensors: 0 workers
+#: read 7-35x faster than 1 or 2 on the 2-CPU CI machine, and six more windows took 5-6 s of each such probe)
+QUICK_WINDOW_SPREAD = 0.25
+
 
 def _confirm(table: dict[int, float], tolerance: float, remeasure: Any, quick: Any = None, passes: int = 2) -> None:
     """Time the counts the choice rests on again and keep the median of their windows.
@@ -542,12 +548,15 @@ def _confirm(table: dict[int, float], tolerance: float, remeasure: Any, quick: A
     :data:`CONTENDER_SPREAD` of it, at most four) get ``passes`` more windows, interleaved so that a slow spell hits
     every count alike, as a sweep's passes do. Otherwise, where the choice is a smaller count within ``tolerance``
     of a faster one, the fastest count and the choice get one more window each. A window that does not fit in
-    what is left of the budget is not started.
+    what is left of the budget is not started. None is timed again where 0 workers won by far more than windows
+    move (:func:`decisive_zero`).
     """
     timed = {w: r for w, r in table.items() if r > 0}
     if len(timed) < 2:
         return
     choice = _choose(timed, tolerance)
+    if choice == 0 and decisive_zero(timed):
+        return
     slower = [w for w in timed if w > choice and timed[w] < timed[choice] * (1 - tolerance)]
     fastest = max((w for w in timed if w > 0), key=lambda w: timed[w])
     near = sorted((w for w in timed if w > 0 and timed[w] >= timed[fastest] * (1 - CONTENDER_SPREAD)),
@@ -564,6 +573,14 @@ def _confirm(table: dict[int, float], tolerance: float, remeasure: Any, quick: A
         return
     if fastest != choice and choice > 0 and remeasure(fastest):
         remeasure(choice)
+
+
+def decisive_zero(table: dict[int, float]) -> bool:
+    """0 workers measured so much faster than every worker count that no window's move can change the choice
+    (:data:`QUICK_WINDOW_SPREAD`)."""
+    with_workers = [r for w, r in table.items() if w > 0 and r > 0]
+    spread = (1 + QUICK_WINDOW_SPREAD) / (1 - QUICK_WINDOW_SPREAD)
+    return bool(with_workers) and table.get(0, 0.0) > max(with_workers) * ZERO_WORKERS_MARGIN * spread
 
 
 def _decide(

@@ -307,3 +307,13 @@ def test_a_clone_with_the_loaders_own_epochs():
     assert len(workers.clone_loader(loader, 4)) == 2**62
     with pytest.raises(ValueError, match="batch_size must be None where endless=False, got 4"):
         workers.clone_loader(loader, 4, batch_size=4, endless=False)
+
+
+def test_a_decisive_zero_gets_no_extra_windows():
+    """0 workers faster than every worker count by more than windows move (2.5x): no count is timed again."""
+    calls: list[int] = []
+    workers._confirm({0: 15000.0, 1: 640.0, 2: 760.0}, 0.03, lambda w: calls.append(w) or True, quick=lambda w: True)
+    assert calls == []
+    assert workers.decisive_zero({0: 1950.0, 2: 760.0}) and not workers.decisive_zero({0: 1800.0, 2: 760.0})
+    workers._confirm({0: 1800.0, 1: 640.0, 2: 760.0}, 0.03, lambda w: calls.append(w) or True, quick=lambda w: True)
+    assert calls and calls[0] == 2  # 2.4x: the contenders get their windows
