@@ -64,4 +64,15 @@ fi
 # litdata (the `stream` extra) requires torchvision, which has no CPU build for every CPU torch: installed without
 # its requirements, which the dev extra lists but torchvision (litdata imports it only to decode images itself)
 install --no-deps "litdata>=0.2.50"
+# torch's modules, and those of the libraries Lightning's import pulls in beside it (sympy for torch._dynamo,
+# matplotlib for torchmetrics), compile in two processes at once first: 15.8 s for this step against 17.4-19.3 s
+PYTHONDONTWRITEBYTECODE= "$venv/bin/python" -c 'import torch' &
+PYTHONDONTWRITEBYTECODE= "$venv/bin/python" -c '
+import importlib
+for name in ("sympy", "matplotlib.pyplot", "numpy"):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass' &
+wait
 PYTHONDONTWRITEBYTECODE= "$venv/bin/python" -c 'import torch, lightning.pytorch as pl; print("venv ready: torch", torch.__version__, "lightning", pl.__version__)'
