@@ -33,12 +33,6 @@ def pytest_configure(config):
 
     if workerinput["workercount"] > usable_cpus():
         _SLOTS = Slots(workerinput["testrunuid"], usable_cpus())
-    # torch's thread team at this worker's share of the CPUs (one on the 2-CPU machine), here and in the processes
-    # the tests start: at torch's default (one thread per CPU) in each worker, the workers' teams contended for the
-    # same CPUs, and their spinning threads cost CPU time that the other worker's test needed
-    threads = max(1, usable_cpus() // workerinput["workercount"])
-    torch.set_num_threads(threads)
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 @pytest.hookimpl(hookwrapper=True)
