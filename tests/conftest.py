@@ -48,6 +48,17 @@ def pytest_runtest_protocol(item, nextitem):
             _SLOTS.release()
 
 
+def pytest_collection_finish(session):
+    """What collection imported (torch, Lightning, the tests' modules: about 400,000 objects) moves to the garbage
+    collector's permanent generation: every full collection afterwards, automatic or a ``gc.collect()`` before
+    forking workers, took about 0.2 s walking them (14 s of a 150 s serial run of two test files), and the
+    DataLoader workers forked from this process no longer copy their pages by walking them."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(config, items):
     if _SLOTS is not None:
         # the tests marked waits first: the worker beyond the CPUs starts on them, and none is left for the end of

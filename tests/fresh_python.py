@@ -39,6 +39,9 @@ sys.path.insert(0, ROOT)
 from tests.warm_python import run_as_main  # imports no torch; the runs' sys.path is their own
 for name in PRELOAD:
     __import__(name)
+import gc
+gc.collect()
+gc.freeze()  # as tests/conftest.py does: no full collection of a run walks what the server imported
 for line in sys.stdin:
     req = json.loads(line)
     pid = os.fork()
