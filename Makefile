@@ -16,9 +16,8 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(BIN)/lightning-gpu-boost demo $(DEMO_ARGS)
 
-# one pytest process per CPU, and one more for the tests marked `waits` (pytest-xdist; tests/cpu_slots.py keeps the
-# others to one per CPU; tests that need several processes start their own): PYTEST_ARGS="-n 0" runs them in one
-# process. Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: the tests start many
+# one pytest process per CPU (pytest-xdist; tests that need several processes start their own): PYTEST_ARGS="-n 0"
+# runs them in one process. Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: the tests start many
 # processes that import the same modules, and each would compile them again (the venv has no bytecode compiled ahead)
 test: $(VENV)/.installed
 	$(BIN)/ruff check .

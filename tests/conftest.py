@@ -13,40 +13,6 @@ from lightning_gpu_boost.core.images import make_jpeg_folder
 
 os.environ.setdefault("PL_DISABLE_FORK", "0")
 
-_SLOTS = None  # this xdist worker's CPU slots (tests/cpu_slots.py), where there are more workers than CPUs
-
-
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker per CPU and one more, for the tests marked ``waits`` (``tests/cpu_slots.py``)."""
-    from lightning_gpu_boost.core.cpus import usable_cpus
-
-    return usable_cpus() + 1
-
-
-def pytest_configure(config):
-    global _SLOTS
-    workerinput = getattr(config, "workerinput", None)  # set in xdist's workers only
-    if workerinput is None:
-        return
-    from lightning_gpu_boost.core.cpus import usable_cpus
-    from tests.cpu_slots import Slots
-
-    if workerinput["workercount"] > usable_cpus():
-        _SLOTS = Slots(workerinput["testrunuid"], usable_cpus())
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """A test holds a CPU slot from its setup to its teardown, unless it is marked ``waits``."""
-    slot = _SLOTS is not None and item.get_closest_marker("waits") is None
-    if slot:
-        _SLOTS.acquire()
-    try:
-        yield
-    finally:
-        if slot:
-            _SLOTS.release()
-
 
 def pytest_collection_finish(session):
     """What collection imported (torch, Lightning, the tests' modules: about 400,000 objects) moves to the garbage
@@ -60,11 +26,6 @@ def pytest_collection_finish(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    if _SLOTS is not None:
-        # the tests marked waits first: the worker beyond the CPUs starts on them, and none is left for the end of
-        # the run, where it would keep the run going with a CPU idle (every worker sorts alike: xdist's workers must
-        # collect the same list)
-        items.sort(key=lambda item: item.get_closest_marker("waits") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -9,7 +9,6 @@ from lightning_gpu_boost.doctor import Diagnosis, diagnose
 from tests.helpers import Sleeping, VectorDataModule, VectorModel
 
 
-@pytest.mark.waits
 def test_a_slow_loader_is_the_bottleneck():
     lines: list[str] = []
     d = diagnose(VectorDataModule(delay_s=0.004), VectorModel(), budget_s=6, steps=5, progress=lines.append,
@@ -53,14 +52,12 @@ def test_the_loader_in_training_is_a_short_fit_that_ran_at_the_loaders_pace():
     assert "loader in training" not in d.format()
 
 
-@pytest.mark.waits
 def test_trials_can_be_turned_off():
     d = diagnose(VectorDataModule(delay_s=0.004), VectorModel(), budget_s=4, steps=5, trials=False,
                  accelerator="cpu")  # fmt: skip
     assert d.fit_samples_per_s == {} and "short fits" not in d.format()
 
 
-@pytest.mark.waits
 def test_the_worker_search_is_the_one_auto_num_workers_applies(tmp_path):
     """One voice: the count the doctor advises (and whose effect its fits measure) is the count AutoNumWorkers()
     then applies, from the same search kept in its cache, not a search of its own that noise can land elsewhere."""
@@ -162,7 +159,6 @@ def test_huge_batches_on_a_trivial_model_are_copy_bound():
     assert "StreamPrefetch()" in d.advice[0]
 
 
-@pytest.mark.waits
 def test_short_epochs_that_restart_their_workers_are_between_steps():
     """Three batches per epoch from 2 workers that start again every epoch, each worker taking 0.3 s to set up:
     the epoch's start is most of it (persistent workers pay it once)."""
@@ -209,7 +205,6 @@ def test_trial_fits_of_short_restarting_epochs_time_whole_epochs():
     assert fit["samples_per_s"] <= 48 / 0.3, fit  # no epoch is faster than its workers' start
 
 
-@pytest.mark.waits
 def test_validation_every_epoch_counts_as_time_between_steps():
     """Persistent training workers, but each short epoch also runs a validation loader whose workers start again:
     its pass is time outside the steps, which doctor measures where it is given the validation loader."""
@@ -261,7 +256,6 @@ def test_a_step_that_syncs_and_sleeps_is_host_bound_on_the_gpu():
     assert d.bottleneck == "host" and d.verdict == "host-bound" and ".item()" in d.advice[0], d.format()
 
 
-@pytest.mark.waits
 def test_a_trial_fit_of_short_epochs_pays_their_waves():
     """Six batches an epoch from 4 workers (0.3 s a batch, sleeping: no CPU limit) come in two waves, the second
     half empty: at most 10 batches/s over whole epochs, where a window of steps on an endless clone reads up to

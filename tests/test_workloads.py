@@ -216,7 +216,6 @@ def test_the_diagnosis_predicts_a_worker_count_by_doctors_gain_on_the_plain_fits
                                Path("."))[:2] == (93.7, "doctor's short fit at num_workers=16")  # fmt: skip
 
 
-@pytest.mark.waits
 def test_the_meter_opens_a_fresh_window_in_the_next_epoch_where_an_epoch_ended_an_unsteady_one():
     """A window never holds an epoch's restart: where an epoch ends with its window unsteady, the next epoch gets a
     fresh one (after its warm-up), and the summary is the steadiest window's."""
@@ -260,7 +259,6 @@ def test_the_meter_times_across_the_end_of_an_epoch_too_short_for_a_window():
     assert summary["epoch_windows"] == 1 and summary["steps"] > 10 and summary["samples_per_s"] > 0, summary
 
 
-@pytest.mark.waits
 def test_the_meter_times_whole_epochs_where_a_loader_with_workers_has_no_steady_window():
     """A loader whose workers start every epoch's batches in waves (2 workers, 12 batches an epoch; started again,
     or kept: persistent) leaves no steady window after its queue: whole epochs are timed from the next one, their

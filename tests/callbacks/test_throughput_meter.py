@@ -42,7 +42,6 @@ class SlowStart(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-@pytest.mark.waits
 @pytest.mark.parametrize("warmup", [0, 2])
 def test_the_meter_times_the_loader_not_its_queue(trainer_kwargs, warmup):
     loader = DataLoader(FixedCost(), batch_size=4, num_workers=4, persistent_workers=True)

@@ -9,7 +9,6 @@ import pytest
 from lightning_gpu_boost.cli import main
 
 
-@pytest.mark.waits
 def test_doctor_from_class_paths(tmp_path, capsys):
     rc = main(["doctor", "--data", "tests.helpers.VectorDataModule", "--data-args", '{"delay_s": 0.004}',
                "--model", "tests.helpers.VectorModel", "--accelerator", "cpu", "--budget", "6", "--steps", "5",
@@ -21,7 +20,6 @@ def test_doctor_from_class_paths(tmp_path, capsys):
     assert json.loads(out.read_text())["diagnosis"]["bottleneck"] == "loader"
 
 
-@pytest.mark.waits
 def test_doctor_shares_auto_num_workers_cache_unless_told_not_to(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     args = ["doctor", "--data", "tests.helpers.VectorDataModule", "--data-args", '{"delay_s": 0.004}',

@@ -180,13 +180,12 @@ def test_probe_ranks_cheap_rows_at_a_large_batch_by_its_own_windows():
     assert probe.num_workers == expected, probe.format_table()
 
 
-def test_slow_samples_are_probed_per_sample_within_the_budget():  # not `waits`: it bounds the probe's own time
+def test_slow_samples_are_probed_per_sample_within_the_budget():
     probe = tune_num_workers(DataLoader(Sleepy(0.25), batch_size=32, num_workers=2), budget_s=12, max_workers=4)
     assert probe.probe_batch_size == 1 and probe.elapsed_s <= 12
     assert probe.num_workers == 4, probe.format_table()  # sleeping workers scale past the 2 CPUs
 
 
-@pytest.mark.waits
 def test_a_probe_that_cannot_rank_keeps_the_users_value():
     probe = tune_num_workers(DataLoader(Sleepy(2.0), batch_size=8, num_workers=3), budget_s=3, max_workers=4)
     assert probe.num_workers == 3 and not probe.conclusive
@@ -218,7 +217,6 @@ def test_quick_contenders_get_interleaved_windows_and_slow_ones_one_confirmation
     assert calls == [16, 12]  # a window that does not fit ends the extra passes
 
 
-@pytest.mark.waits
 def test_workers_that_die_keep_the_users_setting():
     loader = DataLoader(DiesInWorkers(), batch_size=8, num_workers=3)
     probe = workers.tune_num_workers(loader, budget_s=6, max_workers=2)

@@ -184,8 +184,7 @@ def test_a_chunk_gone_mid_run_raises_naming_it_and_skips_nothing(tmp_path, s3, t
 
 @pytest.fixture(scope="session")
 def starved_url(tmp_path_factory, s3_server):
-    """A stream of 48 images in 16 KB chunks on the S3 endpoint, written once for the tests that read it (once per
-    session: under xdist the one marked waits runs ahead of its module)."""
+    """A stream of 48 images in 16 KB chunks on the S3 endpoint, written once for the tests that read it."""
     folder = make_jpeg_folder(tmp_path_factory.mktemp("starved"), n=48, num_classes=4, size_range=(64, 80, 48, 64),
                               progress=False)  # fmt: skip
     url = f"s3://{s3_server.bucket('starved')}/images"
@@ -225,7 +224,6 @@ def test_the_doctor_tells_a_starved_stream_the_download_side_fixes(starved_strea
     assert d.tuned_workers is None  # a stream's worker count is part of its resume state: not searched
 
 
-@pytest.mark.waits
 def test_the_watchdog_tells_a_starved_stream_the_download_side_fixes(starved_stream, trainer_kwargs):
     from lightning_gpu_boost.callbacks import GPUUtilWatchdog
 
