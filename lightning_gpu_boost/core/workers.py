@@ -18,7 +18,7 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.steady import MIN_WINDOW_STEPS, SteadyRate, min_warmup, steady_window
 
-__all__ = ['decide_workers_again', 'CONTENDER_SPREAD', 'EndlessBatches', 'PROBE_BATCH_S', 'QUICK_SHARE', 'QUICK_WINDOW_SPREAD', 'REAL_BATCH_BUDGET_SHARE', 'SHUTDOWN_S', 'WorkerProbe', 'WorkersDied', 'ZERO_WORKERS_MARGIN', 'clone_loader', 'decisive_zero', 'max_workers_for_node', 'measure_batches_per_s', 'measure_loader', 'measurement_seconds', 'probe_batch_size', 'sample_seconds', 'tune_num_workers']
+__all__ = ['decide_workers_again', 'CONTENDER_SPREAD', 'EndlessBatches', 'PROBE_BATCH_S', 'QUICK_SHARE', 'QUICK_WINDOW_SPREAD', 'REAL_BATCH_BUDGET_SHARE', 'SHUTDOWN_S', 'WorkerProbe', 'WorkersDied', 'ZERO_WORKERS_MARGIN', 'clone_loader', 'max_workers_for_node', 'measure_batches_per_s', 'measure_loader', 'measurement_seconds', 'probe_batch_size', 'sample_seconds', 'tune_num_workers']
 
 log = logging.getLogger(__name__)
 
@@ -549,13 +549,13 @@ def _confirm(table: dict[int, float], tolerance: float, remeasure: Any, quick: A
     every count alike, as a sweep's passes do. Otherwise, where the choice is a smaller count within ``tolerance``
     of a faster one, the fastest count and the choice get one more window each. A window that does not fit in
     what is left of the budget is not started. None is timed again where 0 workers won by far more than windows
-    move (:func:`decisive_zero`).
+    move (:func:`_decisive_zero`).
     """
     timed = {w: r for w, r in table.items() if r > 0}
     if len(timed) < 2:
         return
     choice = _choose(timed, tolerance)
-    if choice == 0 and decisive_zero(timed):
+    if choice == 0 and _decisive_zero(timed):
         return
     slower = [w for w in timed if w > choice and timed[w] < timed[choice] * (1 - tolerance)]
     fastest = max((w for w in timed if w > 0), key=lambda w: timed[w])
@@ -575,7 +575,7 @@ def _confirm(table: dict[int, float], tolerance: float, remeasure: Any, quick: A
         remeasure(choice)
 
 
-def decisive_zero(table: dict[int, float]) -> bool:
+def _decisive_zero(table: dict[int, float]) -> bool:
     """0 workers measured so much faster than every worker count that no window's move can change the choice
     (:data:`QUICK_WINDOW_SPREAD`)."""
     with_workers = [r for w, r in table.items() if w > 0 and r > 0]

@@ -312,6 +312,6 @@ def test_a_decisive_zero_gets_no_extra_windows():
     calls: list[int] = []
     workers._confirm({0: 15000.0, 1: 640.0, 2: 760.0}, 0.03, lambda w: calls.append(w) or True, quick=lambda w: True)
     assert calls == []
-    assert workers.decisive_zero({0: 1950.0, 2: 760.0}) and not workers.decisive_zero({0: 1800.0, 2: 760.0})
+    assert workers._decisive_zero({0: 1950.0, 2: 760.0}) and not workers._decisive_zero({0: 1800.0, 2: 760.0})
     workers._confirm({0: 1800.0, 1: 640.0, 2: 760.0}, 0.03, lambda w: calls.append(w) or True, quick=lambda w: True)
     assert calls and calls[0] == 2  # 2.4x: the contenders get their windows
