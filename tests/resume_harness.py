@@ -138,6 +138,39 @@ def _boost(workers: int, n: int = 14):
     return Indexed(batch_size=4, num_workers=workers)
 
 
+class UserLoaders(pl.LightningDataModule):
+    """A user's own DataModule: a plain ``DataLoader`` over 14 indexed samples, built anew at each call."""
+
+    def __init__(self, sampling: str, workers: int = 2) -> None:
+        super().__init__()
+        self.sampling, self.workers = sampling, workers
+
+    def train_dataloader(self):
+        from torch.utils.data import DataLoader
+
+        kwargs: dict[str, Any] = {"shuffle": self.sampling != "sequential"}
+        if self.sampling == "seeded":
+            kwargs["generator"] = torch.Generator().manual_seed(5)
+        if self.workers and WORKER_CONTEXT is not None:
+            kwargs["multiprocessing_context"] = WORKER_CONTEXT
+        return DataLoader(IndexDataset(14), batch_size=4, num_workers=self.workers, **kwargs)
+
+    def val_dataloader(self):
+        from torch.utils.data import DataLoader
+
+        return DataLoader(IndexDataset(4), batch_size=4)
+
+
+def _user_case(name: str) -> tuple[Any, list[Any]]:
+    """``{part}_{sampling}``: the user's plain loader with one of our parts (gpu_boost, span_epochs, auto_workers)."""
+    from lightning_gpu_boost.callbacks import AutoNumWorkers, GPUBoost, SpanEpochs
+
+    part, sampling = name.rsplit("_", 1)
+    parts = {"gpu_boost": lambda: GPUBoost(auto_workers=False, watchdog=False), "span_epochs": SpanEpochs,
+             "auto_workers": lambda: AutoNumWorkers(workers_budget_s=1.0, use_cache=False, max_workers=2)}  # fmt: skip
+    return UserLoaders(sampling), [parts[part]()]
+
+
 def _noise(batch):
     x, y = batch
     return x + torch.rand(x.shape), y
@@ -150,6 +183,8 @@ def case(name: str, data: dict[str, Path]) -> tuple[Any, list[Any]]:
     from lightning_gpu_boost.datamodules import ImageFolderDataModule, LMDBDataModule
 
     image = {"image_size": 16, "batch_size": 4, "num_workers": 0, "val_split": 0.2}
+    if name.startswith(("gpu_boost_", "span_epochs_", "auto_workers_")):
+        return _user_case(name)
     if name == "boost":
         return _boost(0), []
     if name == "boost_workers":
@@ -182,8 +217,11 @@ def case(name: str, data: dict[str, Path]) -> tuple[Any, list[Any]]:
 #: every loader the package makes or wraps (DALI cases need nvidia-dali)
 CASES = ("boost", "boost_workers", "gpu_boost", "image_folder", "lmdb_random", "lmdb_block", "skip_refill",
          "transform_seeds", "dali", "dali_skip")  # fmt: skip
+#: the user's own plain DataLoader (sequential, shuffled, shuffled with a seeded generator) under each of our parts
+USER_CASES = tuple(f"{part}_{sampling}" for part in ("gpu_boost", "span_epochs", "auto_workers")
+                   for sampling in ("sequential", "random", "seeded"))  # fmt: skip
 #: cases whose inputs are the same on every resume (no random crops drawn by workers): checksums compared too
-SAME_VALUES = ("boost", "boost_workers", "gpu_boost", "transform_seeds")
+SAME_VALUES = ("boost", "boost_workers", "gpu_boost", "transform_seeds", *USER_CASES)
 
 
 def _fit(name: str, data: dict[str, Path], root: Path, trainer_kwargs: dict, ckpt: Path | None = None,

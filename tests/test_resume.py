@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 
-from tests.resume_harness import CASES, EPOCHS, make_data, resume_counts
+from tests.resume_harness import CASES, EPOCHS, USER_CASES, make_data, resume_counts
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*bad (train|val) samples", "ignore:.*across ranks is zero")
 
@@ -36,10 +36,21 @@ def test_a_run_resumed_from_any_step_sees_exactly_the_uninterrupted_batches(name
     _check(resume_counts(name, resume_data, tmp_path, accelerator="cpu", devices=1), resume_report)
 
 
+@pytest.mark.parametrize("name", USER_CASES)
+def test_the_users_own_loader_resumed_from_any_step_sees_exactly_the_uninterrupted_batches(name, resume_data, tmp_path,
+                                                                                           resume_report):  # fmt: skip
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _check(resume_counts(name, resume_data, tmp_path, accelerator="cpu", devices=1), resume_report)
+    assert not [w for w in caught if "not resumable" in str(w.message)]  # exact: Lightning has nothing to warn of
+
+
 def test_ddp_runs_resumed_from_any_step_see_exactly_the_uninterrupted_batches(resume_data, tmp_path, resume_report):
     from tests.helpers import run_ddp
 
-    cases = [c for c in CASES if HAS_DALI or not c.startswith("dali")]
+    cases = [c for c in CASES if HAS_DALI or not c.startswith("dali")] + ["gpu_boost_random", "auto_workers_seeded"]
     data = {k: str(v) for k, v in resume_data.items()}
     script = f"""
         import logging, warnings

@@ -16,6 +16,7 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.core.spanning import resumable
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.loaders import (
     AUTO_PERSISTENT_WORKERS,
@@ -211,7 +212,8 @@ class AutoNumWorkers(Callback):
             if loader_stage in stages:
                 for loader in iter_loaders(dataloader):
                     self._tune(trainer, loader, loader_stage)
-            return dataloader
+            # a train loader resumes exactly mid-epoch (a plain DataLoader keeps no place of its own)
+            return resumable(dataloader) if loader_stage == "train" else dataloader
 
         add_dataloader_hook(trainer.strategy, f"AutoNumWorkers-{id(self)}", hook, before=True)
 

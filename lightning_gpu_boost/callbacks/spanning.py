@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.run_record import run_record
-from lightning_gpu_boost.core.spanning import RESTART_SHARE, SpanningLoader, span_decision
+from lightning_gpu_boost.core.spanning import RESTART_SHARE, SpanningLoader, resumable, span_decision
 
 __all__ = ['SpanEpochs']
 
@@ -90,7 +90,9 @@ class SpanEpochs(Callback):
 
         def hook(dataloader: object, loader_stage: str | None) -> object:
             if loader_stage not in stages:
-                return dataloader
+                return resumable(dataloader) if loader_stage == "train" else dataloader
+            if isinstance(dataloader, SpanningLoader) and not dataloader.span:  # made resumable by an earlier part
+                dataloader = dataloader.source
             limit = trainer.limit_train_batches if loader_stage == "train" else trainer.limit_val_batches
             try:
                 length: int | None = len(dataloader)  # type: ignore[arg-type]
@@ -111,7 +113,7 @@ class SpanEpochs(Callback):
             if loader_stage == "train":  # the run record: asked again instead of advised a threshold
                 run_record(trainer).choose("span_epochs", span, by="SpanEpochs", why=why, decide_again=self._again)
             if not span or batches is None or length is None:
-                return dataloader
+                return resumable(dataloader) if loader_stage == "train" else dataloader
             full = batches >= length
             wrapped = SpanningLoader(dataloader, None if full else batches)  # type: ignore[arg-type]
             self._spanning.append(wrapped)

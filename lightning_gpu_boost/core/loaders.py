@@ -25,8 +25,8 @@ def _leaves(obj: Any, spanned: bool = False) -> Iterable[tuple[Any, bool]]:
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             yield from _leaves(value, spanned)
-    elif getattr(obj, "spans_epochs", False):  # a SpanningLoader
-        yield from _leaves(obj.source, True)
+    elif hasattr(obj, "spans_epochs") and hasattr(obj, "source"):  # a SpanningLoader (spanning, or resumable only)
+        yield from _leaves(obj.source, spanned or bool(obj.spans_epochs))
     elif hasattr(obj, "loader"):  # a StreamPrefetcher
         yield from _leaves(obj.loader, spanned)
     elif obj is not None:

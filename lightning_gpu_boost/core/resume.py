@@ -24,7 +24,49 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-__all__ = ["ResumableDataLoader", "SkipFirst", "finish_ended_epoch", "resume_start", "sampler_epoch", "start_index_sampler"]
+__all__ = ["PLACE_VERSION", "ResumableDataLoader", "SkipFirst", "check_place", "finish_ended_epoch", "loader_settings",
+           "resume_start", "sampler_epoch", "start_index_sampler"]
+
+#: the version of the place a resumable loader saves (``{"version", "epoch", "batches", "settings", ...}``)
+PLACE_VERSION = 1
+
+
+def loader_settings(batch_size: int | None, drop_last: bool, index_sampler: Any) -> dict[str, Any]:
+    """What a saved place in an epoch depends on: the batch size, the sampler's kind, length and settings (its
+    process count, seed and blocks where it has them). A resume with other values would skip another part of
+    another order."""
+    from lightning_gpu_boost.core.epoch_order import inner_sampler
+
+    sampler = inner_sampler(index_sampler)
+    settings: dict[str, Any] = {"batch_size": batch_size, "drop_last": bool(drop_last),
+                                "sampler": type(sampler).__name__}  # fmt: skip
+    for key, obj in (("samples", sampler), ("batches", index_sampler)):
+        try:
+            settings[key] = len(obj)
+        except TypeError:
+            pass
+    for key in ("num_replicas", "seed", "block_size", "window_blocks"):
+        value = getattr(sampler, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            settings[key] = value
+    return settings
+
+
+def check_place(state: dict[str, Any], settings: dict[str, Any], what: str = "train loader") -> None:
+    """Refuse, in one line naming the setting and both values, a saved place whose settings differ from
+    ``settings`` (this run's), or a place of a newer format. A place without a version (saved before places
+    recorded their settings) is taken as it is."""
+    version = state.get("version")
+    if version is not None and (not isinstance(version, int) or version > PLACE_VERSION):
+        raise ValueError(f"The checkpoint's {what} state has version {version!r}; this lightning-gpu-boost reads "
+                         f"versions up to {PLACE_VERSION}: resume with the version that saved it.")  # fmt: skip
+    for key, was in (state.get("settings") or {}).items():
+        if key in settings and settings[key] != was:
+            raise ValueError(
+                f"Cannot resume the {what} where the checkpoint left it: it was saved with {key}={was!r} and this run "
+                f"has {key}={settings[key]!r}, so its place would fall elsewhere in another order. Resume with "
+                f"{key}={was!r}, or start a new fit from the weights alone."
+            )
 
 
 def sampler_epoch(sampler: Any) -> int | None:
@@ -96,8 +138,8 @@ class ResumableDataLoader(DataLoader):
 
         >>> loader = ResumableDataLoader(list(range(8)), batch_size=2)
         >>> it = iter(loader); _ = next(it); _ = next(it)
-        >>> state = loader.state_dict(); state
-        {'epoch': None, 'batches': 2}
+        >>> state = loader.state_dict(); state["epoch"], state["batches"]
+        (None, 2)
         >>> resumed = ResumableDataLoader(list(range(8)), batch_size=2)
         >>> resumed.load_state_dict(state)
         >>> [b.tolist() for b in resumed]
@@ -164,13 +206,23 @@ class ResumableDataLoader(DataLoader):
             self._place = (epoch, self._place[1] + 1)
             yield batch
 
+    def _settings(self) -> dict[str, Any]:
+        index = self.batch_sampler if self._auto_collation else self.sampler
+        return loader_settings(self.batch_size, self.drop_last, index)
+
     def state_dict(self) -> dict[str, Any]:
-        """``{"epoch": e, "batches": k}``: ``k`` batches of epoch ``e`` handed out."""
-        return {"epoch": self._place[0], "batches": self._place[1]}
+        """``{"version", "epoch": e, "batches": k, "settings"}``: ``k`` batches of epoch ``e`` handed out, and what
+        that place depends on (:func:`loader_settings`)."""
+        return {"version": PLACE_VERSION, "epoch": self._place[0], "batches": self._place[1],
+                "settings": self._settings()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Start the next iteration at ``state`` (where it applies: see the module's docstring)."""
+        """Start the next iteration at ``state`` (where it applies: see the module's docstring).
+
+        Raises:
+            ValueError: ``state`` was saved with other settings (:func:`check_place`)."""
         if state:
+            check_place(state, self._settings())
             self._saved = dict(state)
 
 

@@ -3,6 +3,7 @@ without loading; per-rank states. The whole-run harness over every loader is ``t
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
@@ -33,7 +34,9 @@ def test_a_resumed_epoch_continues_the_same_order_and_loads_nothing_twice():
     done = [next(it).tolist() for _ in range(2)]
     state = first.state_dict()
     rest_uninterrupted = [b.tolist() for b in it]
-    assert state == {"epoch": 1, "batches": 2}
+    assert (state["version"], state["epoch"], state["batches"]) == (1, 1, 2)
+    assert state["settings"] == {"batch_size": 3, "drop_last": False, "sampler": "DistributedSampler", "samples": 12,
+                                 "batches": 4, "num_replicas": 1, "seed": 3}
     data = Loads()
     resumed = _loader(data)
     resumed.load_state_dict(state)
@@ -72,3 +75,19 @@ def test_a_loader_state_saved_at_an_epochs_last_batch_is_marked_finished():
     assert at_end["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"_iterator_finished": True}, {"epoch": 0}]
     assert mid["loops"]["fit_loop"]["state_dict"]["combined_loader"][0] == {"_iterator_finished": False}
     assert finish_ended_epoch({}) == 0
+
+
+def test_a_place_saved_with_other_settings_is_refused_naming_the_setting_and_both_values():
+    first = _loader(Loads())
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    other = ResumableDataLoader(Loads(), batch_size=4, sampler=DistributedSampler(Loads(), 1, 0, seed=3))
+    with pytest.raises(ValueError, match=r"saved with batch_size=3 and this run has batch_size=4"):
+        other.load_state_dict(state)
+    reseeded = ResumableDataLoader(Loads(), batch_size=3, sampler=DistributedSampler(Loads(), 1, 0, seed=4))
+    with pytest.raises(ValueError, match=r"seed=3 and this run has seed=4"):
+        reseeded.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"version 7; this lightning-gpu-boost reads versions up to 1"):
+        _loader(Loads()).load_state_dict({**state, "version": 7})
+    _loader(Loads()).load_state_dict({"epoch": 0, "batches": 1})  # a place saved before places had settings
