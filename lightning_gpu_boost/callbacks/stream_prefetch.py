@@ -18,7 +18,6 @@ from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dat
 from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
 from lightning_gpu_boost.core.prefetch import GPUNormalize, StreamPrefetcher, check_normalize
-from lightning_gpu_boost.core.spanning import resumable
 
 __all__ = ['StreamPrefetch']
 
@@ -187,8 +186,6 @@ class StreamPrefetch(Callback):
                 return dataloader  # no loader (a DataModule's `[]` for a stage it has no data for)
             if getattr(dataloader, "batches_on_device", False) and transform is None:
                 return dataloader  # a loader that yields GPU batches (DALILoader): nothing to copy or transform
-            if stage == "train":  # a train loader resumes exactly mid-epoch (a plain DataLoader keeps no place)
-                dataloader = resumable(dataloader)
             # the DataLoader itself, or the one a SpanningLoader (SpanEpochs) builds its workers' loader from
             source = next(iter_loaders(dataloader), None)
             if device.type == "cuda" and isinstance(source, DataLoader) and not source.pin_memory and source.num_workers:

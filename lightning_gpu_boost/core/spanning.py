@@ -203,6 +203,11 @@ class SpanningLoader:
         return self.source.num_workers
 
     @property
+    def persistent_workers(self) -> bool:
+        """Whether the workers outlive an epoch: always where they span epochs, else the source's setting."""
+        return self._span or bool(self.source.persistent_workers)
+
+    @property
     def prefetch_factor(self) -> int | None:
         """Batches each worker keeps in flight (the source's; 2 where it has none and workers are set later): with
         ``num_workers`` the loader's queue, as :func:`~lightning_gpu_boost.core.steady.queue_batches` reads it."""
@@ -217,6 +222,12 @@ class SpanningLoader:
     @worker_init_fn.setter
     def worker_init_fn(self, fn: Any) -> None:
         self.source.worker_init_fn = fn
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other DataLoader attribute reads the source's (``persistent_workers``, ``pin_memory``, ...)."""
+        if name.startswith("_") or name == "source":
+            raise AttributeError(name)
+        return getattr(self.source, name)
 
     def _settings(self) -> dict[str, Any]:
         index = self.source.batch_sampler if self._batched else self.source.sampler
