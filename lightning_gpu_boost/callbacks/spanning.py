@@ -8,6 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
@@ -79,6 +80,7 @@ class SpanEpochs(Callback):
         self._blocked: str | None = None  # why the train loader could not be spanned whatever the threshold
         self._strategy: Any = None
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -90,7 +92,7 @@ class SpanEpochs(Callback):
 
         def hook(dataloader: object, loader_stage: str | None) -> object:
             if loader_stage not in stages:
-                return resumable(dataloader) if loader_stage == "train" else dataloader
+                return self._track(resumable(dataloader)) if loader_stage == "train" else dataloader
             if isinstance(dataloader, SpanningLoader) and not dataloader.span:  # made resumable by an earlier part
                 dataloader = dataloader.source
             limit = trainer.limit_train_batches if loader_stage == "train" else trainer.limit_val_batches
@@ -113,7 +115,7 @@ class SpanEpochs(Callback):
             if loader_stage == "train":  # the run record: asked again instead of advised a threshold
                 run_record(trainer).choose("span_epochs", span, by="SpanEpochs", why=why, decide_again=self._again)
             if not span or batches is None or length is None:
-                return resumable(dataloader) if loader_stage == "train" else dataloader
+                return self._track(resumable(dataloader)) if loader_stage == "train" else dataloader
             full = batches >= length
             wrapped = SpanningLoader(dataloader, None if full else batches)  # type: ignore[arg-type]
             self._spanning.append(wrapped)
@@ -134,6 +136,17 @@ class SpanEpochs(Callback):
                        "this callback keeps the train loader's "
                        "workers loading across epoch ends (this fit's loader cannot be swapped mid-fit).")  # fmt: skip
 
+    def _track(self, loader: Any) -> Any:
+        if isinstance(loader, SpanningLoader):
+            self._spanning.append(loader)
+        return loader
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Lightning calls no teardown after a failed or interrupted fit: the workers and their batches go here
+        self.teardown(trainer, pl_module, "fit")
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for loader in self._spanning:
             loader.close()

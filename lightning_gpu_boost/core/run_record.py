@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,12 +80,15 @@ class RunRecord:
         return said
 
 
-_RECORDS: weakref.WeakKeyDictionary[Any, RunRecord] = weakref.WeakKeyDictionary()
+#: the owner's attribute that holds its record: the record refers to the parts, which refer to the owner, so it must
+#: live inside the owner (a weak-keyed table whose values lead back to their key would keep every owner alive)
+_ATTRIBUTE = "_gpu_boost_run_record"
 
 
 def run_record(owner: Any) -> RunRecord:
     """The record of ``owner``'s run (the Trainer), made at the first call; it lives as long as the owner."""
-    record = _RECORDS.get(owner)
+    record = vars(owner).get(_ATTRIBUTE)
     if record is None:
-        record = _RECORDS[owner] = RunRecord()
+        record = RunRecord()
+        setattr(owner, _ATTRIBUTE, record)
     return record
