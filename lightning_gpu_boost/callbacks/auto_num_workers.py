@@ -16,7 +16,6 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
-from lightning_gpu_boost.core.spanning import resumable
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.loaders import (
     AUTO_PERSISTENT_WORKERS,
@@ -26,6 +25,7 @@ from lightning_gpu_boost.core.loaders import (
     set_num_workers,
 )
 from lightning_gpu_boost.core.run_record import run_record
+from lightning_gpu_boost.core.spanning import resumable
 from lightning_gpu_boost.core.workers import WorkerProbe, decide_workers_again
 from lightning_gpu_boost.core.workers_cache import agreed_probe as core_agreed_probe
 

@@ -133,11 +133,11 @@ class EpochOrder:
             return next(it, sentinel)
         theirs = ([torch.get_rng_state()] if self._global else []) + [g.get_state() for g in self._generators]
         gens = ([None] if self._global else []) + self._generators
-        for g, state in zip(gens, ours):
+        for g, state in zip(gens, ours, strict=True):
             torch.set_rng_state(state) if g is None else g.set_state(state)
         try:
             return next(it, sentinel)
         finally:
-            for i, (g, state) in enumerate(zip(gens, theirs)):
+            for i, (g, state) in enumerate(zip(gens, theirs, strict=True)):
                 ours[i] = torch.get_rng_state() if g is None else g.get_state()
                 torch.set_rng_state(state) if g is None else g.set_state(state)

@@ -370,9 +370,15 @@ class PackReader:
                     "once it is complete (damaged LMDB meta pages, or a copy of a pack's .partial file). Repack the "
                     "source or restore the file."
                 )
+            from lightning_gpu_boost.core.lmdb.writer import being_written
+
+            dst = self.path[: -len(".partial")]
+            if being_written(dst):
+                raise IncompletePackError(f"{self.path!r} is being written by another process now; wait for that "
+                                          "pack to finish.")  # fmt: skip
             raise IncompletePackError(
                 f"{self.path!r} is an incomplete pack (interrupted); resume it with "
-                f"`lightning-gpu-boost pack SRC {self.path[: -len('.partial')]} --resume`."
+                f"`lightning-gpu-boost pack SRC {dst} --resume`."
             )
         if version is None or not version.isdigit() or int(version) not in READABLE_VERSIONS:
             raise CorruptRecordError(
@@ -394,6 +400,8 @@ class PackReader:
             if not os.path.exists(self.path):
                 partial = f"{self.path}.partial"
                 hint = f"; {partial!r} is an interrupted pack: resume it with `lightning-gpu-boost pack SRC {self.path} --resume`" if os.path.exists(partial) else ""  # fmt: skip
+                if hint and _being_written(self.path):
+                    hint = f"; {partial!r} is being written by another process now: wait for that pack to finish"
                 raise FileNotFoundError(f"No LMDB pack at {self.path!r}{hint}.")
             env, dbs, identity = _shared_env(self.path, self.readahead)
             _crc32_function()  # the CRC-32 that reads check records with (ISA-L's where installed), in this process
@@ -588,3 +596,9 @@ class PackReader:
                 if item is None:
                     return
                 yield decode_record(KEY.unpack(bytes(item[0]))[0], item[1], check_crc)
+
+
+def _being_written(dst: str) -> bool:
+    from lightning_gpu_boost.core.lmdb.writer import being_written
+
+    return being_written(dst)

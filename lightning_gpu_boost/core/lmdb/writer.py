@@ -73,6 +73,52 @@ def _pack_bytes(sizes: list[int], psize: int = 4096) -> int:
     return total
 
 
+def writer_lock_path(dst: str | os.PathLike) -> Path:
+    """The file a :class:`PackWriter` holds locked (``flock``) while it writes ``<dst>.partial``."""
+    return Path(f"{dst}.partial.writer")
+
+
+def being_written(dst: str | os.PathLike) -> bool:
+    """Whether a live process is writing ``<dst>.partial`` now (it holds :func:`writer_lock_path` locked)."""
+    import fcntl
+
+    path = writer_lock_path(dst)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _take_writer_lock(dst: Path) -> int:
+    """Lock :func:`writer_lock_path` for this writer (the lock goes when the descriptor closes, also at a kill -9).
+
+    Raises:
+        FileExistsError: another process holds it: a pack to ``dst`` is being written."""
+    import fcntl
+
+    path = writer_lock_path(dst)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise FileExistsError(
+            f"{str(dst)!r} is being written by another process (it holds the lock {str(path)!r}); wait for that "
+            "pack to finish, or stop it and pass resume=True (CLI: --resume)."
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 class PackWriter:
     """Writes records to ``<dst>.partial`` in index order, committing every ``commit_every`` records or
     ``commit_bytes`` bytes; :meth:`finish` writes the metadata, the completion record, and renames the file.
@@ -96,11 +142,14 @@ class PackWriter:
         lmdb = require("lmdb")
         self.dst = Path(dst)
         self.partial = Path(f"{self.dst}.partial")
+        self._lock_fd = -1
         if self.dst.exists():
             raise FileExistsError(
                 f"{str(self.dst)!r} already exists; remove it or choose another destination."
             )
+        self._lock_fd = _take_writer_lock(self.dst)  # before the .partial is looked at: one writer at a time
         if self.partial.exists() and not resume:
+            self._release()
             raise FileExistsError(
                 f"{str(self.partial)!r} is an interrupted pack; pass resume=True (CLI: --resume) to continue it, or "
                 "delete it to start over."
@@ -111,12 +160,17 @@ class PackWriter:
         # the finished pack is fsynced before its atomic rename (after a power loss, restart an unfinished pack).
         # writemap: records are copied straight into the file's pages (no second copy by write() at each commit;
         # measured 1.3-1.7x faster packing); the file is sparse at the map size until finish() trims it.
-        self.env = lmdb.open(str(self.partial), subdir=False, map_size=max(map_size, 2 * reserve), max_dbs=2,
-                             lock=True, sync=False, metasync=False, writemap=True)  # fmt: skip
+        try:
+            self.env = lmdb.open(str(self.partial), subdir=False, map_size=max(map_size, 2 * reserve), max_dbs=2,
+                                 lock=True, sync=False, metasync=False, writemap=True)  # fmt: skip
+        except Exception:
+            self._release()
+            raise
         try:
             _reserve_disk(self.partial, reserve)
         except OSError:
             self.env.close()
+            self._release()
             raise
         # each commit starts writing its pages to disk, so the fsync at finish() waits for little and dirty pages
         # do not pile up (benchmarks/diagnostics/lmdb_pack_workers.py at 95d388c, H100 machine: finish() of 20,000 x 4 KB in
@@ -219,10 +273,18 @@ class PackWriter:
         lock = Path(f"{self.partial}-lock")
         if lock.exists():
             lock.unlink()
+        writer_lock_path(self.dst).unlink(missing_ok=True)  # a writer that opens it now finds the pack finished
+        self._release()
         return self.dst
+
+    def _release(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def close(self) -> None:
         self.env.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        self._release()
