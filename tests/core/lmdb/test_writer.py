@@ -33,7 +33,7 @@ def test_each_commit_starts_the_writeback(tree, tmp_path, monkeypatch):
 
 
 def test_a_second_writer_to_the_same_destination_is_refused_while_the_first_writes(tmp_path):
-    from lightning_gpu_boost.core.lmdb.writer import PackWriter, _take_writer_lock, being_written
+    from lightning_gpu_boost.core.lmdb.writer import PackWriter, being_written
 
     dst = tmp_path / "a.lmdb"
     first = PackWriter(dst, "src")
