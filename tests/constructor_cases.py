@@ -121,7 +121,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (LogMel, {}, {"source_rate": "int>=1", "rate": "int>=1", "n_fft": "int>=1", "hop": "int>=1",
                       "n_mels": "int>=1", "pad_to": "int>=1"}),
         (ShapeWatch, {}, {"limit": "int>=1"}),
-        (SpanningLoader, {"loader": DataLoader(list(range(8)))}, {"batches_per_epoch": "int>=1?"}),
+        (SpanningLoader, {"loader": DataLoader(list(range(8)))}, {"batches_per_epoch": "int>=1?", "span": "bool"}),
         (BlockShuffleSampler, {"dataset": range(8), "block_size": 4},
          {"block_size": "int>=1", "window_blocks": "int>=1", "seed": "int>=0", "drop_last": "bool"}),
         (DALIDataModule, {"train_root": tree}, {"train_root": "source", "val_root": "source?", "batch_size": "int>=1",

@@ -17,7 +17,7 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
 from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
-from lightning_gpu_boost.core.prefetch import GPUNormalize, StreamPrefetcher, check_normalize
+from lightning_gpu_boost.core.prefetch import MAX_DEPTH, GPUNormalize, StreamPrefetcher, check_normalize
 
 __all__ = ['StreamPrefetch']
 
@@ -49,7 +49,7 @@ class StreamPrefetch(Callback):
         normalize_dtype: dtype of normalized images (``dtype`` before; the old name still works, with a
             deprecation warning).
         channels_last: return normalized images in ``channels_last`` memory format (faster convolutions).
-        depth: batches copied ahead, ``>= 1``.
+        depth: batches copied ahead, in ``[1, 16]``.
         cpu_lookahead: without CUDA, still wrap the loaders and look ahead (no copy), e.g. to test that a
             pipeline behaves the same with the wrapper; by default the callback does nothing without CUDA but
             normalize (``normalize``) and transform (``transform``), so that the step gets what a GPU run gets.
@@ -106,7 +106,7 @@ class StreamPrefetch(Callback):
         normalize_dtype = checks.renamed("StreamPrefetch", old_names, {"dtype": "normalize_dtype"},
                                          {"normalize_dtype": normalize_dtype},
                                          {"normalize_dtype": "float32"})["normalize_dtype"]  # fmt: skip
-        checks.check_int("depth", depth, low=1)
+        checks.check_int("depth", depth, low=1, high=MAX_DEPTH)
         checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
         for name, value in (("transform", transform), ("val_transform", val_transform)):
             if value is not None and not callable(value):

@@ -165,6 +165,10 @@ def batch_seed(seed: int, rank: int, epoch: int, index: int) -> int:
     return x >> 1
 
 
+#: the most batches a prefetcher copies ahead: each holds its GPU memory, and one or two hide the copy
+MAX_DEPTH = 16
+
+
 class StreamPrefetcher:
     """Wrap an iterable of batches; iterate it to get the batches on ``device``, copied ``depth`` batches ahead.
 
@@ -192,7 +196,7 @@ class StreamPrefetcher:
     not the look-ahead's, so a resumed run neither skips nor repeats a batch.
 
     Raises:
-        ValueError: ``depth < 1``.
+        ValueError: ``depth`` outside ``[1, MAX_DEPTH]``.
 
     Example::
 
@@ -224,8 +228,9 @@ class StreamPrefetcher:
         seed: int = 0,
         rank: int = 0,
     ) -> None:
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be an int >= 1, got {depth!r}.")
+        if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= MAX_DEPTH:
+            raise ValueError(f"depth must be an int in [1, {MAX_DEPTH}], got {depth!r} (each batch ahead holds its "
+                             "GPU memory; one or two hide the copy).")  # fmt: skip
         if transform is not None and not callable(transform):
             raise ValueError(f"transform must be a callable on the batch or None, got {transform!r}.")
         for name, value in (("seed", seed), ("rank", rank)):

@@ -108,8 +108,10 @@ def test_loader_error_propagates(trainer_kwargs):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="depth must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"depth must be an int in \[1, 16\], got 0"):
         StreamPrefetch(depth=0)
+    with pytest.raises(ValueError, match=r"depth must be an int in \[1, 16\], got 1000000000"):
+        StreamPrefetch(depth=10**9)
     with pytest.raises(ValueError, match="dtype must be"):
         StreamPrefetch(normalize_dtype="float64")
     with pytest.raises(ValueError, match="normalize must be"):

@@ -136,7 +136,7 @@ def test_state_dict_is_from_before_the_lookahead():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="depth must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"depth must be an int in \[1, 16\], got 0"):
         StreamPrefetcher([], device="cpu", depth=0)
     with pytest.raises(ValueError, match="normalize"):
         GPUNormalize((0.5,), (0.5, 0.5))
