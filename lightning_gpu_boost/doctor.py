@@ -27,6 +27,7 @@ from lightning_gpu_boost.core.loaders import (
     AUTO_PREFETCH_FACTOR,
     fixed_worker_count,
     set_num_workers,
+    shutdown_workers,
 )
 from lightning_gpu_boost.core.steady import (
     MIN_WINDOW_STEPS,
@@ -50,7 +51,7 @@ from lightning_gpu_boost.core.verdicts import (
     sample_cost_fixes,
 )
 from lightning_gpu_boost.core.worker_cpu import WorkerCPU
-from lightning_gpu_boost.core.workers import _shutdown, clone_loader, measure_batches_per_s
+from lightning_gpu_boost.core.workers import clone_loader, measure_batches_per_s
 from lightning_gpu_boost.core.workers_cache import agreed_probe
 
 __all__ = ['Bottleneck', 'Diagnosis', 'HOST_BOUND_UTIL', 'NO_VALIDATION_WARNING', 'SERIAL_WAIT_SHARE', 'SHORT_EPOCH_WAVES', 'UTIL_MAX_S', 'UTIL_WINDOW_PERIODS', 'UTIL_WINDOW_S', 'VERDICT_OF', 'diagnose', 'measure_copy_ms', 'measure_epochs_fit', 'measure_fit', 'measure_step', 'queue_bound', 'measure_step_ms', 'measure_validation_s', 'short_epochs', 'trial_fit']
@@ -294,7 +295,7 @@ def measure_validation_s(loader: Any, batches: int | None = None, cap_s: float =
                 break
         seconds = time.perf_counter() - started
         if not persistent:
-            _shutdown(it)
+            shutdown_workers(it)
     return seconds * n / max(1, read)
 
 
@@ -466,7 +467,7 @@ def trial_fit(model: Any, loader: DataLoader, count: int, steps: int, persistent
         set_num_workers(epochs, count, AUTO_PREFETCH_FACTOR, keep)
     if short_epochs(epochs):
         fit = measure_epochs_fit(model, epochs, steps=steps, **trainer_kwargs)
-        _shutdown(getattr(epochs, "_iterator", None))  # persistent workers: stopped now, not when collected
+        shutdown_workers(getattr(epochs, "_iterator", None))  # persistent workers: stopped now, not when collected
         epochs._iterator = None
         return fit
     fit = measure_fit(model, clone_loader(epochs, count, epochs.prefetch_factor or 2), steps=steps, warmup=3,

@@ -139,7 +139,6 @@ class AutoNumWorkers(Callback):
         self._left_alone: set[str] = set()
         self._restarts: list[Any] = []  # SpanningLoaders to start again with a new count at the epoch's end
         self._wrapped: list[Any] = []  # the resumable loaders this fit's hook made (closed at teardown)
-        self._tuned: list[DataLoader] = []  # the loaders it tuned (their persistent workers stop at teardown)
 
     def _tune(self, trainer: pl.Trainer, loader: DataLoader, stage: str) -> None:
         if self.keep_user_value and loader.num_workers > 0:
@@ -178,7 +177,6 @@ class AutoNumWorkers(Callback):
                 "num_workers", self.chosen[stage], by="AutoNumWorkers", why=getattr(self.probes.get(stage), "reason", "") or "measured",
                 decide_again=functools.partial(self._decide_again, trainer, loader),
             )  # fmt: skip
-        self._tuned.append(loader)
         set_num_workers(
             loader,
             self.chosen[stage],
@@ -235,12 +233,7 @@ class AutoNumWorkers(Callback):
         remove_dataloader_hook(trainer.strategy, f"AutoNumWorkers-{id(self)}")
         while self._wrapped:
             self._wrapped.pop().close()
-        for loader in self._tuned:  # a persistent loader of the user's keeps its workers until shut down
-            shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
-            if callable(shutdown):
-                shutdown()
-                loader._iterator = None
-        self._tuned.clear()
+
 
     def state_dict(self) -> dict[str, Any]:
         return {"chosen": dict(self.chosen), "probes": {k: p.as_dict() for k, p in self.probes.items()}}

@@ -92,7 +92,8 @@ class SpanEpochs(Callback):
 
         def hook(dataloader: object, loader_stage: str | None) -> object:
             if loader_stage not in stages:
-                return self._track(resumable(dataloader)) if loader_stage == "train" else dataloader
+                return self._resumable(dataloader) if loader_stage == "train" else dataloader
+            given = dataloader
             if isinstance(dataloader, SpanningLoader) and not dataloader.span:  # made resumable by an earlier part
                 dataloader = dataloader.source
             limit = trainer.limit_train_batches if loader_stage == "train" else trainer.limit_val_batches
@@ -114,8 +115,8 @@ class SpanEpochs(Callback):
                 self._blocked = None if span or not batches or span_decision(dataloader, batches, 0.0)[0] else why
             if loader_stage == "train":  # the run record: asked again instead of advised a threshold
                 run_record(trainer).choose("span_epochs", span, by="SpanEpochs", why=why, decide_again=self._again)
-            if not span or batches is None or length is None:
-                return self._track(resumable(dataloader)) if loader_stage == "train" else dataloader
+            if not span or batches is None or length is None:  # a train loader stays resumable
+                return self._resumable(given) if loader_stage == "train" else given
             full = batches >= length
             wrapped = SpanningLoader(dataloader, None if full else batches)  # type: ignore[arg-type]
             self._spanning.append(wrapped)
@@ -136,10 +137,13 @@ class SpanEpochs(Callback):
                        "this callback keeps the train loader's "
                        "workers loading across epoch ends (this fit's loader cannot be swapped mid-fit).")  # fmt: skip
 
-    def _track(self, loader: Any) -> Any:
-        if isinstance(loader, SpanningLoader):
-            self._spanning.append(loader)
-        return loader
+    def _resumable(self, loader: Any) -> Any:
+        """``loader`` made resumable (:func:`~lightning_gpu_boost.core.spanning.resumable`); a wrapper made here is
+        closed at teardown."""
+        wrapped = resumable(loader)
+        if wrapped is not loader:
+            self._spanning.append(wrapped)
+        return wrapped
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

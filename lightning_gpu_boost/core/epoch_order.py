@@ -27,7 +27,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-__all__ = ["EpochOrder", "epoch_seed", "inner_sampler", "unplaceable"]
+__all__ = ["EpochOrder", "epoch_seed", "inner_sampler", "start_index_sampler", "unplaceable"]
 
 #: samplers whose order depends on nothing but their settings and ``set_epoch``: no random state to swap
 _FIXED_ORDER = (SequentialSampler, DistributedSampler)
@@ -52,6 +52,20 @@ def unplaceable(index_sampler: Any) -> str | None:
         return (f"its {type(obj).__name__} is not one of torch's samplers and has no set_epoch, so its order may "
                 "come from a random state a checkpoint does not hold")  # fmt: skip
     return None
+
+
+def start_index_sampler(index_sampler: Any, batch_size: int | None, epoch: int | None, batches: int) -> bool:
+    """Make the next iteration of ``index_sampler`` (a ``BatchSampler`` or a sampler) begin ``batches`` batches
+    into ``epoch`` where its sampler can do that by itself (``start_at(epoch, samples)``): ``True`` then, ``False``
+    where the caller must skip the index batches itself (:class:`~lightning_gpu_boost.core.resume.SkipFirst`)."""
+    if batches <= 0:
+        return True
+    if isinstance(index_sampler, BatchSampler) and batch_size:
+        start_at = getattr(index_sampler.sampler, "start_at", None)
+        if callable(start_at) and epoch is not None:
+            start_at(epoch, batches * index_sampler.batch_size)
+            return True
+    return False
 
 
 def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
@@ -87,7 +101,13 @@ class EpochOrder:
         objects = dict.fromkeys((index_sampler, self.sampler), None)
         self._generators = list({id(g): g for o in objects if isinstance(g := getattr(o, "generator", None),
                                                                           torch.Generator)}.values())  # fmt: skip
-        self._global = not all(isinstance(o, _FIXED_ORDER) or type(o) is BatchSampler for o in objects)
+        # the global state is swapped unless every object is known not to read it: fixed orders, a plain
+        # BatchSampler, torch's random samplers with a generator of their own
+        self._global = not all(isinstance(o, _FIXED_ORDER) or type(o) is BatchSampler
+                               or (isinstance(o, _RANDOM) and getattr(o, "generator", None) is not None)
+                               for o in objects)  # fmt: skip
+        #: the random states swapped per draw: ``None`` for the global one, then each generator
+        self._streams: list[torch.Generator | None] = ([None] if self._global else []) + self._generators
 
     def draw_seed(self) -> int:
         """The run's seed, drawn once: from the sampler's generator where it has one, else the global state."""
@@ -106,8 +126,6 @@ class EpochOrder:
     def batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
         """``epoch``'s index batches after its first ``skip`` ones (drawn, not loaded; a sampler with
         ``start_at(epoch, samples)`` skips by itself)."""
-        from lightning_gpu_boost.core.resume import start_index_sampler
-
         seed = self.draw_seed()
         self.set_epoch(epoch)
         by_sampler = start_index_sampler(self.index_sampler, 1, epoch, skip)
@@ -131,8 +149,8 @@ class EpochOrder:
         """``next(it, sentinel)`` with the epoch's random states in place, the caller's put back after."""
         if not ours:
             return next(it, sentinel)
-        theirs = ([torch.get_rng_state()] if self._global else []) + [g.get_state() for g in self._generators]
-        gens = ([None] if self._global else []) + self._generators
+        gens = self._streams
+        theirs = [torch.get_rng_state() if g is None else g.get_state() for g in gens]
         for g, state in zip(gens, ours, strict=True):
             torch.set_rng_state(state) if g is None else g.set_state(state)
         try:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 log = logging.getLogger(__name__)
 
-__all__ = ['LowPriorityWorkerInit', 'fixed_worker_count', 'iter_loaders', 'leaf_loaders', 'loader_entries', 'set_num_workers', 'spanned_loaders', 'splits_by_worker']
+__all__ = ['LowPriorityWorkerInit', 'fixed_worker_count', 'iter_loaders', 'leaf_loaders', 'loader_entries', 'set_num_workers', 'shutdown_workers', 'spanned_loaders', 'splits_by_worker']
 
 def _leaves(obj: Any, spanned: bool = False) -> Iterable[tuple[Any, bool]]:
     """``(loader, spanned)`` for each loader inside ``obj``, DataLoader or not (see :func:`loader_entries`)."""
@@ -31,6 +31,14 @@ def _leaves(obj: Any, spanned: bool = False) -> Iterable[tuple[Any, bool]]:
         yield from _leaves(obj.loader, spanned)
     elif obj is not None:
         yield obj, spanned
+
+
+def shutdown_workers(iterator: Any) -> None:
+    """Stop a DataLoader iterator's workers now and wait for them (``None`` or another iterator: nothing).
+    (``_shutdown_workers`` is private to PyTorch; ``tests/core/test_workers.py`` checks it still works.)"""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
 
 
 def loader_entries(obj: Any, spanned: bool = False) -> Iterable[tuple[DataLoader, bool]]:

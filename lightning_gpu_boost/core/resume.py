@@ -22,10 +22,12 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+
+from lightning_gpu_boost.core.epoch_order import inner_sampler, start_index_sampler
 
 __all__ = ["PLACE_VERSION", "ResumableDataLoader", "SkipFirst", "check_place", "finish_ended_epoch", "loader_settings",
-           "resume_start", "sampler_epoch", "start_index_sampler"]
+           "resume_start", "sampler_epoch"]
 
 #: the version of the place a resumable loader saves (``{"version", "epoch", "batches", "settings", ...}``)
 PLACE_VERSION = 1
@@ -35,8 +37,6 @@ def loader_settings(batch_size: int | None, drop_last: bool, index_sampler: Any)
     """What a saved place in an epoch depends on: the batch size, the sampler's kind, length and settings (its
     process count, seed and blocks where it has them). A resume with other values would skip another part of
     another order."""
-    from lightning_gpu_boost.core.epoch_order import inner_sampler
-
     sampler = inner_sampler(index_sampler)
     settings: dict[str, Any] = {"batch_size": batch_size, "drop_last": bool(drop_last),
                                 "sampler": type(sampler).__name__}  # fmt: skip
@@ -113,20 +113,6 @@ class SkipFirst:
 
     def __len__(self) -> int:
         return len(self.sampler)
-
-
-def start_index_sampler(index_sampler: Any, batch_size: int | None, epoch: int | None, batches: int) -> bool:
-    """Make the next iteration of ``index_sampler`` (a ``BatchSampler`` or a sampler) begin ``batches`` batches
-    into ``epoch`` where its sampler can do that by itself (``start_at(epoch, samples)``): ``True`` then, ``False``
-    where the caller must skip the index batches itself (:class:`SkipFirst`)."""
-    if batches <= 0:
-        return True
-    if isinstance(index_sampler, BatchSampler) and batch_size:
-        start_at = getattr(index_sampler.sampler, "start_at", None)
-        if callable(start_at) and epoch is not None:
-            start_at(epoch, batches * index_sampler.batch_size)
-            return True
-    return False
 
 
 class ResumableDataLoader(DataLoader):

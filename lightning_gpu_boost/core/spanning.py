@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.epoch_order import EpochOrder, unplaceable
+from lightning_gpu_boost.core.loaders import shutdown_workers
 from lightning_gpu_boost.core.resume import (
     PLACE_VERSION,
     ResumableDataLoader,
@@ -181,28 +182,6 @@ class SpanningLoader:
         return n if self.batches_per_epoch is None else min(n, self.batches_per_epoch)
 
     @property
-    def sampler(self) -> Any:
-        """The loader's sampler (Lightning sets its epoch; the chain sets each epoch it draws itself)."""
-        return self.source.sampler
-
-    @property
-    def batch_sampler(self) -> Any:
-        """The loader's batch sampler (``None`` for ``batch_size=None`` loaders), as Lightning's checks read it."""
-        return self.source.batch_sampler
-
-    @property
-    def batch_size(self) -> int | None:
-        return self.source.batch_size
-
-    @property
-    def dataset(self) -> Any:
-        return self.source.dataset
-
-    @property
-    def num_workers(self) -> int:
-        return self.source.num_workers
-
-    @property
     def persistent_workers(self) -> bool:
         """Whether the workers outlive an epoch: always where they span epochs, else the source's setting."""
         return self._span or bool(self.source.persistent_workers)
@@ -224,7 +203,9 @@ class SpanningLoader:
         self.source.worker_init_fn = fn
 
     def __getattr__(self, name: str) -> Any:
-        """Any other DataLoader attribute reads the source's (``persistent_workers``, ``pin_memory``, ...)."""
+        """Every other DataLoader attribute reads the source's: ``sampler`` (Lightning sets its epoch; the chain sets
+        each epoch it draws itself), ``batch_sampler``, ``batch_size``, ``dataset``, ``num_workers``, ...
+        (Lightning's checks and the worker tuners read them)."""
         if name.startswith("_") or name == "source":
             raise AttributeError(name)
         return getattr(self.source, name)
@@ -319,9 +300,7 @@ class SpanningLoader:
         iterator, self._iterator, self._left = self._iterator, None, 0
         inner, self._inner = self._inner, None
         for it in (iterator, getattr(inner, "_iterator", None)):
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if callable(shutdown):
-                shutdown()
+            shutdown_workers(it)
 
     def __repr__(self) -> str:
         return f"SpanningLoader({self.source!r}, batches_per_epoch={self.batches_per_epoch}, span={self._span})"

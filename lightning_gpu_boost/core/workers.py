@@ -16,6 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
+from lightning_gpu_boost.core.loaders import shutdown_workers
 from lightning_gpu_boost.core.steady import MIN_WINDOW_STEPS, SteadyRate, min_warmup, steady_window
 
 __all__ = ['decide_workers_again', 'CONTENDER_SPREAD', 'EndlessBatches', 'PROBE_BATCH_S', 'QUICK_SHARE', 'QUICK_WINDOW_SPREAD', 'REAL_BATCH_BUDGET_SHARE', 'SHUTDOWN_S', 'WorkerProbe', 'WorkersDied', 'ZERO_WORKERS_MARGIN', 'clone_loader', 'max_workers_for_node', 'measure_batches_per_s', 'measure_loader', 'measurement_seconds', 'probe_batch_size', 'sample_seconds', 'tune_num_workers']
@@ -255,14 +256,6 @@ def _sample_seconds(loader: DataLoader, dataset: Any, max_s: float) -> float | N
     return per_sample
 
 
-def _shutdown(iterator: Any) -> None:
-    """Stop a DataLoader iterator's workers now and wait for them, so the next measurement runs alone.
-    (``_shutdown_workers`` is private to PyTorch; ``tests/core/test_workers.py`` checks it still works.)"""
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if callable(shutdown):
-        shutdown()
-
-
 def measure_loader(loader: DataLoader, workers: int, cap_s: float, min_window_s: float) -> SteadyRate:
     """The loader alone in steady state, in batches/s (the rule of :mod:`~lightning_gpu_boost.core.steady`).
 
@@ -285,7 +278,7 @@ def measure_loader(loader: DataLoader, workers: int, cap_s: float, min_window_s:
         try:
             next(it)
         except StopIteration:
-            _shutdown(it)
+            shutdown_workers(it)
             it = iter(loader)
             next(it)  # an empty loader raises StopIteration here
 
@@ -306,7 +299,7 @@ def measure_loader(loader: DataLoader, workers: int, cap_s: float, min_window_s:
     except StopIteration:  # an empty loader
         pass
     finally:
-        _shutdown(it)
+        shutdown_workers(it)
     if len(stamps) - 1 - warm < 2:
         return SteadyRate(0.0, 0.0, 0.0, queue, warm, 0, 0.0)
     return steady_window(stamps, queue=queue)

@@ -87,15 +87,18 @@ def test_failed_and_interrupted_fits_leave_nothing_behind(part, how, tmp_path):
             del trainer, loader
     finally:
         signal.signal(signal.SIGINT, handler)
-    assert _settled(before) == before
+    after = _settled(before)
+    assert all(a <= b for a, b in zip(after, before, strict=True)), (before, after)
 
 
 def _settled(before: tuple[int, int, int], wait_s: float = 10.0) -> tuple[int, int, int]:
-    """What this process holds, once it is back at ``before`` or ``wait_s`` passed (stopped workers take a moment
-    to exit on a loaded machine)."""
+    """What this process holds, once it is back at ``before`` or below (what an earlier test in this process left
+    exiting may go meanwhile), or ``wait_s`` passed (stopped workers take a moment to exit on a loaded machine)."""
     import time
 
     deadline = time.monotonic() + wait_s
-    while (now := _held()) != before and time.monotonic() < deadline:
+    while True:
+        now = _held()
+        if all(a <= b for a, b in zip(now, before, strict=True)) or time.monotonic() > deadline:
+            return now
         time.sleep(0.2)
-    return now

@@ -33,6 +33,7 @@ from lightning_gpu_boost.core.lmdb.format import (
 )
 from lightning_gpu_boost.core.lmdb.page_cache import _PREFETCHED, _prefetch_if_small, readahead_chunk
 from lightning_gpu_boost.core.lmdb.pages import _map_base, _tree_levels, record_extents
+from lightning_gpu_boost.core.lmdb.writer import being_written
 
 __all__ = ['CHECK_EVERY', 'FORK_WAIT_S', 'PackReader', 'close_readers', 'file_identity', 'wait_for_read_ahead']
 
@@ -370,8 +371,6 @@ class PackReader:
                     "once it is complete (damaged LMDB meta pages, or a copy of a pack's .partial file). Repack the "
                     "source or restore the file."
                 )
-            from lightning_gpu_boost.core.lmdb.writer import being_written
-
             dst = self.path[: -len(".partial")]
             if being_written(dst):
                 raise IncompletePackError(f"{self.path!r} is being written by another process now; wait for that "
@@ -400,7 +399,7 @@ class PackReader:
             if not os.path.exists(self.path):
                 partial = f"{self.path}.partial"
                 hint = f"; {partial!r} is an interrupted pack: resume it with `lightning-gpu-boost pack SRC {self.path} --resume`" if os.path.exists(partial) else ""  # fmt: skip
-                if hint and _being_written(self.path):
+                if hint and being_written(self.path):
                     hint = f"; {partial!r} is being written by another process now: wait for that pack to finish"
                 raise FileNotFoundError(f"No LMDB pack at {self.path!r}{hint}.")
             env, dbs, identity = _shared_env(self.path, self.readahead)
@@ -597,8 +596,3 @@ class PackReader:
                     return
                 yield decode_record(KEY.unpack(bytes(item[0]))[0], item[1], check_crc)
 
-
-def _being_written(dst: str) -> bool:
-    from lightning_gpu_boost.core.lmdb.writer import being_written
-
-    return being_written(dst)

@@ -109,10 +109,11 @@ def _take_writer_lock(dst: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip()
         os.close(fd)
         raise FileExistsError(
-            f"{str(dst)!r} is being written by another process (it holds the lock {str(path)!r}); wait for that "
-            "pack to finish, or stop it and pass resume=True (CLI: --resume)."
+            f"{str(dst)!r} is being written by another process ({'pid ' + holder if holder else 'a process'} holds "
+            f"the lock {str(path)!r}); wait for that pack to finish, or stop it and pass resume=True (CLI: --resume)."
         ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())

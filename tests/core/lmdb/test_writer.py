@@ -41,7 +41,7 @@ def test_a_second_writer_to_the_same_destination_is_refused_while_the_first_writ
     first.commit(force=True)
     assert being_written(dst)
     for resume in (False, True):  # not even a resume may write beside it
-        with pytest.raises(FileExistsError, match=r"being written by another process \(it holds the lock"):
+        with pytest.raises(FileExistsError, match=rf"being written by another process \(pid {os.getpid()} holds the lock"):
             PackWriter(dst, "src", resume=resume)
     first.close()  # the first writer stopped (as after kill -9: the lock goes with its descriptor)
     assert not being_written(dst)
