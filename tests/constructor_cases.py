@@ -109,7 +109,7 @@ def cases(jpeg_tree: Any, pack: Any) -> Iterator[tuple[Callable[..., Any], dict[
         (StreamingDataModule, {"train_dir": "s3://bucket/prefix"},
          {"train_dir": "str", "val_dir": "str?", "image_size": "int>=1", "val_resize": "int>=1?", "scale": "pair01",
           "storage_options": "dict?", "cache_dir": "str?", "max_cache_size": "str", "max_pre_download": "int>=1",
-          "seed": "int>=0", "check_source": "bool", **boost}),
+          "seed": "int>=0", "check_source": "bool", "bad_samples": "dtype", "stall_s": "float>0", **boost}),
         (DDPBoostStrategy, {}, {"process_group_backend": "backend?", "timeout": "timeout?", "start_method": "dtype",
                                 "gradient_as_bucket_view": "bool", "broadcast_buffers": "bool",
                                 "bucket_cap_mb": "float>0", "static_graph": "bool", "find_unused_parameters": "bool",

@@ -22,12 +22,14 @@ CHUNK = 64 << 10
 class LinkProxy:
     """Forward ``127.0.0.1:<port>`` to ``host:port``: each request waits ``latency_s`` before it is forwarded, and
     the bytes sent back leave at most at ``bandwidth`` bytes/s in all (``None``: no cap). ``bytes_down``: bytes
-    sent back so far."""
+    sent back so far. While ``stall`` is set (bytes), requests that contain it are taken and never forwarded (a
+    store that stops answering them: the connections stay open, nothing comes back); ``b""`` stalls every request."""
 
     def __init__(self, host: str, port: int, latency_s: float = 0.0, bandwidth: float | None = None,
                  counter: Any = None) -> None:  # fmt: skip
         self.host, self.upstream_port, self.latency_s, self.bandwidth = host, port, latency_s, bandwidth
         self.bytes_down, self.requests, self.port = 0, 0, 0
+        self.stall: bytes | None = None
         self._counter = counter  # a multiprocessing.Value mirrored with bytes_down (the proxy in its own process)
         self._free_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -49,10 +51,17 @@ class LinkProxy:
 
     def _run(self) -> None:
         self._loop = loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
         server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         loop.run_forever()
+        server.close()  # stopped: open connections (a stalled request's too) are closed before the loop is
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.close()
 
     async def _pace(self, n: int) -> None:
         if not self.bandwidth:
@@ -72,6 +81,8 @@ class LinkProxy:
         async def requests() -> None:
             while data := await client_r.read(CHUNK):
                 self.requests += 1
+                if self.stall is not None and self.stall in data:
+                    await asyncio.sleep(3600)  # this connection's request is never forwarded
                 if self.latency_s:
                     await asyncio.sleep(self.latency_s)
                 up_w.write(data)

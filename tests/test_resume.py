@@ -93,3 +93,32 @@ def test_an_iterable_dataset_says_once_that_its_epoch_restarts():
     with pytest.warns(UserWarning, match="cannot be started where the checkpoint was"):
         batches = [b.tolist() for b in loader]
     assert batches[0] == [0, 1] and len(batches) == 4
+
+
+@pytest.mark.parametrize("part", ["gpu_boost", "span_epochs", "auto_workers"])
+def test_a_stateful_loader_resumed_with_another_worker_count_is_refused_naming_both(part, tmp_path):
+    pytest.importorskip("torchdata")
+    import lightning.pytorch as pl
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lightning_gpu_boost.callbacks import AutoNumWorkers, GPUBoost, SpanEpochs
+    from tests.helpers import IndexDataset
+    from tests.resume_harness import IdModel
+
+    parts = {"gpu_boost": lambda: GPUBoost(auto_workers=False, watchdog=False), "span_epochs": SpanEpochs,
+             "auto_workers": lambda: AutoNumWorkers(workers_budget_s=1.0, use_cache=False, max_workers=2)}  # fmt: skip
+
+    def fit(workers, ckpt=None, save=None):
+        loader = StatefulDataLoader(IndexDataset(14), batch_size=4, num_workers=workers, shuffle=True)
+        every = [pl.callbacks.ModelCheckpoint(dirpath=save, every_n_train_steps=1, save_top_k=-1, filename="{step}")]
+        model = IdModel()
+        pl.Trainer(max_epochs=2, callbacks=[parts[part](), *(every if save else [])], logger=False,
+                   enable_checkpointing=bool(save), enable_progress_bar=False, enable_model_summary=False,
+                   default_root_dir=str(tmp_path)).fit(model, train_dataloaders=loader, ckpt_path=ckpt)  # fmt: skip
+        return model
+
+    whole = fit(2, save=tmp_path / "ckpt")
+    assert fit(2, ckpt=str(tmp_path / "ckpt" / "step=2.ckpt")).steps == whole.steps[2:]  # same count: exact
+    with pytest.raises(ValueError, match=r"StatefulDataLoader saved it with num_workers=2 and this run has "
+                                         r"num_workers=1 .* Resume with num_workers=2"):  # fmt: skip
+        fit(1, ckpt=str(tmp_path / "ckpt" / "step=2.ckpt"))

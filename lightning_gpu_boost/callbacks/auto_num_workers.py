@@ -24,6 +24,7 @@ from lightning_gpu_boost.core.loaders import (
     iter_loaders,
     set_num_workers,
 )
+from lightning_gpu_boost.core.resume import refuse_other_worker_count, saved_loader_states
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import resumable
 from lightning_gpu_boost.core.workers import WorkerProbe, decide_workers_again
@@ -139,6 +140,7 @@ class AutoNumWorkers(Callback):
         self._left_alone: set[str] = set()
         self._restarts: list[Any] = []  # SpanningLoaders to start again with a new count at the epoch's end
         self._wrapped: list[Any] = []  # the resumable loaders this fit's hook made (closed at teardown)
+        self._saved_states: list[Any] = []  # the train loaders' places a checkpoint holds (on_load_checkpoint)
 
     def _tune(self, trainer: pl.Trainer, loader: DataLoader, stage: str) -> None:
         if self.keep_user_value and loader.num_workers > 0:
@@ -216,12 +218,19 @@ class AutoNumWorkers(Callback):
             # a train loader resumes exactly mid-epoch (a plain DataLoader keeps no place of its own)
             if loader_stage != "train":
                 return dataloader
+            if self._saved_states:
+                refuse_other_worker_count(dataloader, self._saved_states.pop(0))
             wrapped = resumable(dataloader)
             if wrapped is not dataloader:
                 self._wrapped.append(wrapped)
             return wrapped
 
         add_dataloader_hook(trainer.strategy, f"AutoNumWorkers-{id(self)}", hook, before=True)
+
+    @override
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # read before the loaders are built: a saved place they cannot continue is refused in the loader hook
+        self._saved_states = saved_loader_states(checkpoint)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.core.resume import refuse_other_worker_count, saved_loader_states
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import RESTART_SHARE, SpanningLoader, resumable, span_decision
 
@@ -76,6 +77,7 @@ class SpanEpochs(Callback):
         #: ``(stage, wrapped, why)`` for each loader considered in the last fit
         self.decisions: list[tuple[str, bool, str]] = []
         self._spanning: list[SpanningLoader] = []
+        self._saved_states: list[Any] = []  # the train loaders' places a checkpoint holds (on_load_checkpoint)
         self._span_next_fit = False  # set where a fit ended showing that its train loader should have been spanned
         self._blocked: str | None = None  # why the train loader could not be spanned whatever the threshold
         self._strategy: Any = None
@@ -91,6 +93,8 @@ class SpanEpochs(Callback):
         stages = {name for name, on in (("train", self.train), ("val", self.val)) if on}
 
         def hook(dataloader: object, loader_stage: str | None) -> object:
+            if loader_stage == "train" and self._saved_states:
+                refuse_other_worker_count(dataloader, self._saved_states.pop(0))
             if loader_stage not in stages:
                 return self._resumable(dataloader) if loader_stage == "train" else dataloader
             given = dataloader
@@ -144,6 +148,11 @@ class SpanEpochs(Callback):
         if wrapped is not loader:
             self._spanning.append(wrapped)
         return wrapped
+
+    @override
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # read before the loaders are built: a saved place they cannot continue is refused in the loader hook
+        self._saved_states = saved_loader_states(checkpoint)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

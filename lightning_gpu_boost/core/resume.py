@@ -261,3 +261,38 @@ def finish_ended_epoch(checkpoint: dict[str, Any]) -> int:
             state["_iterator_finished"] = True
             changed += 1
     return changed
+
+
+def saved_loader_states(checkpoint: dict[str, Any]) -> list[Any]:
+    """The train loaders' own saved states in ``checkpoint`` (Lightning's), in the order Lightning hands it the
+    loaders."""
+    fit = checkpoint.get("loops", {}).get("fit_loop", {})
+    return list(fit.get("state_dict", {}).get("combined_loader", []) or [])
+
+
+def saved_worker_count(state: Any) -> int | None:
+    """The worker count a torchdata ``StatefulDataLoader`` state was saved with (its state is per worker), or
+    ``None`` for any other state."""
+    if not isinstance(state, dict):
+        return None
+    snapshot = state.get("_snapshot")
+    if isinstance(snapshot, dict) and isinstance(snapshot.get("_worker_snapshots"), dict):
+        return len(snapshot["_worker_snapshots"])
+    if "_sampler_iter_state" in state and "_num_yielded" in state:  # its state without workers
+        return 0
+    return None
+
+
+def refuse_other_worker_count(loader: Any, state: Any) -> None:
+    """Raise one line where ``loader`` (a ``StatefulDataLoader``) is to resume ``state`` saved with another worker
+    count: torchdata keeps one place per worker and cannot map them onto another count (it raises a message about
+    ``iter(combined_loader)`` otherwise)."""
+    saved = saved_worker_count(state)
+    now = getattr(loader, "num_workers", None)
+    if saved is None or now is None or type(loader).__name__ != "StatefulDataLoader" or saved == now:
+        return
+    raise ValueError(
+        f"Cannot resume the train loader's place: its StatefulDataLoader saved it with num_workers={saved} and this "
+        f"run has num_workers={now} (torchdata keeps one place per worker). Resume with num_workers={saved}, or start "
+        "a new run."
+    )

@@ -3,9 +3,9 @@ uint8 batches in the loader's workers."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD
@@ -25,11 +25,18 @@ class StreamingDataModule(BoostDataModule):
     :func:`~lightning_gpu_boost.core.streaming.write_image_stream`.
 
     Before training (``setup``) each stream is checked: an unreachable endpoint, missing credentials, a bucket or
-    prefix that does not exist, or an upload that stopped before its end raises one
-    :class:`~lightning_gpu_boost.core.streaming.StreamSourceError` naming the URL. A training run resumed from a
-    mid-epoch checkpoint continues where it stopped through litdata's own loader state, which Lightning saves.
+    prefix that does not exist, an upload that stopped before its end, or samples of another schema raises one
+    :class:`~lightning_gpu_boost.core.streaming.StreamSourceError` naming the URL. In training each sample's
+    checksum (written by ``write_image_stream``) is compared in the worker that reads it: a damaged sample is named
+    by its object (chunk), its place and the cause, and raised or skipped by ``bad_samples``. A read that waits more
+    than ``stall_s`` is reported from the worker, naming the object and the endpoint, while it is retried. A
+    training run resumed from a mid-epoch checkpoint continues where it stopped through litdata's own loader state,
+    which Lightning saves; a resume with another worker count, batch size, world size, stream, seed or shuffle is
+    refused with one line naming both values.
 
-    Logged: one info line per stream with its samples, chunks and bytes.
+    Logged: one info line per stream with its samples, chunks and bytes; one warning for a stream written without
+    checksums; with ``bad_samples="skip"``, one warning per pass naming the samples skipped (and
+    ``bad_samples/train`` through ``BadSampleReport``, part of ``GPUBoost``).
 
     Args:
         train_dir: the training stream (``s3://bucket/prefix`` or a folder holding ``index.json``).
@@ -44,6 +51,11 @@ class StreamingDataModule(BoostDataModule):
         max_pre_download: chunks each worker downloads ahead.
         seed: the shuffle's seed (litdata's ``seed``; each epoch reshuffles from it).
         check_source: check each stream in ``setup`` (one listing and the index: a few requests).
+        bad_samples: a sample whose checksum does not match, whose record does not parse or whose image does not
+            decode: ``"raise"`` an error naming its object, place and cause, or ``"skip"`` it (its batch is that much
+            shorter).
+        stall_s: seconds a sample may wait for its bytes before the stall is reported (and, where litdata
+            downloads with boto3, before a silent request is retried).
         normalize: ``(mean, std)`` per channel in ``[0, 1]`` units (ImageNet's by default), or ``None``.
         **kwargs: :class:`~lightning_gpu_boost.datamodules.BoostDataModule`'s (``batch_size``, ``num_workers``,
             ``pin_memory``, ``persistent_workers``, ``prefetch_factor``, ``drop_last``, ``shuffle``, ``collate_fn``).
@@ -83,6 +95,8 @@ class StreamingDataModule(BoostDataModule):
         max_pre_download: int = 2,
         seed: int = 42,
         check_source: bool = True,
+        bad_samples: Literal["raise", "skip"] = "raise",
+        stall_s: float = 20.0,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = (IMAGENET_MEAN, IMAGENET_STD),
         **kwargs: Any,
     ) -> None:
@@ -97,6 +111,8 @@ class StreamingDataModule(BoostDataModule):
         checks.check_int("max_pre_download", max_pre_download, low=1)
         checks.check_int("seed", seed, low=0)
         checks.check_bool("check_source", check_source)
+        checks.check_choice("bad_samples", bad_samples, ("raise", "skip"))
+        checks.check_number("stall_s", stall_s, low=0.1, high=30.0)
         if kwargs.get("num_workers") == "auto":
             raise ValueError(
                 "num_workers='auto' is not available for StreamingDataModule: litdata splits chunks across workers "
@@ -109,6 +125,7 @@ class StreamingDataModule(BoostDataModule):
         self.storage_options = dict(storage_options or {})
         self.cache_dir, self.max_cache_size, self.max_pre_download = cache_dir, max_cache_size, max_pre_download
         self.seed, self.check_source = seed, check_source
+        self.bad_samples, self.stall_s = bad_samples, float(stall_s)
         #: url -> the checked :class:`~lightning_gpu_boost.core.streaming.StreamSource`
         self.sources: dict[str, Any] = {}
 
@@ -123,17 +140,25 @@ class StreamingDataModule(BoostDataModule):
                 source = self.sources[url] = check_stream_source(url, self.storage_options)
                 rank_zero_info(f"{type(self).__name__}: {url}: {source.samples} samples in {len(source.chunks)} "
                                f"chunks ({source.chunk_bytes / 2**20:,.1f} MiB)")  # fmt: skip
+                if not source.checksummed:
+                    rank_zero_warn(f"{url}: its samples carry no checksum (written before write_image_stream "
+                                   "stored one): damaged bytes would train unnoticed. Write the stream again.")  # fmt: skip
 
     def _stream(self, url: str, train: bool) -> Any:
         from lightning_gpu_boost._imports import require
         from lightning_gpu_boost.core.streaming import DecodeImage
         from lightning_gpu_boost.core.streaming.source import litdata_storage_options
 
-        litdata = require("litdata")
-        return litdata.StreamingDataset(
-            url, cache_dir=self.cache_dir, shuffle=self.shuffle and train, drop_last=self.drop_last and train,
+        require("litdata")
+        from lightning_gpu_boost.core.streaming.checked import CheckedStream
+
+        source = self.sources.get(url)
+        return CheckedStream(
+            url, chunks=source.chunks if source else None, chunk_samples=source.chunk_samples if source else None,
+            bad_samples=self.bad_samples, stall_s=self.stall_s,
+            cache_dir=self.cache_dir, shuffle=self.shuffle and train, drop_last=self.drop_last and train,
             seed=self.seed, max_cache_size=self.max_cache_size, max_pre_download=self.max_pre_download,
-            storage_options=litdata_storage_options(url, self.storage_options),
+            storage_options=litdata_storage_options(url, self.storage_options, read_timeout_s=self.stall_s),
             transform=DecodeImage(self.image_size, train, self.val_resize, self.scale),
         )  # fmt: skip
 
@@ -145,8 +170,8 @@ class StreamingDataModule(BoostDataModule):
 
     def make_dataloader(self, dataset: Any, stage: Any) -> Any:
         """litdata's ``StreamingDataLoader`` over ``dataset`` with this DataModule's loader settings (its shuffle
-        and split across workers and ranks are litdata's own)."""
-        from lightning_gpu_boost._imports import require
+        and split across workers and ranks are litdata's own), refusing a resume with other settings."""
+        from lightning_gpu_boost.core.streaming.checked import CheckedStreamLoader
 
         kwargs = self.dataloader_kwargs(dataset, stage)
         kwargs.pop("shuffle", None)  # the dataset shuffles (and drops the last batch) itself
@@ -156,7 +181,16 @@ class StreamingDataModule(BoostDataModule):
 
             url = self.train_dir if stage == "train" else self.val_dir
             kwargs["worker_init_fn"] = ReapplyInWorker(url, self.storage_options, kwargs.get("worker_init_fn"))
-        loader = require("litdata").StreamingDataLoader(dataset, **kwargs)
+        skip = getattr(dataset, "bad_samples", None) == "skip"
+        if skip:
+            from lightning_gpu_boost.core.bad_samples import SkipBadCollate
+
+            kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"))
+        loader = CheckedStreamLoader(dataset, **kwargs)
+        if skip:
+            from lightning_gpu_boost.core.bad_samples import BadSampleLog
+
+            loader.bad_sample_log = BadSampleLog(dataset, stage, warn=rank_zero_warn)
         #: how this loader's uint8 images are normalized (StreamPrefetch on the GPU's side stream, else on the
         #: device after the transfer)
         loader.normalize = self.normalize

@@ -58,6 +58,21 @@ def test_a_run_resumed_mid_epoch_sees_exactly_the_uninterrupted_batches(stream_u
         assert resumed.seen["train"] == whole.seen["train"][step:], step
 
 
+def test_a_resume_with_another_worker_count_or_batch_size_is_refused_naming_both(stream_url, s3, tmp_path,
+                                                                                trainer_kwargs):  # fmt: skip
+    kwargs = {**trainer_kwargs, "enable_checkpointing": True}
+    every = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1,
+                                         filename="{step}")  # fmt: skip
+    pl.Trainer(max_steps=3, callbacks=[every], **kwargs).fit(ImageIdModel(), datamodule=_dm(stream_url, s3, tmp_path))
+    for changed, message in (({"num_workers": 1}, "num_workers=2 and this run has num_workers=1"),
+                             ({"batch_size": 3}, "batch_size=4 and this run has batch_size=3")):  # fmt: skip
+        resumed = ImageIdModel()
+        with pytest.raises(ValueError, match=rf"Cannot resume this stream's place: it was saved with {message}"):
+            pl.Trainer(max_epochs=2, **kwargs).fit(resumed, datamodule=_dm(stream_url, s3, tmp_path, **changed),
+                                                   ckpt_path=str(tmp_path / "ckpt" / "step=3.ckpt"))  # fmt: skip
+        assert resumed.seen["train"] == []  # refused before any batch
+
+
 def test_auto_is_refused_and_auto_num_workers_leaves_the_stream_alone(stream_url, s3, tmp_path, trainer_kwargs):
     from lightning_gpu_boost.callbacks import AutoNumWorkers
 

@@ -322,8 +322,16 @@ def _relative(path: str, root: str | os.PathLike, prefix: str | None = None) -> 
 
 
 def _text(name: str) -> str:
-    """A file or folder name as UTF-8 text: bytes that are not UTF-8 escaped (``\\xe9``), so two names stay two."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    """A file or folder name as UTF-8 text, one to one: a UTF-8 name without a backslash as it is; otherwise each
+    backslash doubled and each byte that is not UTF-8 escaped (``\\xe9``), so that no escaped name can equal a real
+    one (a file literally named ``\\xe9.jpg`` becomes ``\\\\xe9.jpg``)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if b"\\" not in raw:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    return raw.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
 
 
 def bad_samples_report_path(dst: str | os.PathLike) -> Path:

@@ -2,8 +2,9 @@
 
 :func:`write_image_stream` scans ``<src>/<class>/<image>`` as ``pack`` does, checks every file with ``pack``'s
 structure check (broken files are left out and listed, never streamed), and writes the good ones with litdata's
-``optimize`` as samples ``{"image": <the file's bytes>, "label": int, "index": int}``; ``index`` is the sample's
-place in the folder's sorted order, so a run can be checked for every sample exactly once. A remote destination
+``optimize`` as samples ``{"image": <the file's bytes>, "label": int, "index": int, "crc": int}``; ``index`` is the sample's
+place in the folder's sorted order, so a run can be checked for every sample exactly once, and ``crc`` is
+:func:`sample_crc` of the other three, compared where the sample is read (:func:`checked_sample`). A remote destination
 (``s3://bucket/prefix``) is written locally first and uploaded with boto3, chunks first and ``index.json`` last: an
 upload that stops halfway leaves no index, which :func:`~lightning_gpu_boost.core.streaming.source.check_stream_source`
 reports as an interrupted upload instead of a stream with holes.
@@ -11,6 +12,9 @@ reports as an interrupted upload instead of a stream with holes.
 :class:`DecodeImage` is litdata's per-sample ``transform``: the bytes decoded into a uint8 CHW crop with the same
 reduced-size JPEG decode as ``ImageFolderDataModule`` (random-resized crop and flip for training, resize and center
 crop for validation), so the batches are uint8 and normalized on the GPU by ``StreamPrefetch`` / ``GPUBoost()``.
+A sample whose fields are missing, whose checksum does not match or whose image does not decode raises
+:class:`StreamSampleError` with the cause; :class:`~lightning_gpu_boost.core.streaming.checked.CheckedStream` names the
+object and the sample and applies the ``bad_samples`` policy.
 """
 
 from __future__ import annotations
@@ -19,13 +23,52 @@ import io
 import json
 import os
 import random
+import struct
 import tempfile
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-__all__ = ["DecodeImage", "write_image_stream", "written_samples"]
+__all__ = ["DecodeImage", "SAMPLE_FIELDS", "StreamSampleError", "checked_sample", "sample_crc", "write_image_stream",
+           "written_samples"]
+
+#: the fields of a sample written by :func:`write_image_stream`, in litdata's order (``crc`` last)
+SAMPLE_FIELDS = ("image", "label", "index", "crc")
+
+
+class StreamSampleError(ValueError):
+    """A stream sample that cannot be used: its fields, its checksum or its image; the message is the cause."""
+
+
+def sample_crc(image: bytes | bytearray | memoryview, label: int, index: int) -> int:
+    """CRC-32 of a sample's label, index and image bytes (what :func:`write_image_stream` stores as ``crc``)."""
+    return zlib.crc32(image, zlib.crc32(struct.pack("<qq", int(label), int(index))))
+
+
+def checked_sample(sample: Any) -> tuple[bytes, int]:
+    """``(image bytes, label)`` of a stream sample, its checksum compared where it has one. Raises
+    :class:`StreamSampleError` naming the cause: fields missing or of another type, or a checksum that does not
+    match (the bytes, the label or the index changed after writing)."""
+    if not isinstance(sample, dict) or "image" not in sample or "label" not in sample:
+        fields = sorted(sample) if isinstance(sample, dict) else type(sample).__name__
+        raise StreamSampleError(f"not an image sample: fields {fields}, where 'image' and 'label' are needed")
+    image, label = sample["image"], sample["label"]
+    if not isinstance(image, (bytes, bytearray, memoryview)):
+        raise StreamSampleError(f"its 'image' is {type(image).__name__}, not the image file's bytes")
+    try:
+        label = int(label)
+    except (TypeError, ValueError):
+        raise StreamSampleError(f"its 'label' is {label!r}, not an int") from None
+    if "crc" in sample:
+        read = sample_crc(image, label, sample.get("index", 0))
+        if read != int(sample["crc"]):
+            raise StreamSampleError(
+                f"checksum mismatch (stored {int(sample['crc']):#010x}, read {read:#010x}): its bytes, label or index "
+                "changed after writing (damage on disk or in transfer)"
+            )
+    return bytes(image), label
 
 
 class DecodeImage:
@@ -38,12 +81,17 @@ class DecodeImage:
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
         from lightning_gpu_boost.core.images import decode_center_crop, decode_random_resized_crop
 
-        data = io.BytesIO(sample["image"])
-        if self.train:
-            image = decode_random_resized_crop(data, self.image_size, scale=self.scale, rng=random)
-        else:
-            image = decode_center_crop(data, self.image_size, self.val_resize)
-        return image, int(sample["label"])
+        raw, label = checked_sample(sample)
+        data = io.BytesIO(raw)
+        try:
+            if self.train:
+                image = decode_random_resized_crop(data, self.image_size, scale=self.scale, rng=random)
+            else:
+                image = decode_center_crop(data, self.image_size, self.val_resize)
+        except Exception as err:  # Pillow raises OSError, ValueError, SyntaxError, EOFError...
+            text = str(err).split(" <_io.BytesIO")[0]
+            raise StreamSampleError(f"cannot decode its image: {text or type(err).__name__}") from None
+        return image, label
 
 
 class _ReadSample:
@@ -52,7 +100,8 @@ class _ReadSample:
     def __call__(self, item: tuple[str, int, int]) -> dict[str, Any]:
         path, label, index = item
         with open(path, "rb") as f:
-            return {"image": f.read(), "label": int(label), "index": int(index)}
+            image = f.read()
+        return {"image": image, "label": int(label), "index": int(index), "crc": sample_crc(image, label, index)}
 
 
 def _upload(local: str, url: str, storage_options: dict[str, Any] | None) -> None:

@@ -35,12 +35,21 @@ class StreamSourceError(RuntimeError):
 
 @dataclass(frozen=True)
 class StreamSource:
-    """A checked stream: its URL, the samples and chunks its index lists, the chunks' bytes."""
+    """A checked stream: its URL, the samples and chunks its index lists, the chunks' bytes, the samples in each
+    chunk and each field's type (``{"image": "bytes", "label": "int", ...}``, litdata's ``types``)."""
 
     url: str
     samples: int
     chunks: list[str] = field(default_factory=list)
     chunk_bytes: int = 0
+    chunk_samples: list[int] = field(default_factory=list)
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def checksummed(self) -> bool:
+        """Whether each sample carries the checksum :func:`~lightning_gpu_boost.core.streaming.write_image_stream`
+        writes (older streams do not)."""
+        return self.fields.get("crc") == "int"
 
     @property
     def remote(self) -> bool:
@@ -52,12 +61,24 @@ def _endpoint(storage_options: dict[str, Any] | None) -> str | None:
     return options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
-def litdata_storage_options(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+def litdata_storage_options(url: str, storage_options: dict[str, Any] | None,
+                            read_timeout_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     """``storage_options`` for litdata's ``StreamingDataset``; for an ``s3://`` URL on a plain-``http://`` endpoint,
-    litdata is also told to download with boto3 in this process and the workers it forks (see the module's doc)."""
+    litdata is also told to download with boto3 in this process and the workers it forks (see the module's doc).
+    ``read_timeout_s``: where litdata downloads with boto3 and ``storage_options`` hold no ``config``, a request
+    that receives nothing for this long is retried (boto3's default waits 60 s; litdata's own wait for a chunk ends
+    at 120 s, so a hung request would otherwise get one retry at most)."""
     options = dict(storage_options or {})
     endpoint = _endpoint(options)
-    if urlparse(url).scheme == "s3" and endpoint and urlparse(endpoint).scheme == "http":
+    plain_http = urlparse(url).scheme == "s3" and bool(endpoint) and urlparse(str(endpoint)).scheme == "http"
+    if read_timeout_s and urlparse(url).scheme == "s3" and "config" not in options and (plain_http or not _has_obstore()):
+        from lightning_gpu_boost._imports import require
+
+        options["config"] = require("botocore.config").Config(
+            connect_timeout=min(CONNECT_TIMEOUT_S, read_timeout_s), read_timeout=read_timeout_s,
+            retries={"max_attempts": 20, "mode": "standard"},
+        )  # fmt: skip
+    if plain_http:
         from lightning_gpu_boost._imports import require
 
         downloader = require("litdata.streaming.downloader")
@@ -67,6 +88,12 @@ def litdata_storage_options(url: str, storage_options: dict[str, Any] | None) ->
         # documented switch), inherited by the workers; chunks are still downloaded ahead, one request each
         os.environ.setdefault("LITDATA_ASYNC_CHUNK_PREFETCH", "0")
     return options
+
+
+def _has_obstore() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("obstore") is not None
 
 
 class ReapplyInWorker:
@@ -165,10 +192,29 @@ def _check_local(path: str) -> tuple[dict, dict[str, int]]:
         return json.load(f), objects
 
 
+def _fields(url: str, config: dict[str, Any]) -> dict[str, str]:
+    """The sample's fields and their types from an index's ``config``; refused where it is not an image stream."""
+    types = config.get("types")
+    if not isinstance(types, dict):  # litdata before ``types``: the field names are in the pytree spec
+        try:
+            context = json.loads(json.loads(config.get("data_spec") or "null")[1]["context"])
+            types = dict(zip(context, config.get("data_format") or [], strict=False))
+        except (TypeError, ValueError, KeyError, IndexError):
+            types = {}
+    if types.get("image") != "bytes" or types.get("label") != "int":
+        shown = ", ".join(f"{k}: {v}" for k, v in types.items()) or "no named fields"
+        raise StreamSourceError(
+            f"{url!r} holds samples of another schema ({shown}); an image stream's samples hold 'image' (the file's "
+            "bytes) and 'label' (an int). Write it with write_image_stream."
+        )
+    return {str(k): str(v) for k, v in types.items()}
+
+
 def check_stream_source(url: str, storage_options: dict[str, Any] | None = None) -> StreamSource:
-    """Check that ``url`` (``s3://bucket/prefix`` or a local folder) holds a complete litdata stream: its index, and
-    every chunk the index lists at the size it lists. Raises :class:`StreamSourceError` (one line naming the URL
-    and the fix) otherwise; ``ImportError`` naming the ``stream`` extra where boto3 is missing."""
+    """Check that ``url`` (``s3://bucket/prefix`` or a local folder) holds a complete litdata image stream: its
+    index, every chunk the index lists at the size it lists, and samples holding an ``image`` (bytes) and a
+    ``label`` (int). Raises :class:`StreamSourceError` (one line naming the URL and the fix) otherwise;
+    ``ImportError`` naming the ``stream`` extra where boto3 is missing."""
     if not isinstance(url, str) or not url:
         raise StreamSourceError(f"A stream's URL must be a non-empty string, got {url!r}.")
     scheme = urlparse(url).scheme
@@ -194,8 +240,10 @@ def check_stream_source(url: str, storage_options: dict[str, Any] | None = None)
         what = (f"{len(missing)} chunk(s) its index lists are missing ({', '.join(missing[:3])}"
                 f"{', ...' if len(missing) > 3 else ''})" if missing else f"chunk(s) shorter than listed: {', '.join(short[:3])}")  # fmt: skip
         raise StreamSourceError(f"{url!r} is incomplete: {what}. An interrupted upload? Upload the stream again.")
-    samples = sum(int(c.get("chunk_size", 0)) for c in chunks)
-    return StreamSource(url, samples, [c["filename"] for c in chunks], sum(int(c.get("chunk_bytes", 0)) for c in chunks))
+    fields = _fields(url, index.get("config") or {})
+    sizes = [int(c.get("chunk_size", 0)) for c in chunks]
+    return StreamSource(url, sum(sizes), [c["filename"] for c in chunks],
+                        sum(int(c.get("chunk_bytes", 0)) for c in chunks), sizes, fields)  # fmt: skip
 
 
 def remote_stream(dataset: Any) -> dict[str, Any] | None:

@@ -161,6 +161,19 @@ def test_non_utf8_file_names_are_packed(tmp_path):
     assert len(lf.PackReader(path)) == 4 and lf.verify(path)["ok"]
 
 
+def test_an_escaped_name_never_equals_a_real_one(tmp_path):
+    tree = make_jpeg_folder(tmp_path / "src", n=4, num_classes=2, size_range=(40, 60, 40, 60), workers=1,
+                            progress=False)  # fmt: skip
+    one, two = sorted((tree / "class_000").glob("*.jpg"))[:2]
+    folder = os.fsencode(one.parent)
+    os.rename(one, os.path.join(folder, b"\xfe.jpg"))  # a byte that is not UTF-8
+    os.rename(two, os.path.join(folder, b"\\xfe.jpg"))  # a name that reads like its escape
+    path = lf.pack_image_folder(tree, tmp_path / "pack.lmdb", progress=False)
+    names = lf.PackReader(path).meta("paths")
+    assert len(names) == len(set(names)) == 4
+    assert {"class_000/\\xfe.jpg", "class_000/\\\\xfe.jpg"} <= set(names), names
+
+
 def test_cli_user_errors_are_one_line_and_exit_2(tree, tmp_path, capsys):
     from lightning_gpu_boost.cli import main
 
