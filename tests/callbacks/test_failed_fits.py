@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader
 from lightning_gpu_boost.callbacks import AutoNumWorkers, GPUBoost, SpanEpochs
 from tests.helpers import IndexDataset
 
-FITS = 4
+#: fits per case (the issue's bar, 20, with LGB_FAILED_FITS=20; 4 in the suite)
+FITS = int(os.environ.get("LGB_FAILED_FITS", "4"))
 
 
 class Images(IndexDataset):
@@ -43,11 +44,12 @@ class Fails(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _held() -> tuple[int, int, int]:
-    """Descriptors on shared memory, threads, and child processes of this process."""
+def _held() -> tuple[int, int, int, int, int]:
+    """Descriptors on shared memory, all descriptors, threads, child processes of this process, and files in
+    /dev/shm."""
     gc.collect()
-    shm = 0
-    for fd in os.listdir("/proc/self/fd"):
+    shm, fds = 0, os.listdir("/proc/self/fd")
+    for fd in fds:
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
@@ -60,7 +62,8 @@ def _held() -> tuple[int, int, int]:
                 children += f.read().rsplit(") ", 1)[1].split()[1] == me
         except OSError:
             continue
-    return shm, threading.active_count(), children
+    files = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
+    return shm, len(fds), threading.active_count(), children, files
 
 
 PARTS = {
@@ -88,10 +91,14 @@ def test_failed_and_interrupted_fits_leave_nothing_behind(part, how, tmp_path):
     finally:
         signal.signal(signal.SIGINT, handler)
     after = _settled(before)
-    assert all(a <= b for a, b in zip(after, before, strict=True)), (before, after)
+    print(f"{part}/{how}: {FITS} fits; shm descriptors, descriptors, threads, children, /dev/shm files before "
+          f"{before}, after {after}")
+    # /dev/shm is the machine's: other tests beside this one (pytest -n) add files there; held to in the bar's run
+    held = len(before) if "LGB_FAILED_FITS" in os.environ else len(before) - 1
+    assert all(a <= b for a, b in zip(after[:held], before[:held], strict=True)), (before, after)
 
 
-def _settled(before: tuple[int, int, int], wait_s: float = 10.0) -> tuple[int, int, int]:
+def _settled(before: tuple[int, ...], wait_s: float = 10.0) -> tuple[int, ...]:
     """What this process holds, once it is back at ``before`` or below (what an earlier test in this process left
     exiting may go meanwhile), or ``wait_s`` passed (stopped workers take a moment to exit on a loaded machine)."""
     import time
@@ -99,6 +106,6 @@ def _settled(before: tuple[int, int, int], wait_s: float = 10.0) -> tuple[int, i
     deadline = time.monotonic() + wait_s
     while True:
         now = _held()
-        if all(a <= b for a, b in zip(now, before, strict=True)) or time.monotonic() > deadline:
+        if all(a <= b for a, b in zip(now[:-1], before[:-1], strict=True)) or time.monotonic() > deadline:
             return now
         time.sleep(0.2)
