@@ -40,9 +40,10 @@ from lightning_gpu_boost.baselines import plain_image_folder
 from lightning_gpu_boost.callbacks import AutoNumWorkers, StreamPrefetch
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD, make_jpeg_folder
+from lightning_gpu_boost.core.loader_rate import clone_loader, measure_loader
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.core.steady import worst_halves_diff
-from lightning_gpu_boost.core.workers import clone_loader, measure_loader, tune_num_workers
+from lightning_gpu_boost.core.workers import tune_num_workers
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
 from lightning_gpu_boost.models import ImageClassifier
 

@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.baselines import plain_image_folder
 from lightning_gpu_boost.core.cpus import usable_cpus
+from lightning_gpu_boost.core.loader_rate import clone_loader, measure_loader
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.core.steady import worst_halves_diff
-from lightning_gpu_boost.core.workers import clone_loader, measure_loader
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
 
 

@@ -48,9 +48,9 @@ from _common import demo_tree, drop_cache, parser_for
 
 from lightning_gpu_boost.core.cpus import usable_cpus
 from lightning_gpu_boost.core.lmdb import PackReader, close_readers, pack_image_folder
+from lightning_gpu_boost.core.loader_rate import clone_loader, measure_loader
 from lightning_gpu_boost.core.results import bar, write_result
 from lightning_gpu_boost.core.steady import SteadyRate, worst_halves_diff
-from lightning_gpu_boost.core.workers import clone_loader, measure_loader
 from lightning_gpu_boost.datamodules import ImageFolderDataModule, LMDBDataModule
 
 #: cold cells: pairs of reads, each side after its own cache drop (one pair moved by +-3 % on the H200 machine:

@@ -69,7 +69,7 @@ def child(args: argparse.Namespace) -> None:
     root, pack = _roots(args, cfg)
     bs, size = cfg["batch_size"], cfg["image_size"]
     boosted = dict(
-        image_size=size, batch_size=bs, num_workers="auto", workers_budget_s=args.auto_budget, prefetch=True
+        image_size=size, batch_size=bs, num_workers="auto", workers_budget_s=args.workers_budget
     )
     if args.run == "ceiling":
         # this rank's batch on its own GPU (Lightning's launcher starts each rank with LOCAL_RANK set; rank 0 has
@@ -141,7 +141,7 @@ def main() -> None:
         "the commit it was measured at",
     )
     parser.add_argument(
-        "--auto-budget", type=float, default=10.0, help="seconds for each worker-count search"
+        "--workers-budget", type=float, default=10.0, help="seconds for each worker-count search"
     )
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
     parser.add_argument("--run", choices=CASES, help=argparse.SUPPRESS)
@@ -188,7 +188,7 @@ def main() -> None:
             for old in Path(args.rank_dir).glob(f"{name}-{devices}-rank*.json"):
                 old.unlink()
             cmd = [sys.executable, __file__, "--run", name, "--size", args.size, "--devices", str(devices),
-                   "--data", args.data, "--rank-dir", args.rank_dir, "--auto-budget", str(args.auto_budget),
+                   "--data", args.data, "--rank-dir", args.rank_dir, "--workers-budget", str(args.workers_budget),
                    *sum(([f"--{k.replace('_', '-')}", str(getattr(args, k))] for k in ("images", "steps", "batch_size")
                          if getattr(args, k) is not None), [])]  # fmt: skip
             print(f"scale: {name} on {devices} ...", flush=True)

@@ -19,7 +19,7 @@ from lightning_gpu_boost.models import ImageClassifier
 
 def main() -> None:
     root = make_jpeg_folder(tempfile.mkdtemp(), n=64, num_classes=4, progress=False)
-    datamodule = ImageFolderDataModule(str(root), image_size=64, batch_size=16, num_workers=0, prefetch=False)
+    datamodule = ImageFolderDataModule(str(root), image_size=64, batch_size=16, num_workers=0)
     report = diagnose(datamodule, ImageClassifier("small_cnn", num_classes=4), budget_s=6, steps=5,
                       progress=lambda line: print(f"doctor: {line}", file=sys.stderr))  # fmt: skip
     print(report.format())

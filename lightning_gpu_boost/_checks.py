@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ['renamed', 'check_bool', 'check_callable', 'check_choice', 'check_dict', 'check_existing_path', 'check_image_folder', 'check_image_source', 'check_int', 'check_normalize', 'check_number', 'check_pack', 'check_pair', 'check_str', 'check_writable_file']
+__all__ = ['check_bool', 'check_callable', 'check_choice', 'check_dict', 'check_existing_path', 'check_image_folder', 'check_int', 'check_normalize', 'check_number', 'check_pair', 'check_str', 'check_writable_file']
 
 
 def _bad(name: str, value: Any, valid: str, error: type[Exception] = ValueError) -> Exception:
@@ -148,40 +148,6 @@ def check_image_folder(name: str, value: Any, allow_none: bool = False) -> None:
                          "(it holds no class folder).")  # fmt: skip
 
 
-def check_pack(name: str, value: Any, allow_none: bool = False) -> None:
-    """A complete LMDB pack written by ``lightning-gpu-boost pack`` (a pack file or a shard manifest), opened to see
-    that it is one (its metadata only)."""
-    if value is None and allow_none:
-        return
-    check_str(name, value)
-    if not os.path.exists(value) and os.path.exists(f"{value}.partial"):
-        raise FileNotFoundError(f"{name} must be a complete LMDB pack, got {str(value)!r}: only {str(value)!r}.partial "
-                                f"exists, an interrupted pack; resume it with `lightning-gpu-boost pack SRC {value} "
-                                "--resume`.")  # fmt: skip
-    check_existing_path(name, value)
-    if os.path.isdir(value):
-        raise ValueError(f"{name} must be an LMDB pack file, got {str(value)!r} (a folder: pack it with "
-                         f"`lightning-gpu-boost pack {value} OUT.lmdb`, or use ImageFolderDataModule).")  # fmt: skip
-    from lightning_gpu_boost.core.lmdb import open_pack
-
-    try:
-        open_pack(value)
-    except Exception as err:  # not LMDB, interrupted, damaged metadata: say which argument and why
-        raise ValueError(f"{name} must be a complete LMDB pack written by `lightning-gpu-boost pack`, got "
-                         f"{str(value)!r}: {err}") from None  # fmt: skip
-
-
-def check_image_source(name: str, value: Any, allow_none: bool = False) -> None:
-    """An image folder (:func:`check_image_folder`) or an LMDB image pack (:func:`check_pack`)."""
-    if value is None and allow_none:
-        return
-    check_str(name, value)
-    if os.path.isdir(value):
-        check_image_folder(name, value)
-    else:
-        check_pack(name, value)
-
-
 def check_callable(name: str, value: Any, allow_none: bool = True) -> None:
     if value is None and allow_none:
         return
@@ -194,23 +160,3 @@ def check_dict(name: str, value: Any, allow_none: bool = True) -> None:
         return
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise _bad(name, value, "a dict with str keys" + (" or None" if allow_none else ""))
-
-
-def renamed(owner: str, given: dict[str, Any], renames: dict[str, str], values: dict[str, Any],
-            defaults: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """Arguments passed under an old name (``renames``: old -> new): their values under the new names, with a
-    ``DeprecationWarning`` naming both; an unknown keyword raises ``TypeError`` naming it. ``values``: the new
-    names' values as passed, ``defaults``: their defaults (an old and a new name given together must agree)."""
-    import warnings
-
-    out = dict(values)
-    for old, value in given.items():
-        if old not in renames:
-            raise TypeError(f"{owner}() got an unexpected keyword argument {old!r}.")
-        new = renames[old]
-        if values[new] != defaults[new] and values[new] != value:
-            raise ValueError(f"{owner}: {old}={value!r} and {new}={values[new]!r} name one setting; give {new} only.")
-        warnings.warn(f"{owner}({old}=...) is now {owner}({new}=...): one name per setting across the package.",
-                      DeprecationWarning, stacklevel=3)  # fmt: skip
-        out[new] = value
-    return out

@@ -43,11 +43,3 @@ def test_paths_are_checked_for_what_they_must_be(tmp_path):
         checks.check_writable_file("cache_path", str(tmp_path))
     checks.check_writable_file("cache_path", str(tmp_path / "new.json"))
     assert not (tmp_path / "new.json").exists()  # tried with a temporary file, nothing left behind
-
-
-def test_renamed_keywords_warn_and_unknown_ones_are_refused():
-    with pytest.warns(DeprecationWarning, match="old.*new"):
-        out = checks.renamed("Thing", {"old": 3}, {"old": "new"}, {"new": 1}, {"new": 1})
-    assert out["new"] == 3
-    with pytest.raises(TypeError, match="nope"):
-        checks.renamed("Thing", {"nope": 3}, {"old": "new"}, {"new": 1}, {"new": 1})

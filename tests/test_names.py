@@ -1,5 +1,4 @@
-"""One name per idea across the front doors: the old names still work for a while, with a deprecation warning naming
-the new one; a name nobody knows is refused."""
+"""One name per idea across the front doors; a former name, or any name nobody knows, is refused naming it."""
 
 from __future__ import annotations
 
@@ -20,23 +19,13 @@ def test_the_same_setting_has_the_same_name_everywhere():
         assert "workers_budget_s" in inspect.signature(cls).parameters, cls
 
 
-@pytest.mark.parametrize("make,new,value", [
-    (lambda: StreamPrefetch(dtype="bfloat16"), "normalize_dtype", "bfloat16"),
-    (lambda: GPUBoost(gpu_normalize=False), "move_normalize", False),
-    (lambda: AutoNumWorkers(budget_s=5), "workers_budget_s", 5),
-    (lambda: BoostDataModule(auto_budget_s=5), "workers_budget_s", 5),
+@pytest.mark.parametrize("make,name", [
+    (lambda: StreamPrefetch(dtype="bfloat16"), "dtype"),
+    (lambda: GPUBoost(gpu_normalize=False), "gpu_normalize"),
+    (lambda: AutoNumWorkers(budget_s=5), "budget_s"),
+    (lambda: BoostDataModule(auto_budget_s=5), "auto_budget_s"),
+    (lambda: BoostDataModule(prefetch=True), "prefetch"),
 ])  # fmt: skip
-def test_old_names_still_work_with_a_deprecation_warning(make, new, value):
-    with pytest.warns(DeprecationWarning, match=f"is now .*{new}="):
-        obj = make()
-    if new == "move_normalize":
-        assert obj.parts["prefetch"].move_normalize is value
-    else:
-        assert getattr(obj, new) == value
-
-
-def test_an_unknown_keyword_is_refused_naming_it():
-    with pytest.raises(TypeError, match="'budget'"):
-        AutoNumWorkers(budget=5)
-    with pytest.raises(ValueError, match="give workers_budget_s only"):
-        AutoNumWorkers(budget_s=5, workers_budget_s=7)
+def test_an_unknown_or_former_keyword_is_refused_naming_it(make, name):
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+        make()

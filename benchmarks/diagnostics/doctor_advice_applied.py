@@ -21,7 +21,7 @@ from lightning_gpu_boost.callbacks import AutoNumWorkers
 from lightning_gpu_boost.core.results import write_result
 from lightning_gpu_boost.core.steady import whole_epoch_rates
 from lightning_gpu_boost.datamodules import ImageFolderDataModule
-from lightning_gpu_boost.doctor import _epoch_ends
+from lightning_gpu_boost.doctor.measure import _epoch_ends
 from lightning_gpu_boost.models import ImageClassifier
 
 

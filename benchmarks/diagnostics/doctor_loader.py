@@ -26,14 +26,9 @@ from typing import Any
 import torch
 from _common import RESULTS
 
+from lightning_gpu_boost.core.loader_rate import _sample_seconds, clone_loader, measure_loader, sample_seconds
 from lightning_gpu_boost.core.results import write_result
-from lightning_gpu_boost.core.workers import (
-    _sample_seconds,
-    clone_loader,
-    measure_loader,
-    sample_seconds,
-    tune_num_workers,
-)
+from lightning_gpu_boost.core.workers import tune_num_workers
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 _spec = importlib.util.spec_from_file_location("workloads_runner", WORKLOADS / "__main__.py")

@@ -8,7 +8,6 @@ strategy instance keeps their order fixed and their removal independent of the o
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,21 +20,16 @@ _SAVED = "_gpu_boost_saved_process_dataloader"
 DataLoaderHook = Callable[[Any, "str | None"], Any]
 
 
-def processing_stage() -> str | None:
-    """The stage Lightning is processing a loader for ("train", "val", "test", "predict"), or None.
-
-    Read from the ``stage`` argument of Lightning's ``_process_dataloader`` on the call stack (it calls the
-    strategy hook). This is the one private detail we rely on; ``tests/callbacks/test_hooks.py`` fails loudly if
-    Lightning changes it.
-    """
-    frame = sys._getframe(1)
-    for _ in range(8):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "_process_dataloader" and "stage" in frame.f_locals:
-            return getattr(frame.f_locals["stage"], "dataloader_prefix", None)
-        frame = frame.f_back
-    return None
+def processing_stage(strategy: Any) -> str | None:
+    """The stage Lightning is processing a loader for ("train", "val", "test", "predict"), or None: the Trainer's
+    running stage (``trainer.state.stage``, public), which Lightning sets before it builds that stage's loaders (the
+    sanity check's loaders are "val")."""
+    try:
+        trainer = strategy.lightning_module.trainer
+    except (AttributeError, RuntimeError):  # no module, or a module not attached to a Trainer
+        return None
+    stage = getattr(getattr(trainer, "state", None), "stage", None)
+    return getattr(stage, "dataloader_prefix", None)
 
 
 def add_dataloader_hook(strategy: Any, name: str, hook: DataLoaderHook, before: bool) -> None:
@@ -47,7 +41,7 @@ def add_dataloader_hook(strategy: Any, name: str, hook: DataLoaderHook, before: 
         original = strategy.process_dataloader
 
         def process_dataloader(dataloader: object) -> object:
-            stage = processing_stage()
+            stage = processing_stage(strategy)
             for is_before, fn in list(hooks.values()):
                 if is_before:
                     dataloader = fn(dataloader, stage)

@@ -27,6 +27,7 @@ from lightning_gpu_boost.core.loaders import (
 from lightning_gpu_boost.core.resume import refuse_other_worker_count, saved_loader_states
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import resumable
+from lightning_gpu_boost.core.state_version import check_state_version
 from lightning_gpu_boost.core.workers import WorkerProbe, decide_workers_again
 from lightning_gpu_boost.core.workers_cache import agreed_probe as core_agreed_probe
 
@@ -110,11 +111,7 @@ class AutoNumWorkers(Callback):
         prefetch_factor: int = AUTO_PREFETCH_FACTOR,
         persistent_workers: bool = AUTO_PERSISTENT_WORKERS,
         worker_niceness: int = 0,
-        **old_names: Any,
     ) -> None:
-        workers_budget_s = checks.renamed("AutoNumWorkers", old_names, {"budget_s": "workers_budget_s"},
-                                          {"workers_budget_s": workers_budget_s},
-                                          {"workers_budget_s": 30.0})["workers_budget_s"]  # fmt: skip
         checks.check_number("workers_budget_s", workers_budget_s, low=0.0, low_open=True)
         checks.check_number("tolerance", tolerance, low=0.0, high=1.0, high_open=True)
         checks.check_int("max_workers", max_workers, low=0, allow_none=True)
@@ -245,8 +242,9 @@ class AutoNumWorkers(Callback):
 
 
     def state_dict(self) -> dict[str, Any]:
-        return {"chosen": dict(self.chosen), "probes": {k: p.as_dict() for k, p in self.probes.items()}}
+        return {"version": 1, "chosen": dict(self.chosen), "probes": {k: p.as_dict() for k, p in self.probes.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        check_state_version("AutoNumWorkers", state_dict, 1)
         self.chosen = dict(state_dict.get("chosen", {}))
         self.probes = {k: WorkerProbe.from_dict(v) for k, v in state_dict.get("probes", {}).items()}

@@ -97,10 +97,7 @@ class GPUBoost(Callback):
         transform: Callable[[Any], Any] | None = None,
         val_transform: Callable[[Any], Any] | None = None,
         span_epochs: bool = True,
-        **old_names: Any,
     ) -> None:
-        move_normalize = checks.renamed("GPUBoost", old_names, {"gpu_normalize": "move_normalize"},
-                                        {"move_normalize": move_normalize}, {"move_normalize": True})["move_normalize"]  # fmt: skip
         for name, value in (("prefetch", prefetch), ("auto_workers", auto_workers), ("watchdog", watchdog),
                             ("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark), ("channels_last", channels_last),
                             ("move_normalize", move_normalize), ("span_epochs", span_epochs)):  # fmt: skip
@@ -187,9 +184,12 @@ class GPUBoost(Callback):
         self._forward("on_load_checkpoint", trainer, pl_module, checkpoint)
 
     def state_dict(self) -> dict[str, Any]:
-        return {name: part.state_dict() for name, part in self.parts.items()}
+        return {"version": 1, **{name: part.state_dict() for name, part in self.parts.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from lightning_gpu_boost.core.state_version import check_state_version
+
+        check_state_version("GPUBoost", state_dict, 1)
         for name, part in self.parts.items():
             if name in state_dict:
                 part.load_state_dict(state_dict[name])

@@ -8,7 +8,6 @@ from collections import deque
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
@@ -18,12 +17,18 @@ from lightning_gpu_boost.callbacks._run_facts import loader_facts, peak_flops, r
 from lightning_gpu_boost.core import watchdog_report as report
 from lightning_gpu_boost.core.mfu import StepFlops
 from lightning_gpu_boost.core.nvml import NVMLSampler
+from lightning_gpu_boost.core.resume import gather_ranks
+from lightning_gpu_boost.core.run_clock import LoaderActivity, RunClock
 from lightning_gpu_boost.core.run_record import run_record
+from lightning_gpu_boost.core.state_version import check_state_version
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
-from lightning_gpu_boost.core.verdicts import STARVED, RunFacts, Verdict, advise, batch_kind, classify
-from lightning_gpu_boost.core.worker_cpu import WorkerCPU
+from lightning_gpu_boost.core.verdicts import STARVED, RunFacts, Verdict, batch_kind, classify
 
 __all__ = ['GPUStarvationError', 'GPUUtilWatchdog']
+
+
+#: the version of :meth:`GPUUtilWatchdog.state_dict`
+STATE_VERSION = 1
 
 
 class GPUStarvationError(RuntimeError):
@@ -38,21 +43,13 @@ class GPUUtilWatchdog(Callback):
     hold validation, a checkpoint or an epoch boundary are not counted. A background thread samples this rank's
     GPU utilization and memory through NVML (timing-only where NVML is missing, not permitted, or on MIG).
 
-    Over a rolling ``window`` of steps after ``warmup_steps`` it gives a verdict from the taxonomy that ``doctor``
-    shares (:mod:`~lightning_gpu_boost.core.verdicts`): **data-bound** when the data wait is at least
-    ``wait_threshold`` of the step time *and* the GPU utilization is below ``util_threshold`` (or unknown);
-    **remote-io-bound** when steps wait while the loader's workers sit idle (their CPU time, from ``/proc``) and a
-    remote stream's local cache grows (litdata's ``StreamingDataset`` over ``s3://...``): the wait is on downloads;
-    **host-bound** when the GPU idles inside the step while steps hardly wait for data (syncs such as ``.item()``,
-    Python work, launch overhead: no data change helps); **small** when the GPU is busy with little of its memory in
-    use; else **ok**. It leaves data-bound only when the wait falls below half the threshold (hysteresis). On
-    entering data-bound it warns (rank zero, at most once every ``warn_every_n_steps``) with what it sees: wait
-    share, utilization, the step split, ``num_workers`` vs usable CPUs, ``pin_memory``, persistent workers, whether
-    prefetching is on, the batch size; and the changes that fix it in this run (never an option already on, such as
-    a worker tuner that already chose the count). Host-bound warns too, with its own advice. At the end of fit it
-    also weighs the time spent outside the steps (worker start-up, epoch ends, validation, checkpoints), which the
-    per-step figures leave out: where it is at least a quarter of the run, the verdict is **between-steps**, with
-    advice such as ``persistent_workers=True``. The summary names the run's verdict (``run_verdict``).
+    Over a rolling ``window`` of steps after ``warmup_steps`` it gives a verdict from the taxonomy ``doctor`` shares
+    (:mod:`~lightning_gpu_boost.core.verdicts`: data-bound, remote-io-bound, host-bound, small, ok; data-bound is
+    left only once the wait has halved). Entering a starved or host-bound verdict warns (rank zero, at most once
+    every ``warn_every_n_steps``) with what it sees and the changes that fix it in this run, never an option already
+    on. At the end of fit it also weighs the time outside the steps (worker start-up, epoch ends, validation,
+    checkpoints): where it is at least a quarter of the run, the verdict is **between-steps**. The summary names
+    the run's verdict (``run_verdict``); ``docs/gpu_util_watchdog.md`` has the rules and their evidence.
 
     Logged metrics (every ``log_every_n_steps``, through the Trainer's logger, per rank):
         - ``gpu_boost/data_wait_frac``: data wait / (wait + step), rolling window
@@ -112,15 +109,9 @@ class GPUUtilWatchdog(Callback):
         checks.check_number("sample_interval_s", sample_interval_s, low=0.0, low_open=True)
         checks.check_writable_file("plot_path", plot_path)  # now, not after training
         checks.check_bool("summary", summary)
-        self.window = window
-        self.warmup_steps = warmup_steps
-        self.wait_threshold = wait_threshold
-        self.util_threshold = util_threshold
-        self.on_starvation = on_starvation
-        self.warn_every_n_steps = warn_every_n_steps
-        self.sample_interval_s = sample_interval_s
-        self.plot_path = plot_path
-        self.summary = summary
+        self.window, self.warmup_steps, self.warn_every_n_steps = window, warmup_steps, warn_every_n_steps
+        self.wait_threshold, self.util_threshold, self.on_starvation = wait_threshold, util_threshold, on_starvation
+        self.sample_interval_s, self.plot_path, self.summary = sample_interval_s, plot_path, summary
         self._reset()
 
     def _reset(self) -> None:
@@ -130,34 +121,20 @@ class GPUUtilWatchdog(Callback):
         self.run_verdict: Verdict | None = None
         #: the share of the judged windows' time whose verdict is the run's (``None`` where no window was judged)
         self.run_verdict_share: float | None = None
-        self._train_start: float | None = None
-        self._last_end: float | None = None
-        self._in_gap = True  # the time before the next step is outside the steps (start, epoch end, validation)
-        self.between_s = 0.0
-        self.validation_s = 0.0
-        #: of ``between_s``: later epochs' starts, from the epoch's start to its first batch (the loader starting)
-        self.epoch_start_s = 0.0
-        self._epoch_started: float | None = None
-        self._val_start: float | None = None
-        self._end: float | None = None
-        self._first_start: float | None = None
-        self._batch_kind: str | None = None
+        #: the time outside the steps (epoch ends and starts, validation) and the run's wall time
+        self.clock = RunClock()
         self.run_advice: list[str] = []
         self.warnings: list[dict[str, Any]] = []
         self.timeline: list[dict[str, Any]] = []
         self.totals = {"steps": 0, "wait_ms": 0.0, "busy_ms": 0.0, "starved_steps": 0}
         self._recent: deque[StepTiming] = deque()
-        self._window_start = time.monotonic()
-        self._last_warn_step = -(10**12)
+        self._window_start, self._last_warn_step, self._batch_kind = time.monotonic(), -(10**12), None
         self._timer: StepTimer | None = None
         self._sampler: NVMLSampler | None = None
         self._trainer: pl.Trainer | None = None
         self._flops, self._peak = StepFlops(), None  # MFU: one step's FLOPs counted once, the GPU's peak
-        # whether waiting steps wait on busy workers or on a remote stream's downloads (read per window)
-        self._workers, self._workers_cpu, self._growth = 0, WorkerCPU(), None
-        self._io: tuple[float | None, float | None] = (None, None)
-        self._run_cpu, self._run_growth = WorkerCPU(), None  # the same, over the whole run after warm-up
-        self._run_io: tuple[float | None, float | None] | None = None
+        # whether waiting steps wait on busy workers or on a remote stream's downloads (per window, and the run)
+        self._activity = LoaderActivity()
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @override
@@ -177,92 +154,63 @@ class GPUUtilWatchdog(Callback):
         else:
             rank_zero_info("GPUUtilWatchdog: no CUDA device in use; host timings only.")
 
-    def _stop(self) -> None:
+    def _stop(self, *args: Any, **kwargs: Any) -> None:
         if self._sampler is not None:
             self._sampler.stop()
 
-    @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._stop()
-
-    @override
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        self._stop()
+    teardown = on_exception = _stop  # type: ignore[assignment]  # a failed fit stops the sampler's thread too
 
     # -- gaps that are not data wait -------------------------------------------------------------------------
     def _skip(self, *args: Any) -> None:
         if self._timer is not None:
             self._timer.skip_next_gap()
-        self._in_gap = True
+        self.clock.gap()
 
     on_save_checkpoint = _skip  # type: ignore[assignment]
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._skip()
-        self._epoch_started = time.perf_counter()  # to its first batch: the loader's start (its workers' restart)
+        self.clock.epoch_start()  # to its first batch: the loader's start (its workers' restart)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._train_start = time.perf_counter()
-        self._in_gap = True
+        self.clock.gap()
         loaders = loader_facts(trainer)["loaders"]
         if loaders:
             from lightning_gpu_boost.core.streaming.cache import CacheGrowth
             from lightning_gpu_boost.core.streaming.source import remote_stream
 
-            self._workers = loaders[0].num_workers
             stream = remote_stream(loaders[0].dataset)
-            if stream and stream["cache_dir"]:
-                self._growth, self._run_growth = CacheGrowth(stream["cache_dir"]), CacheGrowth(stream["cache_dir"])
+            cache = stream["cache_dir"] if stream else None
+            growth = (CacheGrowth(cache), CacheGrowth(cache)) if cache else (None, None)
+            self._activity = LoaderActivity(loaders[0].num_workers, growth)
         self._restart_window()
-        self._start_run_meters()
-
-    def _start_run_meters(self) -> None:
-        """The run's workers' CPU time and the cache's growth count from here (again at the end of warm-up)."""
-        self._run_cpu.busy_share(self._workers)
-        if self._run_growth is not None:
-            self._run_growth.bytes_per_s()
+        self._activity.start_run()
 
     def _restart_window(self) -> None:
         """A window starts now: NVML's samples, the workers' CPU time and the cache's size count from here."""
         self._window_start = time.monotonic()
         if self._sampler is not None:
             self._sampler.reset()
-        self._workers_cpu.busy_share(self._workers)
-        if self._growth is not None:
-            self._growth.bytes_per_s()
+        self._activity.start_window()
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._skip()
-        if not trainer.sanity_checking:
-            self._val_start = time.perf_counter()
+        self.clock.validation_start(trainer.sanity_checking)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._val_start is not None:
-            self.validation_s += time.perf_counter() - self._val_start
-            self._val_start = None
+        self.clock.validation_end()
 
     # -- per step ---------------------------------------------------------------------------------------------
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        now = time.perf_counter()
-        if self._last_end is None:  # the first step: start-up (workers, the first batch) is paid once per fit
-            if self._first_start is None:
-                self._first_start = now
-                self._batch_kind = batch_kind(batch)
-        elif self._in_gap:  # an epoch's end (workers restart), validation, a checkpoint
-            self.between_s += now - self._last_end
-            if batch_idx == 0 and self._epoch_started is not None:  # a later epoch's start, to its first batch
-                self.epoch_start_s += now - self._epoch_started
-        self._epoch_started = None
-        self._in_gap = False
+        if self.clock.step_start(batch_idx):  # the first step: start-up (workers, the first batch) is paid once
+            self._batch_kind = batch_kind(batch)
         if self._peak and self._flops.flops is None and 1 <= trainer.global_step < self.warmup_steps:  # once, warm
             self._flops.start()
         if self._timer is not None:
@@ -272,7 +220,7 @@ class GPUUtilWatchdog(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._last_end = time.perf_counter()
+        self.clock.step_end()
         if self._flops.counting:  # a step inside the warm-up (its timing is not judged)
             self._flops.stop()
         if self._timer is None:
@@ -284,10 +232,8 @@ class GPUUtilWatchdog(Callback):
         log_now = trainer.loggers and step % max(1, trainer.log_every_n_steps) == 0
         if log_now and len(self._recent) >= 2:
             metrics = self._window_metrics()
-            pl_module.log_dict(
-                {f"gpu_boost/{k}": v for k, v in metrics.items() if v is not None and not math.isnan(v)},
-                on_step=True, on_epoch=False, logger=True, prog_bar=False, sync_dist=False,
-            )  # fmt: skip
+            pl_module.log_dict({f"gpu_boost/{k}": v for k, v in metrics.items() if v is not None and not math.isnan(v)},
+                               on_step=True, on_epoch=False, logger=True, prog_bar=False, sync_dist=False)  # fmt: skip
 
     def _observe(self, trainer: pl.Trainer, timing: StepTiming, judge: bool = True) -> None:
         """Count ``timing`` in the run's totals and the window; ``judge``: close the window where it is long enough
@@ -296,7 +242,7 @@ class GPUUtilWatchdog(Callback):
         if self.totals["steps"] <= self.warmup_steps:
             self._restart_window()
             if self.totals["steps"] == self.warmup_steps:  # warm-up ends: the run's readings start here
-                self._start_run_meters()
+                self._activity.start_run()
             return
         if not math.isnan(timing.wait_ms):
             self.totals["wait_ms"] += timing.wait_ms
@@ -306,9 +252,7 @@ class GPUUtilWatchdog(Callback):
             self.totals["starved_steps"] += 1
         if judge and len(self._recent) >= self.window and report.window_long_enough(self._sampler, self._window_start):
             metrics = self._window_metrics(close=True)
-            self.timeline.append(
-                {"step": float(timing.step), **{k: v for k, v in metrics.items() if v is not None}}
-            )
+            self.timeline.append({"step": float(timing.step), **{k: v for k, v in metrics.items() if v is not None}})
             self._judge(trainer, metrics)
             self.timeline[-1]["verdict"] = self.verdict  # the phases of the run's summary
             self._recent.clear()
@@ -317,10 +261,8 @@ class GPUUtilWatchdog(Callback):
     def _window_metrics(self, close: bool = False) -> dict[str, float | None]:
         """The window's figures; ``close``: the window ends here (the workers' CPU share and the cache's growth are
         read once per window, from its start)."""
-        if close:  # between windows the logged figures are the last window's
-            self._io = (self._workers_cpu.busy_share(self._workers),
-                        self._growth.bytes_per_s() if self._growth is not None else None)  # fmt: skip
-        busy, down = self._io
+        # between windows the logged figures are the last window's
+        busy, down = self._activity.close_window() if close else self._activity.window
         return report.window_metrics(self._recent, self._sampler, self._window_start, self.verdict in STARVED,
                                      self._flops.flops, self._peak, busy, down)  # fmt: skip
 
@@ -367,34 +309,24 @@ class GPUUtilWatchdog(Callback):
 
     # -- the end ----------------------------------------------------------------------------------------------
     def rank_summary(self) -> dict[str, float]:
-        # the run from its first step on (start-up before it is paid once per fit, not per epoch)
-        wall = (self._end if self._end is not None else time.perf_counter()) - (self._first_start or time.perf_counter())
-        # the workers' CPU share and the cache's growth since warm-up (read once, at the end of training)
-        if self._run_io is None:
-            self._run_io = (self._run_cpu.busy_share(self._workers),
-                            self._run_growth.bytes_per_s() if self._run_growth is not None else None)  # fmt: skip
-        return report.rank_summary(self.totals, self.timeline, self.warmup_steps, self.between_s, self.validation_s,
-                                   wall, *self._run_io, epoch_start_s=self.epoch_start_s)  # fmt: skip
+        # the run from its first step on (start-up before it is paid once per fit, not per epoch); the workers' CPU
+        # share and the cache's growth since warm-up (read once, at the end of training)
+        c = self.clock
+        return report.rank_summary(self.totals, self.timeline, self.warmup_steps, c.between_s, c.validation_s,
+                                   c.wall_s(), *self._activity.close_run(), epoch_start_s=c.epoch_start_s)  # fmt: skip
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._end = time.perf_counter()
+        self.clock.train_end()
         if self._timer is not None:  # the last steps' completed events (read every few steps): counted, not judged
             for timing in self._timer.pop_ready(flush=True):
                 self._observe(trainer, timing, judge=False)
-        if self._last_end is not None:
-            self.between_s += self._end - self._last_end  # the last validation and the end of the epoch
         self._stop()
         mine = self.rank_summary()
-        keys = list(mine)
-        local = torch.tensor([mine[k] for k in keys], dtype=torch.float64, device=pl_module.device)
-        gathered = trainer.strategy.all_gather(local) if trainer.world_size > 1 else local.unsqueeze(0)
-        self.summaries = [dict(zip(keys, row.tolist(), strict=True)) for row in gathered.reshape(-1, len(keys)).cpu()]
-        e, facts = report.summary_evidence(self.summaries[report.slowest(self.summaries)]), self.facts(trainer)
-        whole_run = classify(e, self.wait_threshold, self.util_threshold, include_between=True)
-        # a run of phases (a link-bound first epoch, then a warm one) is judged by the phase that took most time
-        self.run_verdict, e, self.run_verdict_share = report.run_verdict(whole_run, e, self.timeline)
-        self.run_advice = advise(self.run_verdict, facts, e)
+        self.summaries = gather_ranks(mine).get("ranks", [mine])  # every rank's, on every rank
+        facts = self.facts(trainer)
+        self.run_verdict, e, self.run_verdict_share, self.run_advice = report.judge_run(
+            self.summaries, self.timeline, facts, self.wait_threshold, self.util_threshold)  # fmt: skip
         if self.run_verdict == "between-steps":  # SpanEpochs, where it chose not to span, decides again
             message = report.between_message(e, self.run_advice, report.ask_again_between(run_record(trainer), facts, e))
             self.warnings.append({"step": trainer.global_step, "verdict": "between-steps", "message": message})
@@ -410,8 +342,9 @@ class GPUUtilWatchdog(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"totals": dict(self.totals), "warnings": len(self.warnings)}
+        return {"version": STATE_VERSION, "totals": dict(self.totals), "warnings": len(self.warnings)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        check_state_version("GPUUtilWatchdog", state_dict, STATE_VERSION)
         self.totals.update(state_dict.get("totals", {}))

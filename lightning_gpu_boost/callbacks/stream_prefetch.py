@@ -101,11 +101,7 @@ class StreamPrefetch(Callback):
         transform: Callable[[Any], Any] | None = None,
         val_transform: Callable[[Any], Any] | None = None,
         transform_seed: int | None = None,
-        **old_names: Any,
     ) -> None:
-        normalize_dtype = checks.renamed("StreamPrefetch", old_names, {"dtype": "normalize_dtype"},
-                                         {"normalize_dtype": normalize_dtype},
-                                         {"normalize_dtype": "float32"})["normalize_dtype"]  # fmt: skip
         checks.check_int("depth", depth, low=1, high=MAX_DEPTH)
         checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
         for name, value in (("transform", transform), ("val_transform", val_transform)):

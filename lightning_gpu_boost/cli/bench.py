@@ -36,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plain-steps", type=at_least(1), help="timed steps of the (slow) plain case")
     parser.add_argument(
-        "--workers-budget", "--auto-budget", dest="workers_budget", type=positive_float, default=20.0,
-        help="seconds for each worker-count search (--auto-budget: the old name)",
+        "--workers-budget", dest="workers_budget", type=positive_float, default=20.0,
+        help="seconds for each worker-count search",
     )
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON, Markdown and PNG go")
     parser.set_defaults(func=run)

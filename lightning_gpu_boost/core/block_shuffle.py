@@ -182,11 +182,14 @@ class BlockShuffleSampler(DistributedSampler):
     def state_dict(self, consumed: int = 0) -> dict[str, int]:
         """Where this rank stands: the epoch and the samples of it already consumed (``consumed``: counted by the
         caller, e.g. batches handed to the step x batch size)."""
-        return {"epoch": self.epoch, "consumed": int(consumed), "seed": self.seed, "block_size": self.block_size,
+        return {"version": 1, "epoch": self.epoch, "consumed": int(consumed), "seed": self.seed, "block_size": self.block_size,
                 "window_blocks": self.window_blocks, "num_replicas": self.num_replicas}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume at ``state``: the next iteration continues that epoch's order after its consumed samples."""
+        from lightning_gpu_boost.core.state_version import check_state_version
+
+        check_state_version("BlockShuffleSampler", state, 1)
         for key in ("seed", "block_size", "window_blocks", "num_replicas"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(

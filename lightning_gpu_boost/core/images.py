@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ['Box', 'IMAGENET_MEAN', 'IMAGENET_STD', 'IMG_EXTENSIONS', 'center_crop_box', 'check_same_classes', 'decode_center_crop', 'decode_random_resized_crop', 'describe_paths', 'image_classes', 'make_jpeg_folder', 'random_resized_crop_box', 'scan_image_folder', 'shrink_image', 'walk_files']
+__all__ = ['Box', 'IMAGENET_MEAN', 'IMAGENET_STD', 'IMG_EXTENSIONS', 'center_crop_box', 'decode_center_crop', 'decode_random_resized_crop', 'describe_paths', 'make_jpeg_folder', 'random_resized_crop_box', 'scan_image_folder', 'shrink_image', 'walk_files']
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -214,31 +214,6 @@ def walk_files(top: str | os.PathLike, visited: set[tuple[int, int]], skipped: l
             yield from walk_files(entry.path, visited, skipped)
         else:
             yield entry.path
-
-
-def image_classes(root: str | os.PathLike) -> list[str]:
-    """The class names of an image tree (its class folders, sorted, as :func:`scan_image_folder` lists them) or of
-    an LMDB image pack (its metadata), without listing a single image."""
-    if os.path.isdir(root):
-        return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    from lightning_gpu_boost.core.lmdb import open_pack
-
-    return list(open_pack(root).meta("classes") or [])
-
-
-def check_same_classes(train_root: str | os.PathLike, val_root: str | os.PathLike | None) -> None:
-    """Raise ``ValueError`` naming ``val_root`` where its classes differ from ``train_root``'s (labels would not
-    match)."""
-    if val_root is None:
-        return
-    train, val = image_classes(train_root), image_classes(val_root)
-    if train != val:
-        differing = sorted(set(train) ^ set(val))
-        raise ValueError(
-            f"val_root's classes differ from train_root's: {len(val)} against {len(train)} (differing: "
-            f"{differing[:5]}{' ...' if len(differing) > 5 else ''}); labels would not match. Give val_root the "
-            "class folders of train_root."
-        )
 
 
 def describe_paths(paths: list[str], most: int = 5) -> str:

@@ -17,12 +17,13 @@ from lightning_gpu_boost.core.verdicts import (
     RunFacts,
     advise,
     byte_rate,
+    classify,
     crowded,
     format_advice,
 )
 
 __all__ = ["MIN_WINDOW_PERIODS", "PHASE_MAJORITY", "PROBLEM_SHARE", "agreement", "run_verdict", "time_shares", "ask_again", "ask_again_between", "phases", "MIN_WINDOW_S", "between_message", "nanmean", "window_long_enough", "window_metrics", "evidence", "format_summary", "host_message", "plot_timeline", "rank_summary", "slowest", "small_message",
-           "starving_message", "summary_evidence", "upper_bound"]  # fmt: skip
+           "starving_message", "summary_evidence", "upper_bound", "judge_run"]  # fmt: skip
 
 
 #: a verdict's window lasts at least this many of NVML's sample periods, and this many seconds, where NVML samples
@@ -381,3 +382,14 @@ def plot_timeline(timeline: list[dict[str, float]], path: str) -> None:
     ax.set_title("GPUUtilWatchdog")
     fig.tight_layout()
     fig.savefig(path)
+
+
+def judge_run(summaries: list[dict[str, float]], timeline: list[dict[str, Any]], facts: Any, wait_threshold: float,
+              util_threshold: float) -> tuple[Any, Any, float | None, list[str]]:  # fmt: skip
+    """The run's verdict from every rank's summary (the slowest rank's evidence, the time outside the steps
+    included), its evidence, the share of the judged time it held and its advice. A run of phases (a link-bound
+    first epoch, then a warm one) is judged by the phase that took most time."""
+    e = summary_evidence(summaries[slowest(summaries)])
+    whole_run = classify(e, wait_threshold, util_threshold, include_between=True)
+    verdict, e, share = run_verdict(whole_run, e, timeline)
+    return verdict, e, share, advise(verdict, facts, e)

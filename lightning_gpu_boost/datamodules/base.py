@@ -120,15 +120,10 @@ class BoostDataModule(pl.LightningDataModule):
         drop_last: drop the last incomplete training batch.
         shuffle: shuffle the training set.
         collate_fn: custom collate function (default: PyTorch's ``default_collate``).
-        prefetch: deprecated, and no longer acted on by the DataModule (it builds loaders; callbacks drive them):
-            ``True`` warns that the side-stream copy now comes from adding
-            :class:`~lightning_gpu_boost.callbacks.StreamPrefetch` or ``GPUBoost()`` to the Trainer's callbacks,
-            which apply this DataModule's ``normalize`` (its loaders state it).
         normalize: ``(mean, std)`` per channel in ``[0, 1]`` units: uint8 image tensors ``(N, C, H, W)`` reach the
             step normalized (float32): on the GPU's side stream by ``StreamPrefetch`` (or ``GPUBoost``), else after the batch's transfer, on its device (the CPU in a CPU run: the same values).
             ``None``: batches reach the step as the dataset makes them.
-        workers_budget_s: time budget of one ``num_workers="auto"`` probe in seconds (``auto_budget_s`` before; the
-            old name still works, with a deprecation warning).
+        workers_budget_s: time budget of one ``num_workers="auto"`` probe in seconds.
         worker_niceness: run workers this much nicer than the training process (0 = same priority), for when
             the training process needs CPU time that busy workers would take; Lightning's worker seeding still
             applies.
@@ -158,19 +153,14 @@ class BoostDataModule(pl.LightningDataModule):
         drop_last: bool = False,
         shuffle: bool = True,
         collate_fn: Callable[[list[Any]], Any] | None = None,
-        prefetch: bool = False,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
         workers_budget_s: float = 30.0,
         worker_niceness: int = 0,
-        **old_names: Any,
     ) -> None:
         super().__init__()
-        workers_budget_s = checks.renamed(type(self).__name__, old_names, {"auto_budget_s": "workers_budget_s"},
-                                          {"workers_budget_s": workers_budget_s},
-                                          {"workers_budget_s": 30.0})["workers_budget_s"]  # fmt: skip
         checks.check_bool("pin_memory", pin_memory, allow_none=True)
         for name, value in (("persistent_workers", persistent_workers), ("drop_last", drop_last),
-                            ("shuffle", shuffle), ("prefetch", prefetch)):  # fmt: skip
+                            ("shuffle", shuffle)):  # fmt: skip
             checks.check_bool(name, value)
         checks.check_number("workers_budget_s", workers_budget_s, low=0.0, low_open=True)
         checks.check_int("worker_niceness", worker_niceness, low=0, high=19)
@@ -186,17 +176,6 @@ class BoostDataModule(pl.LightningDataModule):
             raise ValueError(f"num_workers must be an int >= 0, None or 'auto', got {num_workers!r}.")
         if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) or prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}.")
-        if prefetch:
-            import warnings
-
-            warnings.warn(
-                f"{type(self).__name__}(prefetch=True) is deprecated and does nothing by itself: the DataModule builds "
-                "loaders and no longer drives a callback. Add `StreamPrefetch()` (lightning_gpu_boost.callbacks) or "
-                "`GPUBoost()` to the Trainer's callbacks for the side-stream copy; they apply this DataModule's "
-                "`normalize`.",
-                FutureWarning,
-                stacklevel=2,
-            )
         if normalize is not None:
             from lightning_gpu_boost.core.prefetch import check_normalize
 
@@ -209,7 +188,6 @@ class BoostDataModule(pl.LightningDataModule):
         self.drop_last = drop_last
         self.shuffle = shuffle
         self.collate_fn = collate_fn
-        self.prefetch = prefetch
         self.normalize = normalize
         self._normalizer: Any = None
         #: stage -> what ``num_workers="auto"`` measured

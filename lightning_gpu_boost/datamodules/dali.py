@@ -14,7 +14,8 @@ from lightning_gpu_boost._imports import require
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.dali import DTYPES, DALILoader, Dtype, classification_graph, open_source
-from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD, check_same_classes
+from lightning_gpu_boost.core.image_sources import check_image_source, check_same_classes
+from lightning_gpu_boost.core.images import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ['CPU_DECODE_MIN_THREADS', 'DALIDataModule']
 
@@ -145,7 +146,7 @@ class DALIDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         checks.check_choice("bad_samples", bad_samples, ("raise", "skip"))
-        checks.check_image_source("train_root", train_root)
+        check_image_source("train_root", train_root)
         checks.check_choice("order", order, ("random", "block"))
         checks.check_int("block_bytes", block_bytes, low=1)
         checks.check_int("window_blocks", window_blocks, low=1)
@@ -154,7 +155,7 @@ class DALIDataModule(pl.LightningDataModule):
                 f"order='block' reads runs of consecutive records of an LMDB pack; {str(train_root)!r} is a folder. "
                 "Pack it (`lightning-gpu-boost pack --shuffle-seed 0 SRC DST`) or keep order='random'."
             )
-        checks.check_image_source("val_root", val_root, allow_none=True)
+        check_image_source("val_root", val_root, allow_none=True)
         check_same_classes(train_root, val_root)
         checks.check_int("val_resize", val_resize, low=1, allow_none=True)
         checks.check_pair("scale", scale, low=0.0, high=1.0)

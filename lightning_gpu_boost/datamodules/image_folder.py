@@ -13,10 +13,10 @@ from torch.utils.data import Dataset, Subset
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.bad_samples import POLICIES, BadSample, BadSampleTracker, bad_sample_error
+from lightning_gpu_boost.core.image_sources import check_same_classes
 from lightning_gpu_boost.core.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    check_same_classes,
     decode_center_crop,
     decode_random_resized_crop,
     scan_image_folder,
@@ -135,7 +135,7 @@ class ImageFolderDataModule(BoostDataModule):
             epoch (logged as ``bad_samples/train`` and ``bad_samples/val``) and named in one warning per epoch.
         split_seed: seed of the ``val_split`` partition.
         **kwargs: :class:`~lightning_gpu_boost.datamodules.BoostDataModule` arguments (``batch_size``,
-            ``num_workers``, ``pin_memory``, ``prefetch``, ...).
+            ``num_workers``, ``pin_memory``, ...).
 
     Raises:
         ValueError: a bad argument, an empty tree, a class folder without images, or train/val class mismatch.

@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost.core.bad_samples import BadSampleTracker
 from lightning_gpu_boost.core.lmdb import CorruptRecordError, Record, open_pack, unpack_sample
+from lightning_gpu_boost.core.lmdb.checks import check_pack
 from lightning_gpu_boost.datamodules.image_folder import (
     ImageFolderDataModule,
     ImageFolderDataset,
@@ -42,7 +43,7 @@ class LMDBImageDataset(ImageFolderDataset):
         bad_samples: Literal["raise", "skip"] = "raise",
         check_crc: bool = True,
     ) -> None:
-        checks.check_pack("path", path)
+        check_pack("path", path)
         check_image_args(image_size, train, val_resize, scale, bad_samples)
         checks.check_bool("check_crc", check_crc)
         self.reader = open_pack(path, check_crc=check_crc)
@@ -81,7 +82,7 @@ class LMDBSampleDataset(Dataset):
     def __init__(
         self, path: str | os.PathLike, decode: Callable[[Any], Any] | None = None, check_crc: bool = True
     ):
-        checks.check_pack("path", path)
+        check_pack("path", path)
         checks.check_callable("decode", decode)
         checks.check_bool("check_crc", check_crc)
         self.reader = open_pack(path, check_crc=check_crc)
@@ -110,7 +111,7 @@ class LMDBDataModule(ImageFolderDataModule):
         block_bytes: bytes per block with ``order="block"`` (records per block from the pack's mean record size).
         window_blocks: blocks shuffled together with ``order="block"``.
         **kwargs: :class:`ImageFolderDataModule` arguments (``image_size``, ``val_split``, ``batch_size``,
-            ``num_workers``, ``prefetch``...).
+            ``num_workers``...).
 
     Raises:
         FileNotFoundError: a missing pack (names an interrupted ``.partial`` and the resume command).
@@ -148,7 +149,7 @@ class LMDBDataModule(ImageFolderDataModule):
         self.check_crc = check_crc
         self.order, self.block_bytes, self.window_blocks = order, block_bytes, window_blocks
 
-    _check_root = staticmethod(checks.check_pack)
+    _check_root = staticmethod(check_pack)
 
     def dataloader_kwargs(self, dataset: Any, stage: Any) -> dict[str, Any]:
         """With ``order="block"``, the training loader reads in block-shuffled order (resumable mid-epoch)."""

@@ -78,7 +78,7 @@ def test_keeps_an_explicit_user_value(trainer_kwargs, monkeypatch):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"budget_s": -1.0}, "budget_s must be a number > 0, got -1.0"),
+        ({"workers_budget_s": -1.0}, "workers_budget_s must be a number > 0, got -1.0"),
         ({"tolerance": 1.0}, r"tolerance must be a number in \[0, 1\), got 1.0"),
         ({"max_workers": -1}, "max_workers must be an int >= 0 or None, got -1"),
         ({"prefetch_factor": 0}, "prefetch_factor must be an int >= 1, got 0"),

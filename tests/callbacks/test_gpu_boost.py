@@ -53,7 +53,7 @@ def test_gpu_boost_switches_each_part(trainer_kwargs, tmp_path, switches, parts)
     trainer = _fit_with(trainer_kwargs, boost, DataLoader(IndexDataset(32), batch_size=4))
     assert trainer.global_step == 8
     state = boost.state_dict()
-    assert set(state) == parts
+    assert set(state) == parts | {"version"} and state["version"] == 1
     if "auto_workers" in parts:
         assert state["auto_workers"]["chosen"] == {"train": 0}  # in-memory samples
         GPUBoost().load_state_dict(state)

@@ -8,7 +8,7 @@ from tests.helpers import IndexDataset, RecordingModel
 
 
 def test_stage_is_read_from_lightning_for_every_loader(trainer_kwargs):
-    """Fails loudly if Lightning stops calling the strategy hook from `_process_dataloader(..., stage, ...)`."""
+    """Fails loudly if Lightning stops setting its running stage before it processes a stage's loaders."""
     seen = []
 
     class Spy(pl.Callback):
@@ -26,6 +26,9 @@ def test_stage_is_read_from_lightning_for_every_loader(trainer_kwargs):
     trainer.predict(model, loader)
     assert seen == ["train", "val", "test", "predict"]
     assert "process_dataloader" not in vars(trainer.strategy)
+    seen.clear()  # with a sanity check: its loaders are the validation's
+    pl.Trainer(callbacks=[Spy()], max_epochs=1, num_sanity_val_steps=1, **trainer_kwargs).fit(model, loader, loader)
+    assert seen == ["val", "train"]
 
 
 def test_hooks_run_in_order_and_teardown_order_does_not_matter(trainer_kwargs):

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-from lightning_gpu_boost.core.workers import clone_loader, measure_loader
+from lightning_gpu_boost.core.loader_rate import clone_loader, measure_loader
 
 
 class FixedCost(Dataset):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from lightning_gpu_boost.core import workers
+from lightning_gpu_boost.core import loader_rate, workers
 from lightning_gpu_boost.core.workers import tune_num_workers
 
 
@@ -120,19 +120,19 @@ def test_probe_batches_follow_the_sample_cost_and_workers_are_joined():
 
     before = set(multiprocessing.active_children())  # another test's leftovers are not this one's
     loader = DataLoader(CPUHeavy(), batch_size=128)
-    size = workers.probe_batch_size
+    size = loader_rate.probe_batch_size
     assert size(loader, sample_s=1e-6, max_workers=16, cpus=16) == 128  # cheap samples: the real batch size
     assert size(loader, sample_s=0.004, budget_s=60, max_workers=16, cpus=16) == 128  # it fits the budget
     shrunk = size(loader, sample_s=0.004, budget_s=8, max_workers=16, cpus=16)  # it does not: fewer samples ...
     assert 63 <= shrunk < 128  # ... but never less than 0.25 s of work per probe batch
-    fit = [workers.measurement_seconds(w, shrunk * 0.004, 2, 1.0, 16) for w in (16, 8, 4)]
+    fit = [loader_rate.measurement_seconds(w, shrunk * 0.004, 2, 1.0, 16) for w in (16, 8, 4)]
     assert sum(fit) <= 8 / 3 or shrunk == 63
     assert size(loader, sample_s=0.5, max_workers=16, cpus=16) == 1  # slow samples: time per sample
-    assert 0.003 < workers.sample_seconds(loader) < 0.02
-    clone = workers.clone_loader(loader, 2, batch_size=32)
+    assert 0.003 < loader_rate.sample_seconds(loader) < 0.02
+    clone = loader_rate.clone_loader(loader, 2, batch_size=32)
     assert clone.batch_sampler.batch_sampler.batch_size == 32
     assert len([b for _, b in zip(range(40), clone, strict=False)]) == 40, "16 batches an epoch, without end"
-    window = workers.measure_loader(clone, 2, cap_s=5, min_window_s=0.1)
+    window = loader_rate.measure_loader(clone, 2, cap_s=5, min_window_s=0.1)
     assert window.queue == 4 and window.warmup >= 4 + 4 and window.timed >= 8
     assert not set(multiprocessing.active_children()) - before
 
@@ -157,7 +157,7 @@ def test_sample_cost_is_taken_at_one_thread_as_a_worker_runs():
     dataset, threads = ThreadsSeen(), torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert workers.sample_seconds(DataLoader(dataset, batch_size=4)) is not None
+        assert loader_rate.sample_seconds(DataLoader(dataset, batch_size=4)) is not None
         assert dataset.seen and set(dataset.seen) == {1}
         assert torch.get_num_threads() == 2, "the caller's thread count is restored"
     finally:
@@ -227,7 +227,8 @@ def test_a_loader_of_whole_batches_is_probed():
     """The fast-tensor-loader idiom (a BatchSampler as the sampler, batch_size=None) is cloned and probed."""
     from torch.utils.data import BatchSampler, RandomSampler, TensorDataset
 
-    from lightning_gpu_boost.core.workers import clone_loader, tune_num_workers
+    from lightning_gpu_boost.core.loader_rate import clone_loader
+    from lightning_gpu_boost.core.workers import tune_num_workers
 
     dataset = TensorDataset(torch.randn(512, 4), torch.arange(512))
     loader = DataLoader(dataset, sampler=BatchSampler(RandomSampler(dataset), 64, drop_last=False), batch_size=None)
@@ -297,14 +298,14 @@ def test_a_clone_with_the_loaders_own_epochs():
     from tests.helpers import VectorDataset
 
     loader = DataLoader(VectorDataset(40), batch_size=8, num_workers=2, persistent_workers=True)
-    finite = workers.clone_loader(loader, 4, endless=False)
+    finite = loader_rate.clone_loader(loader, 4, endless=False)
     assert len(finite) == 5 and finite.num_workers == 4 and finite.persistent_workers
     assert finite.batch_sampler is loader.batch_sampler
     assert sum(len(b[1]) for b in finite) == 40
-    assert not workers.clone_loader(loader, 0, endless=False).persistent_workers  # no workers to keep
-    assert len(workers.clone_loader(loader, 4)) == 2**62
+    assert not loader_rate.clone_loader(loader, 0, endless=False).persistent_workers  # no workers to keep
+    assert len(loader_rate.clone_loader(loader, 4)) == 2**62
     with pytest.raises(ValueError, match="batch_size must be None where endless=False, got 4"):
-        workers.clone_loader(loader, 4, batch_size=4, endless=False)
+        loader_rate.clone_loader(loader, 4, batch_size=4, endless=False)
 
 
 def test_a_decisive_zero_gets_no_extra_windows():

@@ -96,13 +96,6 @@ def test_trains_in_a_trainer_with_validation(trainer_kwargs):
     assert len(model.seen["val"]) == 4  # sanity check (2) + epoch end (2)
 
 
-def test_prefetch_is_deprecated_and_names_the_callbacks_that_do_it():
-    """The DataModule builds loaders; the side-stream copy is StreamPrefetch's (or GPUBoost's) job."""
-    with pytest.warns(FutureWarning, match=r"prefetch=True\) is deprecated.*StreamPrefetch\(\).*GPUBoost\(\)"):
-        dm = Indexed(batch_size=4, num_workers=0, prefetch=True)
-    assert dm.prefetch is True
-
-
 def test_collate_fn_is_used():
     def collate(samples):
         return torch.stack([s[0] for s in samples])

@@ -398,7 +398,7 @@ class DALILoader:
     def local_state_dict(self) -> dict[str, Any]:
         """This rank's place: ``{"epoch": e, "batches": k}`` (and where bad samples are skipped, the place in the
         re-formed batches)."""
-        state: dict[str, Any] = {"epoch": self._place[0], "batches": self._place[1]}
+        state: dict[str, Any] = {"version": 1, "epoch": self._place[0], "batches": self._place[1]}
         if self.bad_samples == "skip" and self._refill is not None:
             state["refill"] = self._refill.position()
         return state
@@ -414,9 +414,12 @@ class DALILoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from lightning_gpu_boost.core.resume import own_rank
+        from lightning_gpu_boost.core.state_version import check_state_version
 
         if state:
-            self._saved = dict(own_rank(state))
+            state = own_rank(state)
+            check_state_version("DALILoader", state, 1)
+            self._saved = dict(state)
 
     def _run(self, epoch: int, skip: int = 0):
         """The batches of ``epoch`` after its first ``skip`` (a resumed run)."""

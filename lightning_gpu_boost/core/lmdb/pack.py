@@ -27,12 +27,10 @@ __all__ = ['WINDOW_BYTES', 'bad_samples_report_path', 'pack_dataset', 'pack_imag
 # -------------------------------------------------------------------------------------------------- packers
 
 
-# reading threads of a pack, by the mean file size: more threads only fight over the GIL when files come from the
-# page cache (16-core H100 machine, benchmarks/diagnostics/lmdb_pack_workers.py at 83c3f42: 20,000 x 4 KB packed in 0.41 s
-# reading in the calling thread, 0.43 s with 1 thread, 0.56 s with 2, 0.76 s with 4; 2,000 x 100 KB in 0.49 /
-# 0.33 / 0.33 / 0.38 s). With a reading thread, LMDB's stores (which release the GIL at every record) wait for it:
-# at 95d388c the 4 KB pack's commits took 0.25 s with one thread, 0.06 s reading in the calling thread (medians of
-# 3). Pass ``workers`` for filesystems where each read waits on I/O.
+# reading threads of a pack, by the mean file size: for small files from the page cache more threads only fight
+# over the GIL, and LMDB's stores (which release the GIL at every record) wait for a reading thread; larger files
+# gain from two (benchmarks/diagnostics/lmdb_pack_workers.py measures both). Pass ``workers`` for filesystems where
+# each read waits on I/O.
 def pack_workers(sizes: list[int]) -> int:
     """Reading threads for files of these sizes: none (read between commits) for files of less than 32 KiB on
     average, else 2."""
@@ -65,9 +63,8 @@ def _scan_sources(
 
 #: a pack's window (read ahead while the one before is stored, then committed) holds at most this many bytes of
 #: records: its buffer is one of two reused for the whole pack. Memory the process has not touched before costs a
-#: page fault per 4 KiB at first use (about 2 us each on the development VM: a fresh 100 KB buffer per record took
-#: 55 of the 100 us that reading, checksumming and storing a ~100 KB file cost), so small windows reused beat
-#: a fresh buffer per record, or per 1,000-record window (7ca33bb: two windows of a 2,000-record pack, nothing reused).
+#: page fault per 4 KiB at first use (a fresh 100 KB buffer per record costs about half of what reading,
+#: checksumming and storing the file cost), so two small windows reused beat a fresh buffer per record or window.
 WINDOW_BYTES = 8 << 20
 
 

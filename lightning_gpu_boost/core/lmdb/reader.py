@@ -186,13 +186,11 @@ _MADV_WILLNEED, _MADV_POPULATE_READ = 3, 22  # POPULATE_READ: Linux 5.14+ (EINVA
 
 class _Advisor:
     """One daemon thread per process that finds and asks for the spans of :meth:`PackReader.will_need`, so that the
-    caller (the loader's sampler, a DALI feeder, a training loop reading one record at a time) never waits on them.
-    Both waited before: finding a block's span by lookups reads its first and last records (py-lmdb touches the
-    value it returns), from the disk on a cold cache, and a ``WILLNEED`` call allocates the pages and queues their
-    reads itself, blocking while the disk's queue is full; in the asking thread, that was half of a cold
-    one-process pass on the H100 machine (``benchmarks/diagnostics/block_read_ahead.py``). Spans now come from the
-    records' places (:func:`record_extents`), read once with the B-tree's pages; lookups only where those are
-    unknown. Requests waiting together
+    caller (the loader's sampler, a DALI feeder, a training loop reading one record at a time) never waits on them:
+    a ``WILLNEED`` call allocates the pages and queues their reads itself, blocking while the disk's queue is full,
+    which in the asking thread costs a cold pass much of its time (``benchmarks/diagnostics/block_read_ahead.py``).
+    Spans come from the records' places (:func:`record_extents`), read once with the B-tree's pages, so finding a
+    block's span touches none of its records; lookups only where those are unknown. Requests waiting together
     are all queued with the disk (``WILLNEED``) before any is mapped (``POPULATE_READ``, for spans asked with
     ``populate``: this process's page tables filled ahead of its reads)."""
 
@@ -512,8 +510,8 @@ class PackReader:
         ``madvise(MADV_WILLNEED)`` over their span of the memory map, in :func:`readahead_chunk` pieces; records are
         stored in key order, so a run of consecutive records is one stretch of the file). For block-shuffled orders
         on a cold cache or network storage: the block is on its way while its first records are decoded. The kernel's
-        read-around of each fault stays on (turning it off, ``MADV_RANDOM``, read block-shuffled epochs at 0.57-0.69x
-        the speed on the H100 machine: ``benchmarks/results/history/bigger_than_ram-e4412f4.md``).
+        read-around of each fault stays on (turning it off, ``MADV_RANDOM``, reads block-shuffled epochs slower:
+        ``benchmarks/bigger_than_ram.py`` measures it).
 
         The span is found and asked for by a background thread (:class:`_Advisor`), so the caller goes on at once;
         with a process's first request it also asks for the B-tree's own pages and reads where every record lies

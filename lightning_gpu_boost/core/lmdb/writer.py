@@ -174,8 +174,7 @@ class PackWriter:
             self._release()
             raise
         # each commit starts writing its pages to disk, so the fsync at finish() waits for little and dirty pages
-        # do not pile up (benchmarks/diagnostics/lmdb_pack_workers.py at 95d388c, H100 machine: finish() of 20,000 x 4 KB in
-        # 0.009 instead of 0.050 s, of 2,000 x 100 KB in 0.042 instead of 0.108 s; totals within noise)
+        # do not pile up
         self._fd, self._writeback = os.open(self.partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), _writeback()
         self.records = self.env.open_db(RECORDS)
         self.meta = self.env.open_db(META)
