@@ -6,8 +6,8 @@ What each part states:
 - a worker tuner (``AutoNumWorkers``, and ``GPUBoost`` through its ``parts``): ``tunes_num_workers = True`` and
   ``probes`` (stage -> :class:`~lightning_gpu_boost.core.workers.WorkerProbe`); a DataModule with
   ``num_workers="auto"``: ``auto_probes``;
-- a DataLoader of the package's DataModules: ``normalize`` (how its uint8 images normalize), and its dataset
-  ``uint8_images = True``;
+- a DataLoader of the package's DataModules: how its uint8 images normalize, in the data path's record
+  (:mod:`~lightning_gpu_boost.core.data_path`), and its dataset ``uint8_images = True``;
 - a loader that decodes with DALI (``DALILoader``): ``dali = True``;
 - ``StreamPrefetch``: the ``StreamPrefetcher`` it wraps each loader in; ``SpanEpochs``: the ``SpanningLoader``.
 """
@@ -19,6 +19,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_gpu_boost.callbacks._data_path import facts_of
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.loaders import loader_entries
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
@@ -71,8 +72,9 @@ def run_facts(trainer: pl.Trainer, batch_kind: str | None = None, found: dict[st
            for v, spanned in loader_entries(getattr(trainer, "val_dataloaders", None))]  # fmt: skip
     batches = trainer.num_training_batches
     spanned = loader is not None and id(loader) in found.get("spanned", ())
+    facts = facts_of(trainer, loader) if loader is not None else None
     uint8 = loader is not None and (getattr(loader.dataset, "uint8_images", False) is True
-                                    or isinstance(getattr(loader, "normalize", None), tuple))  # fmt: skip
+                                    or (facts is not None and facts.normalize is not None))  # fmt: skip
     from lightning_gpu_boost.core.streaming.source import remote_stream
 
     return RunFacts(

@@ -15,7 +15,7 @@ from typing_extensions import override
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
 from lightning_gpu_boost._logging import node_info
-from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, facts_of, remove_stage
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.loaders import (
     AUTO_PERSISTENT_WORKERS,
@@ -184,6 +184,8 @@ class AutoNumWorkers(Callback):
             self.worker_niceness,
             seed_fn=lightning_worker_seed(trainer.global_rank),
         )
+        facts = data_path(trainer).facts(loader)
+        facts.workers_by, facts.workers_why = "AutoNumWorkers", getattr(self.probes.get(stage), "reason", "") or "measured"
 
     def _decide_again(self, trainer: pl.Trainer, loader: DataLoader, proposal: int, reason: str,
                       training_batches_s: float | None = None) -> tuple[int, str]:  # fmt: skip
@@ -192,8 +194,10 @@ class AutoNumWorkers(Callback):
             set_num_workers(loader, count, self.prefetch_factor, self.persistent_workers, self.worker_niceness,
                             seed_fn=lightning_worker_seed(trainer.global_rank))  # fmt: skip
 
+        facts = facts_of(trainer, loader)
         value, said = decide_workers_again(self.probes.get("train"), loader, proposal, reason, "AutoNumWorkers", apply,
-                                           self.tolerance, training_batches_s, self._restarts.append)  # fmt: skip
+                                           self.tolerance, training_batches_s, self._restarts.append,
+                                           spanning=facts.spanned_by() if facts else None)  # fmt: skip
         node_info(trainer, said)
         return value, said
 
@@ -222,7 +226,7 @@ class AutoNumWorkers(Callback):
                 self._wrapped.append(wrapped)
             return wrapped
 
-        add_dataloader_hook(trainer.strategy, f"AutoNumWorkers-{id(self)}", hook, before=True)
+        add_stage(trainer, "worker_count", f"AutoNumWorkers-{id(self)}", hook)
 
     @override
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -236,7 +240,7 @@ class AutoNumWorkers(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        remove_dataloader_hook(trainer.strategy, f"AutoNumWorkers-{id(self)}")
+        remove_stage(trainer, f"AutoNumWorkers-{id(self)}")
         while self._wrapped:
             self._wrapped.pop().close()
 

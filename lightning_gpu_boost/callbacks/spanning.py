@@ -3,6 +3,7 @@ loader where short epochs make each epoch's start a large share of it."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, remove_stage
 from lightning_gpu_boost.core.resume import refuse_other_worker_count, saved_loader_states
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import RESTART_SHARE, SpanningLoader, resumable, span_decision
@@ -80,7 +81,7 @@ class SpanEpochs(Callback):
         self._saved_states: list[Any] = []  # the train loaders' places a checkpoint holds (on_load_checkpoint)
         self._span_next_fit = False  # set where a fit ended showing that its train loader should have been spanned
         self._blocked: str | None = None  # why the train loader could not be spanned whatever the threshold
-        self._strategy: Any = None
+        self._trainer: Any = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -124,12 +125,13 @@ class SpanEpochs(Callback):
             full = batches >= length
             wrapped = SpanningLoader(dataloader, None if full else batches)  # type: ignore[arg-type]
             self._spanning.append(wrapped)
+            # its workers load across epoch ends: a new worker count would restart them (the worker tuners ask)
+            data_path(trainer).facts(dataloader).spanning = weakref.ref(wrapped)
             rank_zero_info(f"SpanEpochs: the {loader_stage} loader's workers load across epoch ends ({why}).")
             return wrapped
 
-        # after the worker tuners' hooks (registered earlier in setup), before the strategy's and the prefetcher's
-        add_dataloader_hook(trainer.strategy, f"SpanEpochs-{id(self)}", hook, before=True)
-        self._strategy = trainer.strategy
+        add_stage(trainer, "span_epochs", f"SpanEpochs-{id(self)}", hook)
+        self._trainer = trainer
 
     def _again(self, proposal: bool, reason: str, **evidence: Any) -> tuple[bool, str]:
         """The run showed ``reason`` with the train loader's workers restarting each epoch: its loader cannot be
@@ -164,6 +166,6 @@ class SpanEpochs(Callback):
         for loader in self._spanning:
             loader.close()
         self._spanning.clear()
-        if self._strategy is not None:
-            remove_dataloader_hook(self._strategy, f"SpanEpochs-{id(self)}")
-            self._strategy = None
+        if self._trainer is not None:
+            remove_stage(self._trainer, f"SpanEpochs-{id(self)}")
+            self._trainer = None

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.callbacks._hooks import add_dataloader_hook, remove_dataloader_hook
+from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, facts_of, remove_stage
 from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
 from lightning_gpu_boost.core.prefetch import MAX_DEPTH, GPUNormalize, StreamPrefetcher, check_normalize
@@ -128,7 +128,7 @@ class StreamPrefetch(Callback):
         self._moved: weakref.WeakKeyDictionary[DataLoader, GPUNormalize] = weakref.WeakKeyDictionary()
         #: the stages whose dataset's ToTensor + Normalize were moved to the GPU (``move_normalize``)
         self.moved_normalize: list[str] = []
-        self._strategy: Any = None
+        self._trainer: Any = None
         self.active = False
 
     def _user_transfer_hooks(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[str]:
@@ -141,7 +141,7 @@ class StreamPrefetch(Callback):
         return found
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._strategy is not None:
+        if self._trainer is not None:
             return
         device = trainer.strategy.root_device
         transforms = self.transform is not None or self.val_transform is not None
@@ -161,10 +161,8 @@ class StreamPrefetch(Callback):
                 "work into `on_after_batch_transfer` (it runs on the GPU batch) to turn prefetching on."
             )
             return
-        strategy = trainer.strategy
-
         def to_uint8(dataloader: object, stage: str | None) -> object:
-            # before AutoNumWorkers' probe (registered first by GPUBoost), so it measures the uint8 workers
+            # the path's first stage: AutoNumWorkers' probe (the next) measures the workers as they now compute
             if isinstance(dataloader, DataLoader) and dataloader not in self._moved:
                 stats = move_normalize(dataloader.dataset)
                 if stats is not None:
@@ -191,7 +189,8 @@ class StreamPrefetch(Callback):
                 source.pin_memory = True
                 rank_zero_info(f"StreamPrefetch: set pin_memory=True on the {stage or ''} loader.")
             normalize = self._moved.get(source, self.normalize) if isinstance(source, DataLoader) else self.normalize
-            stats = getattr(source, "normalize", None)  # a DataModule's loader says how its uint8 images normalize
+            facts = facts_of(trainer, source)  # a DataModule's loader says how its uint8 images normalize
+            stats = facts.normalize if facts is not None else None
             if normalize is None and isinstance(stats, tuple) and len(stats) == 2:
                 normalize = GPUNormalize(*stats, dtype=self.normalize_dtype, channels_last=self.channels_last)
             seed = self.transform_seed
@@ -199,6 +198,9 @@ class StreamPrefetch(Callback):
                 seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)
             prefetcher = StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=normalize,
                                           transform=transform, seed=seed, rank=trainer.global_rank)  # fmt: skip
+            if source is not None:  # what runs on the GPU after the copy, in order
+                record = data_path(trainer).facts(source)
+                record.on_gpu = [name for name, on in (("transform", transform), ("normalize", normalize)) if on]
             if transform is not None and stage in ("train", "fit", None):
                 self._train_prefetchers.add(prefetcher)
                 # a run resumed mid-epoch: a loader that saves its place (ours do) yields the epoch's next batch
@@ -208,9 +210,9 @@ class StreamPrefetch(Callback):
             return prefetcher
 
         if self.move_normalize and self.normalize is None:
-            add_dataloader_hook(strategy, f"StreamPrefetch-uint8-{id(self)}", to_uint8, before=True)
-        add_dataloader_hook(strategy, f"StreamPrefetch-{id(self)}", wrap, before=False)
-        self._strategy = strategy
+            add_stage(trainer, "worker_compute", f"StreamPrefetch-uint8-{id(self)}", to_uint8)
+        add_stage(trainer, "copy", f"StreamPrefetch-{id(self)}", wrap)
+        self._trainer = trainer
         self.active = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -225,14 +227,14 @@ class StreamPrefetch(Callback):
             prefetcher.set_epoch(trainer.current_epoch)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        strategy, self._strategy = self._strategy, None
+        owner, self._trainer = self._trainer, None
         self.active = False
         for loader in list(self._moved):
             restore_normalize(loader.dataset)
         self._moved.clear()
-        if strategy is not None:
-            remove_dataloader_hook(strategy, f"StreamPrefetch-uint8-{id(self)}")
-            remove_dataloader_hook(strategy, f"StreamPrefetch-{id(self)}")
+        if owner is not None:
+            remove_stage(owner, f"StreamPrefetch-uint8-{id(self)}")
+            remove_stage(owner, f"StreamPrefetch-{id(self)}")
 
 
 def _batches_done_in_epoch(trainer: pl.Trainer) -> int:

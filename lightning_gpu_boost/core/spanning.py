@@ -15,7 +15,6 @@ Framework-free: any training loop that iterates it once per epoch can use it; in
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,8 +152,6 @@ class SpanningLoader:
         if self._iterator is not None or self._inner is not None:
             raise RuntimeError("SpanningLoader.span can be changed only before the first iter().")
         self._span = self._chain.endless = value
-        if value:  # the source states it: its workers load across epoch ends (a new worker count would restart them)
-            self.source._spanned_by = weakref.ref(self)
 
     @property
     def spans_epochs(self) -> bool:
@@ -345,7 +342,7 @@ def span_decision(loader: Any, batches: int | None, min_share: float = RESTART_S
     except TypeError:
         return False, "it has no length"
     share = restart_share(n, loader.num_workers)
-    about = f"{n} batches per epoch, {loader.num_workers} workers: each epoch's start costs about {share:.0%} of it"
+    about = f"{n} batches per epoch, {loader.num_workers} worker{'s' if loader.num_workers != 1 else ''}: each epoch's start costs about {share:.0%} of it"
     if share < min_share:
         return False, f"{about} (below {min_share:.0%})"
     return True, about

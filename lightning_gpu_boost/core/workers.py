@@ -400,15 +400,16 @@ def _decide(
 def decide_workers_again(probe: WorkerProbe | None, loader: Any, proposal: int, reason: str, who: str,
                          apply: Callable[[int], None], tolerance: float = 0.03,
                          training_batches_s: float | None = None,
-                         restart: Callable[[Any], None] | None = None) -> tuple[int, str]:  # fmt: skip
+                         restart: Callable[[Any], None] | None = None,
+                         spanning: Any = None) -> tuple[int, str]:  # fmt: skip
     """A worker count ``who`` chose, decided again in training (the run record's ``decide_again``): ``reason`` says
     what training showed, ``proposal`` the count it points to. The count changes (``apply(proposal)``, from the next
     epoch) where it cannot starve training: ``probe`` measured it as good as the current one for the loader alone,
     or, for fewer workers, the loader alone at the current count with one worker's share per worker taken away
     (the least fewer workers load, as each loads at most its share) still makes :data:`KEEP_UP_MARGIN` more batches
     per second than training takes (``training_batches_s``). Where a SpanningLoader keeps the workers across
-    epochs, ``restart(spanning_loader)`` is asked to start them again at the next epoch with the new count (no
-    ``restart``: the count stays). Returns the count in force and the sentence to log."""
+    epochs (``spanning``, from the data path's record of ``loader``), ``restart(spanning)`` is asked to start them
+    again at the next epoch with the new count (no ``restart``: the count stays). Returns the count in force and the sentence to log."""
     current = loader.num_workers
     good, figures = probe.as_good(proposal, current, tolerance) if probe is not None else (False, "no probe ran")
     if not good and probe is not None and 0 < proposal < current and training_batches_s and current in probe.table:
@@ -420,8 +421,6 @@ def decide_workers_again(probe: WorkerProbe | None, loader: Any, proposal: int, 
         else:
             figures += (f"; {proposal} workers could make as few as {least:.1f} batches/s, and training takes "
                         f"{training_batches_s:.1f}")  # fmt: skip
-    ref = getattr(loader, "_spanned_by", None)
-    spanning = ref() if ref is not None else None
     if spanning is not None and (restart is None or not good):
         why = figures if not good else "a new count would restart them"
         return current, f"{who} keeps num_workers={current}: {reason}, but its workers load across epoch ends " \

@@ -295,12 +295,18 @@ class BoostDataModule(pl.LightningDataModule):
             from lightning_gpu_boost.core.bad_samples import BadSampleLog
 
             loader.bad_sample_log = BadSampleLog(owner, stage, warn=rank_zero_warn)
-        #: how this loader's uint8 images are normalized (StreamPrefetch does it on the GPU's side stream; else
-        #: :meth:`on_after_batch_transfer`, on whatever device the batch is on)
-        loader.normalize = normalize
+        # how this loader's uint8 images are normalized, in the data path's record (StreamPrefetch does it on the
+        # GPU's side stream; else :meth:`on_after_batch_transfer`, on whatever device the batch is on)
+        self._record_normalize(loader, normalize)
         if stage == "train" and self.num_workers == "auto" and self.trainer is not None and stage in self.auto_probes:
             self._record_workers(loader)
         return loader
+
+    def _record_normalize(self, loader: Any, normalize: Any) -> None:
+        if normalize is not None and self.trainer is not None:
+            from lightning_gpu_boost.callbacks._data_path import data_path
+
+            data_path(self.trainer).facts(loader).normalize = normalize
 
     def _record_workers(self, loader: DataLoader) -> None:
         """State the measured worker count in the run record, with how to decide it again in training."""
@@ -315,8 +321,12 @@ class BoostDataModule(pl.LightningDataModule):
                                   persistent_workers=self.persistent_workers, worker_niceness=self.worker_niceness)  # fmt: skip
 
         def again(proposal: int, reason: str, training_batches_s: float | None = None) -> tuple[int, str]:
+            from lightning_gpu_boost.callbacks._data_path import facts_of
+
+            facts = facts_of(self.trainer, loader)
             value, said = decide_workers_again(probe, loader, proposal, reason, who, apply,
-                                               training_batches_s=training_batches_s)  # fmt: skip
+                                               training_batches_s=training_batches_s,
+                                               spanning=facts.spanned_by() if facts else None)  # fmt: skip
             rank_zero_info(said)
             return value, said
 

@@ -191,7 +191,5 @@ class StreamingDataModule(BoostDataModule):
             from lightning_gpu_boost.core.bad_samples import BadSampleLog
 
             loader.bad_sample_log = BadSampleLog(dataset, stage, warn=rank_zero_warn)
-        #: how this loader's uint8 images are normalized (StreamPrefetch on the GPU's side stream, else on the
-        #: device after the transfer)
-        loader.normalize = self.normalize
+        self._record_normalize(loader, self.normalize)  # StreamPrefetch normalizes on the GPU's side stream
         return loader

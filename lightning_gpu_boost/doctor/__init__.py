@@ -437,7 +437,7 @@ def _conclude(d: Diagnosis) -> None:
     if d.between_frac is not None and d.between_frac >= BETWEEN_STEPS_SHARE:
         d.bottleneck = "epoch-start"
         val = (f" and validation loads for {d.val_s:.1f} s" if d.val_s else "")
-        start = (f"starts {d.num_workers} workers again and waits {d.startup_s:.1f} s for its first batch"
+        start = (f"starts {d.num_workers} worker{'s' if d.num_workers != 1 else ''} again and waits {d.startup_s:.1f} s for its first batch"
                  if restarts else "keeps its workers")  # fmt: skip
         d.advice.append(
             f"each epoch of {d.batches_per_epoch} batches {start}{val}: {100 * d.between_frac:.0f} % of the epoch "

@@ -257,10 +257,9 @@ def test_a_worker_count_is_decided_again_only_where_the_probe_measured_it_as_goo
     assert value == 4 and applied == [3] and "fewer workers would load slower" in said  # 40 vs 100 batches/s
     value, said = decide_workers_again(None, loader, 3, "the GPU idles", "Tuner", applied.append)
     assert value == 4 and "no probe ran" in said  # inconclusive: the count stays
-    spanning = SpanningLoader(loader)
-    value, said = decide_workers_again(probe, loader, 3, "the GPU idles", "Tuner", applied.append)
+    spanning = SpanningLoader(loader)  # the data path's record of the loader names it
+    value, said = decide_workers_again(probe, loader, 3, "the GPU idles", "Tuner", applied.append, spanning=spanning)
     assert value == 4 and "SpanEpochs" in said and applied == [3]
-    del spanning
 
 
 def test_fewer_workers_are_taken_in_training_where_they_still_outpace_it():
@@ -283,10 +282,10 @@ def test_fewer_workers_are_taken_in_training_where_they_still_outpace_it():
     assert value == 15 and applied == [15] and "15 make at least 93.8, and training takes 80.0" in said
     spanning = SpanningLoader(loader)
     value, said = decide_workers_again(probe, loader, 15, "the GPU idles", "Tuner", applied.append,
-                                       training_batches_s=80.0)  # fmt: skip
+                                       training_batches_s=80.0, spanning=spanning)  # fmt: skip
     assert value == 16 and "a new count would restart them" in said  # no one to start them again
     value, said = decide_workers_again(probe, loader, 15, "the GPU idles", "Tuner", applied.append,
-                                       training_batches_s=80.0, restart=restarted.append)  # fmt: skip
+                                       training_batches_s=80.0, restart=restarted.append, spanning=spanning)  # fmt: skip
     assert value == 15 and restarted == [spanning] and said.startswith("Tuner decided again: num_workers 16 -> 15")
 
 
