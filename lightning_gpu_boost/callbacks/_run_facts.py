@@ -26,7 +26,7 @@ from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.verdicts import RunFacts, fetches_batches
 
-__all__ = ["loader_facts", "peak_flops", "run_facts", "worker_probe"]
+__all__ = ["loader_facts", "run_facts", "worker_probe"]
 
 
 def _parts(trainer: pl.Trainer) -> list[Any]:
@@ -90,26 +90,3 @@ def run_facts(trainer: pl.Trainer, batch_kind: str | None = None, found: dict[st
         batched_fetch=loader is not None and fetches_batches(loader), spans_epochs=spanned, chosen_by=chosen,
         batches_per_epoch=int(batches) if isinstance(batches, int) or (isinstance(batches, float) and math.isfinite(batches)) else None,
     )  # fmt: skip
-
-
-def peak_flops(trainer: pl.Trainer) -> float | None:
-    """The GPU's dense peak FLOP/s at the precision the step computes in (Lightning's throughput utilities, as its
-    ThroughputMonitor reads them), or ``None`` (no CUDA, a chip Lightning does not list). An H200 takes the H100
-    SXM's figures: the same tensor cores; Lightning's H200 rows are the datasheet's figures with sparsity (2x), and
-    ``torch.cuda.get_device_name`` says only "NVIDIA H200", which they do not match."""
-    device = trainer.strategy.root_device
-    if device.type != "cuda":
-        return None
-    try:
-        import torch
-        from lightning.fabric.utilities.throughput import _CUDA_FLOPS, get_available_flops
-        from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
-
-        dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
-        if "h200" not in torch.cuda.get_device_name(device).lower():
-            return get_available_flops(device, dtype)
-        if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest":
-            dtype = "tfloat32"
-        return _CUDA_FLOPS["h100 sxm"].get(dtype)
-    except Exception:  # a Lightning without them, an unknown chip
-        return None

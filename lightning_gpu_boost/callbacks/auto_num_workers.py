@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
+from lightning_gpu_boost._lightning import saved_loader_states
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, facts_of, remove_stage
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
@@ -24,7 +25,7 @@ from lightning_gpu_boost.core.loaders import (
     iter_loaders,
     set_num_workers,
 )
-from lightning_gpu_boost.core.resume import refuse_other_worker_count, saved_loader_states
+from lightning_gpu_boost.core.resume import refuse_other_worker_count
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import resumable
 from lightning_gpu_boost.core.state_version import check_state_version

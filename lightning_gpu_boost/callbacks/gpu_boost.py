@@ -11,12 +11,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost._lightning import finish_ended_epoch
 from lightning_gpu_boost.callbacks.auto_num_workers import AutoNumWorkers
 from lightning_gpu_boost.callbacks.bad_samples import BadSampleReport
 from lightning_gpu_boost.callbacks.gpu_util_watchdog import GPUUtilWatchdog
 from lightning_gpu_boost.callbacks.spanning import SpanEpochs
 from lightning_gpu_boost.callbacks.stream_prefetch import StreamPrefetch
-from lightning_gpu_boost.core.resume import finish_ended_epoch
 from lightning_gpu_boost.core.shapes import VARIABLE_SHAPES, ShapeWatch
 from lightning_gpu_boost.strategies.presets import (
     backend_settings,

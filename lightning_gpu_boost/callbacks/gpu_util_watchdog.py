@@ -13,7 +13,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost.callbacks._run_facts import loader_facts, peak_flops, run_facts
+from lightning_gpu_boost._lightning import peak_flops
+from lightning_gpu_boost.callbacks._run_facts import loader_facts, run_facts
 from lightning_gpu_boost.core import watchdog_report as report
 from lightning_gpu_boost.core.mfu import StepFlops
 from lightning_gpu_boost.core.nvml import NVMLSampler

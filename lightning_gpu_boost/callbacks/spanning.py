@@ -12,8 +12,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost._lightning import saved_loader_states
 from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, remove_stage
-from lightning_gpu_boost.core.resume import refuse_other_worker_count, saved_loader_states
+from lightning_gpu_boost.core.resume import refuse_other_worker_count
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import RESTART_SHARE, SpanningLoader, resumable, span_decision
 

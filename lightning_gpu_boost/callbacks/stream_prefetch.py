@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_gpu_boost import _checks as checks
+from lightning_gpu_boost._lightning import batches_done_in_epoch
 from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, facts_of, remove_stage
 from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
@@ -206,7 +207,7 @@ class StreamPrefetch(Callback):
                 # a run resumed mid-epoch: a loader that saves its place (ours do) yields the epoch's next batch
                 # first (Lightning calls no on_train_epoch_start then): the draws go on at that batch's index
                 resumes = hasattr(dataloader, "state_dict") and hasattr(dataloader, "load_state_dict")
-                prefetcher.set_epoch(trainer.current_epoch, _batches_done_in_epoch(trainer) if resumes else 0)
+                prefetcher.set_epoch(trainer.current_epoch, batches_done_in_epoch(trainer) if resumes else 0)
             return prefetcher
 
         if self.move_normalize and self.normalize is None:
@@ -220,7 +221,7 @@ class StreamPrefetch(Callback):
         # next epoch, and Lightning calls no on_train_epoch_start for it)
         for prefetcher in list(self._train_prefetchers):
             resumes = callable(getattr(prefetcher, "state_dict", None))
-            prefetcher.set_epoch(trainer.current_epoch, _batches_done_in_epoch(trainer) if resumes else 0)
+            prefetcher.set_epoch(trainer.current_epoch, batches_done_in_epoch(trainer) if resumes else 0)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for prefetcher in list(self._train_prefetchers):  # the epoch seeds the transform's draws
@@ -235,13 +236,3 @@ class StreamPrefetch(Callback):
         if owner is not None:
             remove_stage(owner, f"StreamPrefetch-uint8-{id(self)}")
             remove_stage(owner, f"StreamPrefetch-{id(self)}")
-
-
-def _batches_done_in_epoch(trainer: pl.Trainer) -> int:
-    """Training batches of the current epoch already done by a run that resumes mid-epoch (0 otherwise)."""
-    loop = trainer.fit_loop
-    if not getattr(loop, "restarting", False):
-        return 0
-    done = int(loop.epoch_loop.batch_progress.current.processed)  # a checkpoint saved inside a step counts it
-    total = trainer.num_training_batches
-    return 0 if done <= 0 or (isinstance(total, int) and done >= total) else done

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from lightning_gpu_boost.core.epoch_order import inner_sampler, start_index_sampler
 
-__all__ = ["PLACE_VERSION", "ResumableDataLoader", "SkipFirst", "check_place", "finish_ended_epoch", "loader_settings",
+__all__ = ["PLACE_VERSION", "ResumableDataLoader", "SkipFirst", "check_place", "loader_settings",
            "resume_start", "sampler_epoch"]
 
 #: the version of the place a resumable loader saves (``{"version", "epoch", "batches", "settings", ...}``)
@@ -239,35 +239,6 @@ def own_rank(state: dict[str, Any]) -> dict[str, Any]:
             "with the process count that saved it."
         )
     return ranks[rank]
-
-
-def finish_ended_epoch(checkpoint: dict[str, Any]) -> int:
-    """Mark the train loaders' saved states as finished where ``checkpoint`` (Lightning's) was saved at an epoch's
-    last batch; the number of states changed.
-
-    Lightning resumes such a checkpoint with the next epoch, and gives each train loader that keeps its own state
-    the state its iterator had then: at the epoch's last batch, not yet exhausted. torchdata's
-    ``StatefulDataLoader`` (0.11) resumes that state inside the ended epoch, whose remainder is empty, and
-    Lightning (2.6) takes the empty remainder for the whole next epoch: the next epoch is skipped without a word.
-    Marked finished (torchdata's own ``_iterator_finished``), the loader's first iteration is the next epoch, its
-    order drawn from the saved generator as the uninterrupted run drew it. Other states are left as they are.
-    """
-    fit = checkpoint.get("loops", {}).get("fit_loop", {})
-    if not fit.get("epoch_loop.batch_progress", {}).get("is_last_batch"):
-        return 0
-    changed = 0
-    for state in fit.get("state_dict", {}).get("combined_loader", []) or []:
-        if isinstance(state, dict) and state.get("_iterator_finished") is False:
-            state["_iterator_finished"] = True
-            changed += 1
-    return changed
-
-
-def saved_loader_states(checkpoint: dict[str, Any]) -> list[Any]:
-    """The train loaders' own saved states in ``checkpoint`` (Lightning's), in the order Lightning hands it the
-    loaders."""
-    fit = checkpoint.get("loops", {}).get("fit_loop", {})
-    return list(fit.get("state_dict", {}).get("combined_loader", []) or [])
 
 
 def saved_worker_count(state: Any) -> int | None:

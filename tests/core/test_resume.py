@@ -64,7 +64,7 @@ def test_one_process_states_are_their_own_rank():
 def test_a_loader_state_saved_at_an_epochs_last_batch_is_marked_finished():
     """torchdata's state at an epoch's last batch says its iterator is not finished: resumed as it is, the next
     epoch would be its empty remainder."""
-    from lightning_gpu_boost.core.resume import finish_ended_epoch
+    from lightning_gpu_boost._lightning import finish_ended_epoch
 
     def checkpoint(last: bool) -> dict:
         return {"loops": {"fit_loop": {"epoch_loop.batch_progress": {"is_last_batch": last},
