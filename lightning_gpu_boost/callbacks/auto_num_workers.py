@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import lightning.pytorch as pl
@@ -13,7 +12,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
+from lightning_gpu_boost._job import job_probe, lightning_worker_seed
 from lightning_gpu_boost._lightning import saved_loader_states
 from lightning_gpu_boost._logging import node_info
 from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, facts_of, remove_stage
@@ -30,26 +29,8 @@ from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import resumable
 from lightning_gpu_boost.core.state_version import check_state_version
 from lightning_gpu_boost.core.workers import WorkerProbe, decide_workers_again
-from lightning_gpu_boost.core.workers_cache import agreed_probe as core_agreed_probe
 
-__all__ = ['AutoNumWorkers', 'agreed_probe']
-
-
-def agreed_probe(
-    trainer: pl.Trainer | None,
-    loader: DataLoader,
-    budget_s: float = 30.0,
-    use_cache: bool = True,
-    cache_path: str | os.PathLike | None = None,
-    max_workers: int | None = None,
-    tolerance: float = 0.03,
-) -> WorkerProbe:
-    """:func:`~lightning_gpu_boost.core.workers_cache.agreed_probe` with the Trainer's processes per node, rank and
-    communication."""
-    return core_agreed_probe(
-        loader, processes_per_node(trainer) if trainer is not None else 1, budget_s, use_cache, cache_path,
-        max_workers, tolerance, broadcast=job_broadcast(trainer), rank=trainer.global_rank if trainer is not None else 0,
-    )  # fmt: skip
+__all__ = ['AutoNumWorkers']
 
 
 class AutoNumWorkers(Callback):
@@ -150,7 +131,7 @@ class AutoNumWorkers(Callback):
                 rank_zero_info(f"AutoNumWorkers leaves the {stage} loader at num_workers={loader.num_workers}: {fixed}.")
             return
         if stage not in self.chosen:
-            probe = agreed_probe(
+            probe = job_probe(
                 trainer,
                 loader,
                 self.workers_budget_s,

@@ -148,9 +148,7 @@ class GPUBoost(Callback):
         self._shapes = ShapeWatch(VARIABLE_SHAPES) if applied.get("cudnn_benchmark") else None
         if self.channels_last and cuda and any(isinstance(m, torch.nn.Conv2d) for m in pl_module.modules()):
             pl_module.to(memory_format=torch.channels_last)
-            applied["channels_last"] = True
-            if "prefetch" in self.parts:  # images normalized on the GPU come out in the model's layout
-                self.parts["prefetch"].channels_last = True
+            applied["channels_last"] = True  # StreamPrefetch reads the model's layout for the images it normalizes
         best = recommended_precision(trainer.strategy.root_device)
         if cuda and str(trainer.precision) == "32-true" and best != "32-true":
             rank_zero_warn(f"GPUBoost: training in 32-true on a GPU that supports {best}; pass precision='{best}' "

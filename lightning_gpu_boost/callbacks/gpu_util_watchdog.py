@@ -301,11 +301,10 @@ class GPUUtilWatchdog(Callback):
     def _report(self, trainer: pl.Trainer, m: dict[str, float | None], message: str, starving: bool = True) -> None:
         step = trainer.global_step
         self.warnings.append({"step": step, "verdict": self.verdict, "message": message})
-        if not starving or self.on_starvation == "warn":
-            if step - self._last_warn_step >= self.warn_every_n_steps:
-                self._last_warn_step = step
-                rank_zero_warn(message)
-        elif self.on_starvation == "raise":
+        if (not starving or self.on_starvation == "warn") and step - self._last_warn_step >= self.warn_every_n_steps:
+            self._last_warn_step = step
+            rank_zero_warn(message)
+        elif starving and self.on_starvation == "raise":
             raise GPUStarvationError(message)
 
     # -- the end ----------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -18,7 +19,7 @@ from lightning_gpu_boost._lightning import batches_done_in_epoch
 from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, facts_of, remove_stage
 from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
-from lightning_gpu_boost.core.prefetch import MAX_DEPTH, GPUNormalize, StreamPrefetcher, check_normalize
+from lightning_gpu_boost.core.prefetch import MAX_DEPTH, GPUNormalize, StreamPrefetcher, as_normalize
 
 __all__ = ['StreamPrefetch']
 
@@ -119,7 +120,7 @@ class StreamPrefetch(Callback):
             checks.check_bool(name, value)
         self.normalize = None
         if normalize is not None:
-            mean, std = check_normalize(normalize)
+            mean, std = as_normalize(normalize)
             self.normalize = GPUNormalize(mean, std, dtype=normalize_dtype, channels_last=channels_last, key=image_key)
         self.depth = depth
         self.normalize_dtype = normalize_dtype
@@ -162,12 +163,15 @@ class StreamPrefetch(Callback):
                 "work into `on_after_batch_transfer` (it runs on the GPU batch) to turn prefetching on."
             )
             return
+        def layout() -> bool:  # images normalized on the GPU come out in the model's layout (GPUBoost's channels_last)
+            return self.channels_last or _channels_last(pl_module)
+
         def to_uint8(dataloader: object, stage: str | None) -> object:
             # the path's first stage: AutoNumWorkers' probe (the next) measures the workers as they now compute
             if isinstance(dataloader, DataLoader) and dataloader not in self._moved:
                 stats = move_normalize(dataloader.dataset)
                 if stats is not None:
-                    self._moved[dataloader] = GPUNormalize(*stats, channels_last=self.channels_last, key=0)
+                    self._moved[dataloader] = GPUNormalize(*stats, channels_last=layout(), key=0)
                     self.moved_normalize.append(stage or "?")
                     rank_zero_info(f"StreamPrefetch: the {stage or ''} dataset's ToTensor + Normalize(mean="
                                    f"{stats[0]}, std={stats[1]}) now run on the GPU; workers send uint8 images.")  # fmt: skip
@@ -193,7 +197,7 @@ class StreamPrefetch(Callback):
             facts = facts_of(trainer, source)  # a DataModule's loader says how its uint8 images normalize
             stats = facts.normalize if facts is not None else None
             if normalize is None and isinstance(stats, tuple) and len(stats) == 2:
-                normalize = GPUNormalize(*stats, dtype=self.normalize_dtype, channels_last=self.channels_last)
+                normalize = GPUNormalize(*stats, dtype=self.normalize_dtype, channels_last=layout())
             seed = self.transform_seed
             if seed is None:
                 seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)
@@ -236,3 +240,12 @@ class StreamPrefetch(Callback):
         if owner is not None:
             remove_stage(owner, f"StreamPrefetch-uint8-{id(self)}")
             remove_stage(owner, f"StreamPrefetch-{id(self)}")
+
+
+def _channels_last(module: Any) -> bool:
+    """Whether ``module``'s convolutions hold their weights in ``channels_last`` (``GPUBoost(channels_last=True)``
+    converted it): the images normalized on the GPU then come out in that layout too."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.Conv2d) and m.weight.dim() == 4:
+            return m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous()
+    return False

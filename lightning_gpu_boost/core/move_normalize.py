@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_gpu_boost.core.prefetch import check_normalize
+from lightning_gpu_boost.core.prefetch import as_normalize
 
 __all__ = ['Uint8Transform', 'move_normalize', 'restore_normalize']
 
@@ -79,7 +79,7 @@ def _split_normalize_tail(transform: Any) -> tuple[list, list, tuple, tuple] | N
     if _tv_name(norm) != "Normalize" or not (_tv_name(to_float) == "ToTensor" or _to_float_scaled(to_float)):
         return None
     try:
-        mean, std = check_normalize(
+        mean, std = as_normalize(
             tuple(v.tolist() if isinstance(v, torch.Tensor) else v for v in (norm.mean, norm.std))
         )
     except (TypeError, ValueError, AttributeError):

@@ -31,7 +31,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_gpu_boost.core.fork import collect_before_fork
 
-__all__ = ['DTypeName', 'GPUNormalize', 'StreamPrefetcher', 'batch_seed', 'check_normalize']
+__all__ = ['DTypeName', 'GPUNormalize', 'StreamPrefetcher', 'as_normalize', 'batch_seed']
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,23 +48,14 @@ class _Transferable(ABC):  # noqa: B024 (a structural check, no abstract methods
         return NotImplemented
 
 
-def check_normalize(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Validate ``(mean, std)`` given per channel in [0, 1] units; returns them as tuples of floats."""
-    try:
-        mean, std = normalize
-        mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"normalize must be (mean, std) with one value per channel, e.g. ((0.485, 0.456, 0.406), "
-            f"(0.229, 0.224, 0.225)); got {normalize!r}."
-        ) from None
-    if len(mean) != len(std) or not mean:
-        raise ValueError(
-            f"normalize mean and std need the same, non-zero length; got {len(mean)} and {len(std)}."
-        )
-    if any(s <= 0 for s in std):
-        raise ValueError(f"normalize std must be > 0, got {std!r}.")
-    return mean, std
+def as_normalize(normalize: Any, name: str = "normalize") -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(mean, std)`` per channel in [0, 1] units as tuples of floats, checked by
+    :func:`~lightning_gpu_boost._checks.check_normalize` (the one check; ``name`` is named in its error)."""
+    from lightning_gpu_boost._checks import check_normalize
+
+    check_normalize(name, normalize, allow_none=False)
+    mean, std = normalize
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
 @dataclass
@@ -83,7 +74,7 @@ class GPUNormalize:
     key: str | int | None = None
 
     def __post_init__(self) -> None:
-        self.mean, self.std = check_normalize((self.mean, self.std))
+        self.mean, self.std = as_normalize((self.mean, self.std))
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
         self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost._job import job_broadcast, lightning_worker_seed
+from lightning_gpu_boost._job import job_probe, lightning_worker_seed
 from lightning_gpu_boost.core.cpus import default_num_workers, processes_per_node
 from lightning_gpu_boost.core.loaders import LowPriorityWorkerInit
 from lightning_gpu_boost.core.resume import ResumableDataLoader, gather_ranks, own_rank
@@ -177,9 +177,9 @@ class BoostDataModule(pl.LightningDataModule):
         if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) or prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}.")
         if normalize is not None:
-            from lightning_gpu_boost.core.prefetch import check_normalize
+            from lightning_gpu_boost.core.prefetch import as_normalize
 
-            normalize = check_normalize(normalize)
+            normalize = as_normalize(normalize)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -222,17 +222,13 @@ class BoostDataModule(pl.LightningDataModule):
             if stage not in self.auto_probes:
                 # the CPU-aware default is "the user's value": kept where the probe cannot rank the counts
                 from lightning_gpu_boost.core.bad_samples import SkipBadCollate
-                from lightning_gpu_boost.core.workers_cache import agreed_probe
 
                 collate = SkipBadCollate(self.collate_fn) if _bad_sample_owner(dataset) else self.collate_fn
                 probe_loader = DataLoader(
                     dataset, batch_size=self.batch_size, shuffle=stage == "train", collate_fn=collate,
                     num_workers=default_num_workers(processes_per_node(self.trainer)),
                 )  # fmt: skip
-                trainer = self.trainer
-                probe = agreed_probe(probe_loader, processes_per_node(trainer), budget_s=self.workers_budget_s,
-                                     broadcast=job_broadcast(trainer),
-                                     rank=trainer.global_rank if trainer is not None else 0)  # fmt: skip
+                probe = job_probe(self.trainer, probe_loader, budget_s=self.workers_budget_s)
                 self.auto_probes[stage] = probe
                 rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} (measured).\n"
                                f"{probe.format_table()}")  # fmt: skip

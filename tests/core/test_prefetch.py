@@ -140,7 +140,7 @@ def test_bad_arguments():
         StreamPrefetcher([], device="cpu", depth=0)
     with pytest.raises(ValueError, match="normalize"):
         GPUNormalize((0.5,), (0.5, 0.5))
-    with pytest.raises(ValueError, match="std must be > 0"):
+    with pytest.raises(ValueError, match="every std > 0"):
         GPUNormalize((0.5,), (0.0,))
     with pytest.raises(ValueError, match="dtype must be one of"):
         GPUNormalize(MEAN, STD, dtype="int8")
