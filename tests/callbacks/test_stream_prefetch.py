@@ -228,7 +228,7 @@ def test_gpu_trainer_receives_prefetched_normalized_batches(tmp_path):
     data = torch.utils.data.TensorDataset(
         torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8), torch.randint(0, 2, (64,))
     )
-    cb = StreamPrefetch(normalize=((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), dtype="bfloat16", channels_last=True)
+    cb = StreamPrefetch(normalize=((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), normalize_dtype="bfloat16", channels_last=True)
     model = Check()
     trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, callbacks=[cb], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
