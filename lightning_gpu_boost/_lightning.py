@@ -15,6 +15,10 @@ __all__ = ["TESTED", "batches_done_in_epoch", "finish_ended_epoch", "peak_flops"
 
 #: the Lightning versions (major, minor) these details were read from
 TESTED = ((2, 5), (2, 6))
+
+# Lightning 2.6's CombinedLoader flattens every loader with torch's LeafSpec, which torch 2.9+ deprecates: a
+# FutureWarning from inside Lightning that no user (and no part of ours) can act on, printed by every fit
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
 _WARNED: list[bool] = []
 
 

@@ -34,14 +34,42 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _tree_status() -> set[str] | None:
+    """``git status --porcelain`` of the checkout the tests run in (``None`` outside a git checkout)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
+                             text=True, timeout=30, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(out.splitlines())
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the controlling process (or a run without pytest-xdist)
+        session.config._tree_before = _tree_status()
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_sessionfinish(session, exitstatus):
     """A child process left behind (a pool's worker still running when its test timed out) must not keep the run
-    from ending: at exit, concurrent.futures joins the workers of every pool it started."""
+    from ending: at exit, concurrent.futures joins the workers of every pool it started. And the run leaves the
+    checkout as it found it: a file a test wrote outside its ``tmp_path`` fails the run, named."""
     import multiprocessing
 
     for child in multiprocessing.active_children():
         child.kill()
         child.join(timeout=10)
+    yield  # after pytest-xdist's own: the exit status is settled here
+    before = getattr(session.config, "_tree_before", None)
+    after = _tree_status() if before is not None else None
+    if after is not None and after - before:
+        left = sorted(after - before)
+        sys.stderr.write(f"\nThe tests left {len(left)} change(s) in the checkout (write under tmp_path): "
+                         f"{left[:10]}\n")  # fmt: skip
+        session.exitstatus = 1
 
 
 _RESUME_LINES: list[str] = []

@@ -58,13 +58,32 @@ def load_class(path: str) -> type:
     return getattr(module, name)
 
 
+#: LightningCLI's subcommands: a config may hold the sections under one of them
+_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def _sections(config: Any) -> dict[str, Any]:
+    """The config's top level, or its subcommand's (``fit:``...) where the sections sit under one."""
+    if not isinstance(config, dict):
+        return {}
+    if "data" not in config and "model" not in config:
+        for name in _SUBCOMMANDS:
+            if isinstance(config.get(name), dict):
+                return config[name]
+    return config
+
+
 def _section(config: dict[str, Any], key: str) -> tuple[str | None, dict[str, Any]]:
+    """``(class path, init args)`` of a section in any form LightningCLI writes: a class path, ``class_path`` with
+    ``init_args``, or the init args alone (the class fixed in the script: ``LightningCLI(Model, DataModule)``)."""
     value = config.get(key)
     if value is None:
         return None, {}
     if isinstance(value, str):
         return value, {}
-    return value.get("class_path"), dict(value.get("init_args") or {})
+    if "class_path" in value:
+        return value.get("class_path"), dict(value.get("init_args") or {})
+    return None, dict(value)
 
 
 def _json_object(option: str, text: str) -> dict[str, Any]:
@@ -127,9 +146,14 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         import yaml
 
         with open(args.config) as f:
-            config = yaml.safe_load(f) or {}
+            config = _sections(yaml.safe_load(f) or {})
         config_data, config_data_args = _section(config, "data")
         config_model, config_model_args = _section(config, "model")
+        for option, named, section in (("--data", data_path or config_data, "data"),
+                                       ("--model", model_path or config_model, "model")):  # fmt: skip
+            if not named and config.get(section):
+                raise SystemExit(f"The config's `{section}:` section holds arguments but no class (LightningCLI writes "
+                                 f"it so when the script fixes the class): name it with {option} package.module.Class.")
         data_path, data_args = data_path or config_data, {**config_data_args, **data_args}
         model_path, model_args = model_path or config_model, {**config_model_args, **model_args}
     if not data_path:

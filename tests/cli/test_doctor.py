@@ -49,3 +49,27 @@ def test_doctor_names_a_bad_class_path(capsys):
     assert "Name the DataModule" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="Name the DataModule"):
         main(["--debug", "doctor"])
+
+
+def test_doctor_takes_the_config_lightning_cli_prints(tmp_path, capsys):
+    """``fit --print_config`` of a script that fixes its classes (``LightningCLI(Model, DataModule)``): the sections
+    hold init args alone, beside trainer, optimizer and the rest; the class comes from --data / --model."""
+    from lightning.pytorch.cli import LightningCLI
+
+    from tests.helpers import VectorDataModule, VectorModel
+
+    with pytest.raises(SystemExit):
+        LightningCLI(VectorModel, VectorDataModule, args=["fit", "--print_config", "--model.work", "40"])
+    printed = capsys.readouterr().out
+    assert "trainer:" in printed and "model:" in printed and "class_path" not in printed
+    config = tmp_path / "config.yaml"
+    config.write_text(printed)
+    base = ["doctor", "--config", str(config), "--accelerator", "cpu", "--budget", "3", "--no-tune"]
+    assert main(base) == 2
+    assert "holds arguments but no class" in capsys.readouterr().err
+    assert main([*base, "--data", "tests.helpers.VectorDataModule", "--model", "tests.helpers.VectorModel"]) == 0
+    assert "Bottleneck: compute" in capsys.readouterr().out
+    nested = tmp_path / "nested.yaml"  # a config with its subcommand's sections under `fit:`
+    nested.write_text("fit:\n  model:\n    class_path: tests.helpers.VectorModel\n    init_args: {work: 40}\n"
+                      "  data:\n    class_path: tests.helpers.VectorDataModule\n")  # fmt: skip
+    assert main(["doctor", "--config", str(nested), "--accelerator", "cpu", "--budget", "3", "--no-tune"]) == 0
