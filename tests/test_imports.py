@@ -26,3 +26,19 @@ def test_module_available_never_imports():
     assert module_available("json") and not module_available("no_such_module_here")
     assert not module_available("no_such_package.sub")  # a missing parent is an answer, not an error
     assert "this_is_not_imported" not in sys.modules
+
+
+@pytest.mark.parametrize("argv", [["doctor", "--data", "x"], ["bench", "--bogus"], ["demo", "--images", "0"],
+                                  ["pack", "--nope"], ["doctor", "--model", "y"]])  # fmt: skip
+def test_a_cli_mistake_is_reported_before_torch_is_imported(argv):
+    """A mistyped argument is one line in a fraction of a second: nothing heavy is imported to say so."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom lightning_gpu_boost.cli import main\ntry:\n    rc = main(json.loads(sys.argv[1]))\n"
+            "except SystemExit as stop:\n    rc = stop.code\n"
+            "print(json.dumps([rc, sorted(m for m in ('torch', 'lightning') if m in sys.modules)]))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, timeout=120)
+    rc, heavy = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rc == 2 and heavy == [], (argv, out.stderr[-500:])

@@ -14,8 +14,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from lightning_gpu_boost.cli._args import at_least, writable_folder
 
 __all__ = ['add_arguments', 'run']
@@ -64,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import torch  # here, not at import: a mistyped argument is reported before torch loads
     from torch.utils.data import DataLoader
 
     from lightning_gpu_boost._imports import module_available

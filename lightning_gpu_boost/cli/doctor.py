@@ -166,6 +166,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    for path in (args.data, args.model):  # before anything heavy is imported: a mistyped path is reported at once
+        if path and not path.rpartition(".")[0]:
+            raise SystemExit(f"{path!r} is not a class path: expected package.module.ClassName.")
     from lightning_gpu_boost.doctor import diagnose
 
     check_trainer_args(args)
