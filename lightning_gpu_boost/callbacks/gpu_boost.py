@@ -27,6 +27,9 @@ from lightning_gpu_boost.strategies.presets import (
 
 __all__ = ['GPUBoost']
 
+#: where the running GPUBoost keeps its parts' states in a checkpoint
+CHECKPOINT_KEY = "lightning_gpu_boost"
+
 _HOOKS = (
     "setup", "teardown", "on_fit_start", "on_train_start", "on_train_end", "on_train_epoch_start",
     "on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_validation_end", "on_save_checkpoint",
@@ -131,16 +134,36 @@ class GPUBoost(Callback):
         self.applied: dict[str, Any] = {}
         self._found: dict[str, Any] | None = None
         self._shapes: ShapeWatch | None = None
+        #: the parts that run in this fit: a part the Trainer has as a callback of its own runs as the user set it,
+        #: and a second GPUBoost leaves everything to the first
+        self.running: dict[str, Any] = dict(self.parts)
 
     @property
     def state_key(self) -> str:
         return "GPUBoost"
 
     def _forward(self, hook: str, *args: Any, **kwargs: Any) -> None:
-        for part in self.parts.values():
+        for part in list(self.running.values()):
             getattr(part, hook)(*args, **kwargs)
 
+    def _duplicates(self, trainer: pl.Trainer) -> bool:
+        """Which parts run this fit (:attr:`running`); ``True`` where another GPUBoost comes first (this one is off)."""
+        first = next(c for c in trainer.callbacks if isinstance(c, GPUBoost))
+        if first is not self:
+            self.running = {}
+            rank_zero_info("GPUBoost: another GPUBoost is among the Trainer's callbacks; this one stays off (the "
+                           "first runs).")  # fmt: skip
+            return True
+        mine = {c for c in trainer.callbacks if c is not self}
+        self.running = {n: p for n, p in self.parts.items() if not any(type(c) is type(p) for c in mine)}
+        for name in self.parts.keys() - self.running.keys():
+            rank_zero_info(f"GPUBoost: {type(self.parts[name]).__name__} is among the Trainer's callbacks already; it "
+                           "runs as you set it, and GPUBoost's own stays off.")  # fmt: skip
+        return False
+
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._duplicates(trainer):
+            return
         cuda = trainer.strategy.root_device.type == "cuda"
         if self._found is None:
             self._found = backend_settings()
@@ -153,7 +176,7 @@ class GPUBoost(Callback):
         if cuda and str(trainer.precision) == "32-true" and best != "32-true":
             rank_zero_warn(f"GPUBoost: training in 32-true on a GPU that supports {best}; pass precision='{best}' "
                            "(lightning_gpu_boost.recommended_precision()) for faster steps.")  # fmt: skip
-        rank_zero_info(f"GPUBoost: {', '.join(self.parts) or 'no parts'}; backends {applied or 'unchanged'}.")
+        rank_zero_info(f"GPUBoost: {', '.join(self.running) or 'no parts'}; backends {applied or 'unchanged'}.")
         self._forward("setup", trainer, pl_module, stage)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
@@ -173,24 +196,34 @@ class GPUBoost(Callback):
             restore_backends(self._found)
             self._found, self._shapes = None, None
 
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._forward("on_save_checkpoint", trainer, pl_module, checkpoint)
+        if self.running:  # the running GPUBoost's parts (a checkpoint entry of its own: two GPUBoosts never clash)
+            checkpoint[CHECKPOINT_KEY] = self.boost_state()
+
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get(CHECKPOINT_KEY) or checkpoint.get("callbacks", {}).get("GPUBoost")  # or as saved before
+        if state is not None and self.running:
+            self.load_boost_state(state)
         # a checkpoint at an epoch's last batch must not make a loader with its own state skip the next epoch
-        if finish_ended_epoch(checkpoint):
+        if self.running and finish_ended_epoch(checkpoint):
             rank_zero_info("GPUBoost: the checkpoint was saved at an epoch's last batch; the train loader's own saved "
                            "state is marked finished so that the resumed run starts the next epoch (torchdata's "
                            "StatefulDataLoader would skip it).")  # fmt: skip
         self._forward("on_load_checkpoint", trainer, pl_module, checkpoint)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": 1, **{name: part.state_dict() for name, part in self.parts.items()}}
+    def boost_state(self) -> dict[str, Any]:
+        """Its parts' states, versioned (saved in the checkpoint under :data:`CHECKPOINT_KEY`, not through
+        Lightning's ``state_dict``, which refuses two callbacks of one class)."""
+        return {"version": 1, **{name: part.state_dict() for name, part in self.running.items()}}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_boost_state(self, state: dict[str, Any]) -> None:
         from lightning_gpu_boost.core.state_version import check_state_version
 
-        check_state_version("GPUBoost", state_dict, 1)
-        for name, part in self.parts.items():
-            if name in state_dict:
-                part.load_state_dict(state_dict[name])
+        check_state_version("GPUBoost", state, 1)
+        for name, part in self.running.items():
+            if name in state:
+                part.load_state_dict(state[name])
 
 
 def _forwarder(hook: str) -> Any:

@@ -13,7 +13,8 @@ from tests.helpers import IndexDataset, RecordingModel
 
 
 def _fit_with(trainer_kwargs, boost, loader):
-    trainer = pl.Trainer(callbacks=[boost], max_epochs=1, limit_val_batches=0, **trainer_kwargs)
+    trainer = pl.Trainer(callbacks=boost if isinstance(boost, list) else [boost], max_epochs=1, limit_val_batches=0,
+                         **trainer_kwargs)  # fmt: skip
     trainer.fit(RecordingModel(), loader)
     return trainer
 
@@ -52,11 +53,11 @@ def test_gpu_boost_switches_each_part(trainer_kwargs, tmp_path, switches, parts)
         boost.parts["auto_workers"].cache_path = str(tmp_path / "cache.json")
     trainer = _fit_with(trainer_kwargs, boost, DataLoader(IndexDataset(32), batch_size=4))
     assert trainer.global_step == 8
-    state = boost.state_dict()
+    state = boost.boost_state()
     assert set(state) == parts | {"version"} and state["version"] == 1
     if "auto_workers" in parts:
         assert state["auto_workers"]["chosen"] == {"train": 0}  # in-memory samples
-        GPUBoost().load_state_dict(state)
+        GPUBoost().load_boost_state(state)
     if "watchdog" in parts:
         assert boost.parts["watchdog"].summaries
 
@@ -85,3 +86,27 @@ def test_gpu_boost_turns_autotuning_off_for_variable_shapes_and_restores_the_use
                logger=False, enable_checkpointing=False, enable_progress_bar=False,
                ).fit(fixed, DataLoader(batches[:1] * 12, batch_size=None))  # fmt: skip
     assert all(fixed.autotuning) and torch.backends.cudnn.benchmark is False  # fixed shapes keep it, until teardown
+
+
+@pytest.mark.parametrize("beside", ["twice", "auto_workers", "span_epochs"])
+def test_a_part_given_twice_runs_once_and_says_which(beside, trainer_kwargs, caplog):
+    """GPUBoost twice, or GPUBoost beside one of its parts: found at setup, the first GPUBoost (or the user's own
+    part, with the user's settings) runs, and one line says so; a checkpoint saves and resumes as with one."""
+    import logging
+
+    from lightning_gpu_boost.callbacks import AutoNumWorkers, SpanEpochs
+
+    first = GPUBoost(watchdog=False, workers_budget_s=1.0)
+    second = {"twice": lambda: GPUBoost(watchdog=False, workers_budget_s=1.0),
+              "auto_workers": lambda: AutoNumWorkers(workers_budget_s=1.0, use_cache=False, max_workers=1),
+              "span_epochs": SpanEpochs}[beside]()  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        trainer = _fit_with({**trainer_kwargs, "enable_checkpointing": True}, [first, second],
+                            DataLoader(IndexDataset(32), batch_size=4, num_workers=1))  # fmt: skip
+    said = [r.getMessage() for r in caplog.records if "stays off" in r.getMessage()]
+    assert len(said) == 1, said
+    if beside == "twice":
+        assert second.running == {} and set(first.running) == set(first.parts)
+    else:
+        assert beside not in first.running and len(first.running) == len(first.parts) - 1
+    assert trainer.global_step == 8
