@@ -24,7 +24,9 @@ def data_path(trainer: Any) -> DataPath:
     """``trainer``'s data path (made on first use; it lives in the Trainer and goes with it)."""
     path = vars(trainer).get(_PATH)
     if path is None:
-        path = DataPath()
+        from lightning_gpu_boost.core.run_record import run_record
+
+        path = DataPath(choices=run_record(trainer))  # the run's record of choices: one per Trainer
         setattr(trainer, _PATH, path)
     return path
 

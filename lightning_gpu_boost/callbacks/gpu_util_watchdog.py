@@ -14,13 +14,13 @@ from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._lightning import peak_flops
+from lightning_gpu_boost.callbacks._data_path import data_path
 from lightning_gpu_boost.callbacks._run_facts import loader_facts, run_facts
 from lightning_gpu_boost.core import watchdog_report as report
 from lightning_gpu_boost.core.mfu import StepFlops
 from lightning_gpu_boost.core.nvml import NVMLSampler
 from lightning_gpu_boost.core.resume import gather_ranks
 from lightning_gpu_boost.core.run_clock import LoaderActivity, RunClock
-from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.state_version import check_state_version
 from lightning_gpu_boost.core.step_timer import StepTimer, StepTiming
 from lightning_gpu_boost.core.verdicts import STARVED, RunFacts, Verdict, batch_kind, classify
@@ -287,7 +287,7 @@ class GPUUtilWatchdog(Callback):
                                                       verdict))  # fmt: skip
         elif verdict == "host-bound":  # a worker count one of our parts chose is decided again by that part
             facts = self.facts(trainer)
-            decided = report.ask_again(run_record(trainer), facts, m)
+            decided = report.ask_again(data_path(trainer), facts, m)  # the stage that chose the count decides
             self._report(trainer, m, report.host_message(m, facts, decided), starving=False)
         elif verdict == "small":
             message = report.small_message(m)
@@ -328,7 +328,7 @@ class GPUUtilWatchdog(Callback):
         self.run_verdict, e, self.run_verdict_share, self.run_advice = report.judge_run(
             self.summaries, self.timeline, facts, self.wait_threshold, self.util_threshold)  # fmt: skip
         if self.run_verdict == "between-steps":  # SpanEpochs, where it chose not to span, decides again
-            message = report.between_message(e, self.run_advice, report.ask_again_between(run_record(trainer), facts, e))
+            message = report.between_message(e, self.run_advice, report.ask_again_between(data_path(trainer), facts, e))
             self.warnings.append({"step": trainer.global_step, "verdict": "between-steps", "message": message})
             rank_zero_warn(message)
         if self.summary:
@@ -338,7 +338,7 @@ class GPUUtilWatchdog(Callback):
 
     def format_summary(self) -> str:
         return report.format_summary(self.summaries, self.run_verdict, self.run_advice, self.timeline,
-                                     run_record(self._trainer).changes if self._trainer is not None else [])  # fmt: skip
+                                     data_path(self._trainer).choices.changes if self._trainer is not None else [])  # fmt: skip
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -24,9 +24,15 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["STAGES", "DataPath", "LoaderFacts", "StageFn"]
+from lightning_gpu_boost.core.run_record import RunRecord
+
+__all__ = ["STAGES", "DataPath", "LoaderFacts", "Setting", "StageFn"]
+
+#: the settings a stage owns and training may ask it to decide again: the worker count (``worker_count``) and
+#: whether the workers span epochs (``span_epochs``)
+Setting = Literal["num_workers", "span_epochs"]
 
 #: the stages every loader passes, in this order
 STAGES = ("worker_compute", "worker_count", "span_epochs", "strategy", "copy")
@@ -59,9 +65,12 @@ class LoaderFacts:
 
 
 class DataPath:
-    """One Trainer's data path: its stage functions by stage, and the facts of its loaders."""
+    """One Trainer's data path: its stage functions by stage, the facts of its loaders, and the choices its stages
+    made (``choices``, the run's :class:`~lightning_gpu_boost.core.run_record.RunRecord`): what training shows is
+    proposed through :meth:`propose`, and the stage that owns the setting decides."""
 
-    def __init__(self) -> None:
+    def __init__(self, choices: RunRecord | None = None) -> None:
+        self.choices = choices if choices is not None else RunRecord()
         self._stages: dict[str, dict[str, StageFn]] = {name: {} for name in STAGES}
         self._facts: weakref.WeakKeyDictionary[Any, LoaderFacts] = weakref.WeakKeyDictionary()
         self._plain: dict[int, LoaderFacts] = {}  # loaders that cannot be held weakly (lists, dicts)
@@ -89,6 +98,12 @@ class DataPath:
             for fn in list(self._stages[name].values()):
                 loader = fn(loader, stage)
         return loader
+
+    def propose(self, setting: Setting, proposal: Any, reason: str, **evidence: Any) -> str | None:
+        """Ask the stage that chose ``setting`` to decide again, given ``reason`` (what training showed) and the value
+        the evidence points to; what the stage says (it applied ``proposal``, or kept its value and why), or
+        ``None`` where no stage of ours chose the setting."""
+        return self.choices.decide_again(setting, proposal, reason, **evidence)
 
     def facts(self, loader: Any) -> LoaderFacts:
         """The record of ``loader`` (made empty on first use)."""

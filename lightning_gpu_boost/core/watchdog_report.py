@@ -10,7 +10,6 @@ from dataclasses import replace
 from typing import Any
 
 from lightning_gpu_boost.core.mfu import mfu
-from lightning_gpu_boost.core.run_record import RunRecord
 from lightning_gpu_boost.core.verdicts import (
     STARVED,
     Evidence,
@@ -139,7 +138,7 @@ def upper_bound(m: dict[str, float | None], batch_size: int | None) -> str | Non
             f"({ceiling / now:.1f}x), the most that any change below can give.")  # fmt: skip
 
 
-def ask_again(record: RunRecord, facts: RunFacts, m: dict[str, float | None]) -> str | None:
+def ask_again(path: Any, facts: RunFacts, m: dict[str, float | None]) -> str | None:
     """Where the worker count one of our parts chose leaves the training process no CPU on a host-bound step, that
     part decides again (the advice never names a value for it); what it says, or ``None``."""
     if not crowded(facts) or "num_workers" not in facts.chosen_by:
@@ -147,17 +146,16 @@ def ask_again(record: RunRecord, facts: RunFacts, m: dict[str, float | None]) ->
     reason = (f"the GPU idles inside the step ({m['gpu_util']:.0f} % utilization while steps wait "
               f"{100 * evidence(m).data_wait_frac:.0f} % for data) and its {facts.num_workers} workers can use all "
               f"{facts.usable_cpus} CPUs, leaving none to the training process that launches the kernels")  # fmt: skip
-    return record.decide_again("num_workers", facts.usable_cpus - 1, reason, training_batches_s=m.get("batches_s"))
+    return path.propose("num_workers", facts.usable_cpus - 1, reason, training_batches_s=m.get("batches_s"))
 
 
-def ask_again_between(record: RunRecord, facts: RunFacts, e: Evidence) -> str | None:
+def ask_again_between(path: Any, facts: RunFacts, e: Evidence) -> str | None:
     """Where a run ends with much of its time outside the steps and SpanEpochs chose not to span its train loader,
     SpanEpochs decides again (the advice never names a threshold for it); what it says, or ``None``."""
-    choice = record.chosen("span_epochs")
+    choice = path.choices.chosen("span_epochs")
     if choice is None or choice.value or not facts.num_workers or e.between_frac is None:
         return None
-    return record.decide_again("span_epochs", True, f"{100 * e.between_frac:.0f} % of the run passed outside the "
-                               "steps")  # fmt: skip
+    return path.propose("span_epochs", True, f"{100 * e.between_frac:.0f} % of the run passed outside the steps")
 
 
 def host_message(m: dict[str, float | None], facts: RunFacts, decided: str | None = None) -> str:

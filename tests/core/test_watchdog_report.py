@@ -25,6 +25,7 @@ def test_nanmean_ignores_missing_readings():
 
 
 def test_a_worker_count_one_of_our_parts_chose_is_decided_again_not_advised():
+    from lightning_gpu_boost.core.data_path import DataPath
     from lightning_gpu_boost.core.run_record import RunRecord
     from lightning_gpu_boost.core.verdicts import RunFacts
     from lightning_gpu_boost.core.watchdog_report import ask_again, host_message
@@ -34,12 +35,12 @@ def test_a_worker_count_one_of_our_parts_chose_is_decided_again_not_advised():
     record.choose("num_workers", 16, by="AutoNumWorkers", why="measured",
                   decide_again=lambda proposal, reason, **evidence: (proposal, f"AutoNumWorkers decided again: 16 -> {proposal}"))
     facts = RunFacts(cuda=True, num_workers=16, usable_cpus=16, chosen_by=record.chosen_by())
-    said = ask_again(record, facts, m)
+    said = ask_again(DataPath(record), facts, m)  # the watchdog proposes through the path; the part decides
     assert said == "AutoNumWorkers decided again: 16 -> 15"
     message = host_message(m, facts, said)
     assert said in message and "set num_workers" not in message  # one voice: the part decides, nobody advises
     users = RunFacts(cuda=True, num_workers=16, usable_cpus=16)  # the user's own count: advised
-    assert ask_again(RunRecord(), users, m) is None and "set num_workers=15" in host_message(m, users)
+    assert ask_again(DataPath(), users, m) is None and "set num_workers=15" in host_message(m, users)
 
 
 def test_windows_that_disagree_are_phases_and_the_verdict_says_how_many_agree():
