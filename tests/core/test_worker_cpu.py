@@ -21,7 +21,7 @@ def test_a_busy_child_reads_busy_and_a_sleeping_one_idle():
         assert child.pid in (children_cpu_s() or {})
         meter.busy_share(1)
         time.sleep(1.0)
-        assert meter.busy_share(1) > 0.3  # a spinning child: most of a CPU, even sharing two CPUs with three others
+        busy = meter.busy_share(1)  # a spinning child: what the scheduler gives it, a fair share on a busy machine
     finally:
         child.wait()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
@@ -29,9 +29,12 @@ def test_a_busy_child_reads_busy_and_a_sleeping_one_idle():
         time.sleep(0.6)  # past its start-up (its imports use a CPU)
         meter.busy_share(1)
         time.sleep(1.0)
-        assert meter.busy_share(1) < 0.1
+        idle = meter.busy_share(1)
     finally:
         sleeper.wait()
+    # the sleeping child reads idle whatever the load; the spinning one reads busy: a tenth of a CPU at least (two
+    # CPUs shared with the suite's workers and two CPU hogs still give it a third), and ten times the sleeper's
+    assert busy > 0.1 and idle < 0.05 and busy > 10 * idle, (busy, idle)
     assert meter.busy_share(0) is None
 
 
@@ -45,6 +48,6 @@ def test_a_child_that_ends_between_readings_still_counts():
     meter.busy_share(1)  # sees the child part-way
     child.wait()  # it ends and is reaped before the next reading
     share = meter.busy_share(1)
-    assert 0.3 < share <= 1.0, share
+    assert 0.1 < share <= 1.0, share  # most of a CPU alone, a fair share of one beside CPU hogs
     time.sleep(0.5)
     assert meter.busy_share(1) < 0.1  # nothing ran since: the ended child is not counted again
