@@ -28,17 +28,39 @@ def gpu_tag() -> str:
     return name.replace("nvidia", "").strip().split()[0]
 
 
+def _package_root() -> Path:
+    """The folder that holds the ``lightning_gpu_boost`` package (its checkout, where it is one)."""
+    return Path(__file__).resolve().parents[2]
+
+
 def _git_commit() -> str | None:
-    """``$GIT_COMMIT`` where set (a copied checkout's ``.git`` may be stale), else ``git rev-parse HEAD``."""
+    """``$GIT_COMMIT`` where set (a copied checkout's ``.git`` may be stale), else the commit of the package's own
+    checkout (``git rev-parse HEAD`` there, not in whatever repository encloses the working directory), else
+    ``None`` (an installed package)."""
     if os.environ.get("GIT_COMMIT"):
         return os.environ["GIT_COMMIT"]
+    root = _package_root()
+    if not (root / ".git").exists():
+        return None
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-        )
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5,
+                             check=True)  # fmt: skip
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def package_source_sha() -> str:
+    """SHA-256 (first 16 hex digits) of the package's Python sources, by path and content: which code ran, even
+    where no commit can be read (a copied checkout whose ``.git`` is stale, an installed package)."""
+    import hashlib
+
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _cpu_model() -> str | None:
@@ -51,6 +73,15 @@ def _cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
+
+
+def _package_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lightning-gpu-boost")
+    except PackageNotFoundError:
+        return None
 
 
 def environment() -> dict[str, Any]:
@@ -69,6 +100,8 @@ def environment() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "lightning": version("lightning"),
         "git_commit": _git_commit(),
+        "lightning_gpu_boost": _package_version(),
+        "package_source_sha": package_source_sha(),
     }
     for name, module in (("dali", "nvidia.dali"), ("torchvision", "torchvision"), ("pillow", "PIL")):
         try:

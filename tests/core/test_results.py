@@ -21,3 +21,22 @@ def test_a_result_holds_its_environment_figures_and_bars(tmp_path):
     table = path.with_suffix(".md").read_text()
     assert "| speedup | 2.0 | 1.5 | x | True |" in table and "| plain.samples_per_s | 10.123 |" in table
     assert environment()["cpu_count"] >= 1
+
+
+def test_the_environment_names_the_packages_own_commit_and_sources(tmp_path, monkeypatch):
+    """The commit is the package's checkout's, wherever the script runs (not the repository around the working
+    folder); the sources' digest says which code ran where no commit can be read."""
+    import subprocess
+
+    from lightning_gpu_boost.core import results
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)  # another repository around the working folder
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GIT_COMMIT", raising=False)
+    env = results.environment()
+    root = results._package_root()
+    if (root / ".git").exists():
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+        assert env["git_commit"] == head
+    assert len(env["package_source_sha"]) == 16 and env["package_source_sha"] == results.package_source_sha()
+    assert env["lightning_gpu_boost"]
