@@ -53,7 +53,9 @@ def test_the_meter_times_the_loader_not_its_queue(trainer_kwargs, warmup):
     assert summary["queue_batches"] == 4 * 2 + 1 and summary["warmup_steps"] >= 13
     timed = trainer.global_step - meter.opened_at
     assert 30 <= timed <= 90, "fit ends once the window is timed (longer only while its halves differ)"
-    assert summary["samples_per_s"] == pytest.approx(steady, rel=0.15), (summary, steady)  # the queue alone would read ~1.4x
+    # the queue alone would read ~1.4x: within a quarter tells the two apart, also beside CPU hogs, where the loader
+    # alone and the fit, measured a few seconds apart, met a load that moved (0.79x once)
+    assert summary["samples_per_s"] == pytest.approx(steady, rel=0.25), (summary, steady)
 
 
 class SlowsDown(SlowStart):
