@@ -50,7 +50,7 @@ def test_the_users_own_loader_resumed_from_any_step_sees_exactly_the_uninterrupt
 def test_ddp_runs_resumed_from_any_step_see_exactly_the_uninterrupted_batches(resume_data, tmp_path, resume_report):
     from tests.helpers import run_ddp
 
-    cases = [c for c in CASES if HAS_DALI or not c.startswith("dali")] + ["gpu_boost_random", "auto_workers_seeded"]
+    cases = [c for c in CASES if HAS_DALI or not c.startswith("dali")] + list(USER_CASES)
     data = {k: str(v) for k, v in resume_data.items()}
     script = f"""
         import logging, warnings
