@@ -341,11 +341,14 @@ def format_summary(summaries: list[dict[str, float]], verdict: str | None, advic
     def pct(value: float, scale: float = 1.0) -> str:
         return "n/a" if value is None or math.isnan(value) else f"{scale * value:.0f} %"
 
+    def ms(value: float) -> str:  # no step timed after warm-up: nothing to show
+        return "n/a" if value is None or math.isnan(value) or value <= 0 else f"{value:.1f}"
+
     for rank, s in enumerate(summaries):
         rows.append(
             f"{rank} | {s['steps']:.0f} | {pct(s['gpu_util'])} | {pct(s.get('sm_active', math.nan))} | "
-            f"{pct(s.get('mfu', math.nan), 100)} | {100 * s['data_wait_frac']:.0f} % | {s['step_ms']:.1f} | "
-            f"{100 * s['starved_frac']:.0f} % | {pct(s['between_frac'], 100)}"
+            f"{pct(s.get('mfu', math.nan), 100)} | {pct(s['data_wait_frac'], 100)} | {ms(s['step_ms'])} | "
+            f"{pct(s['starved_frac'], 100)} | {pct(s['between_frac'], 100)}"
         )
     told = " ".join(f"({i + 1}) {a}" for i, a in enumerate(advice or []))
     sure = ""
@@ -360,7 +363,7 @@ def format_summary(summaries: list[dict[str, float]], verdict: str | None, advic
     again = "".join(f"\ndecided again: {c['said']}" for c in changes or [])
     return (
         "GPUUtilWatchdog summary (the slowest rank sets the pace)\n" + "\n".join(rows) +
-        f"\nverdict: {verdict} (slowest rank: {slowest(summaries)}{sure}){again}; advice: {told}"
+        f"\nverdict: {verdict or 'too short to judge'} (slowest rank: {slowest(summaries)}{sure}){again}; advice: {told}"
     )  # fmt: skip
 
 
@@ -387,7 +390,11 @@ def judge_run(summaries: list[dict[str, float]], timeline: list[dict[str, Any]],
     """The run's verdict from every rank's summary (the slowest rank's evidence, the time outside the steps
     included), its evidence, the share of the judged time it held and its advice. A run of phases (a link-bound
     first epoch, then a warm one) is judged by the phase that took most time."""
-    e = summary_evidence(summaries[slowest(summaries)])
+    worst = summaries[slowest(summaries)]
+    e = summary_evidence(worst)
+    if math.isnan(worst.get("data_wait_frac", math.nan)):  # no step timed after the warm-up: nothing to judge
+        return None, e, None, [f"too short to judge: {worst.get('steps', 0):.0f} steps, none timed after the "
+                               "warm-up (GPUUtilWatchdog(warmup_steps=...)); a longer run gets a verdict"]  # fmt: skip
     whole_run = classify(e, wait_threshold, util_threshold, include_between=True)
     verdict, e, share = run_verdict(whole_run, e, timeline)
     return verdict, e, share, advise(verdict, facts, e)

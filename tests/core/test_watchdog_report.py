@@ -151,3 +151,16 @@ def test_a_phase_of_problem_that_holds_a_quarter_of_the_run_is_not_hidden_by_a_l
     brief = _phase_run(range(3, 4))  # one: under a quarter of the time, the run was at the GPU's pace
     assert time_shares(brief)["remote-io-bound"] < PROBLEM_SHARE
     assert run_verdict("host-bound", whole, brief)[0] == "ok"
+
+
+def test_a_run_too_short_to_judge_says_so_and_shows_no_nan():
+    from lightning_gpu_boost.core.verdicts import RunFacts
+    from lightning_gpu_boost.core.watchdog_report import format_summary, judge_run
+
+    nan = float("nan")
+    short = {"steps": 5.0, "gpu_util": nan, "gpu_mem_frac": nan, "sm_active": nan, "mfu": nan, "data_wait_frac": nan,
+             "data_wait_ms": nan, "step_ms": 0.0, "starved_frac": 0.0, "between_frac": 0.05, "validation_frac": 0.0}  # fmt: skip
+    verdict, _, share, advice = judge_run([short], [], RunFacts(), 0.2, 80.0)
+    assert verdict is None and share is None and advice[0].startswith("too short to judge: 5 steps")
+    table = format_summary([short], verdict, advice)
+    assert "nan" not in table and "verdict: too short to judge" in table and "0.0 |" not in table
