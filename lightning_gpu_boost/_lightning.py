@@ -8,6 +8,7 @@ another Lightning each answers as if it found nothing (no batches done, no saved
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -19,17 +20,16 @@ TESTED = ((2, 5), (2, 6))
 # Lightning 2.6's CombinedLoader flattens every loader with torch's LeafSpec, which torch 2.9+ deprecates: a
 # FutureWarning from inside Lightning that no user (and no part of ours) can act on, printed by every fit
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
-_WARNED: list[bool] = []
 
 
+@functools.cache
 def tested() -> bool:
     """Whether the installed Lightning is one of :data:`TESTED` (warns once where it is not)."""
     import lightning
 
     version = tuple(int(p) for p in lightning.__version__.split(".")[:2] if p.isdigit())
     ok = version in TESTED
-    if not ok and not _WARNED:
-        _WARNED.append(True)
+    if not ok:
         warnings.warn(f"lightning-gpu-boost reads Lightning {', '.join('.'.join(map(str, v)) for v in TESTED)}; with "
                       f"{lightning.__version__} it leaves out what it cannot read safely (mid-epoch transform draws, "
                       "the ended epoch's saved loader state, MFU).", stacklevel=2)  # fmt: skip

@@ -14,9 +14,12 @@ from typing import Any
 
 from lightning_gpu_boost.core.data_path import DataPath, LoaderFacts, StageFn
 
-__all__ = ["add_stage", "data_path", "facts_of", "processing_stage", "remove_stage"]
+__all__ = ["RESUME_CHECK", "add_stage", "check_resumed_places", "data_path", "facts_of", "processing_stage",
+           "remove_stage"]
 
 _PATH = "_gpu_boost_data_path"
+#: the name of the stage function :func:`check_resumed_places` adds (once per Trainer, whichever parts ask)
+RESUME_CHECK = "resume-check"
 _SAVED = "_gpu_boost_saved_process_dataloader"
 
 
@@ -78,3 +81,23 @@ def remove_stage(trainer: Any, name: str) -> None:
         vars(strategy).pop("process_dataloader", None)
     else:
         strategy.process_dataloader = saved
+
+
+def check_resumed_places(trainer: Any, checkpoint: dict[str, Any]) -> None:
+    """On a resume from ``checkpoint``: each train loader that keeps its own place (torchdata's
+    ``StatefulDataLoader``) is checked against the place Lightning saved for it, at the ``worker_count`` stage (after
+    a worker tuner's choice), and refused in one line where the worker count differs. Added once per Trainer under
+    :data:`RESUME_CHECK`, whichever parts ask; the parts take it away in their ``teardown``."""
+    from lightning_gpu_boost._lightning import saved_loader_states
+    from lightning_gpu_boost.core.resume import refuse_other_worker_count
+
+    states = saved_loader_states(checkpoint)
+    if not states:
+        return
+
+    def check(loader: Any, stage: str | None) -> Any:
+        if stage == "train" and states:
+            refuse_other_worker_count(loader, states.pop(0))
+        return loader
+
+    add_stage(trainer, "worker_count", RESUME_CHECK, check)

@@ -13,9 +13,15 @@ from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._job import job_probe, lightning_worker_seed
-from lightning_gpu_boost._lightning import saved_loader_states
 from lightning_gpu_boost._logging import node_info
-from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, facts_of, remove_stage
+from lightning_gpu_boost.callbacks._data_path import (
+    RESUME_CHECK,
+    add_stage,
+    check_resumed_places,
+    data_path,
+    facts_of,
+    remove_stage,
+)
 from lightning_gpu_boost.core.cpus import processes_per_node, usable_cpus
 from lightning_gpu_boost.core.loaders import (
     AUTO_PERSISTENT_WORKERS,
@@ -24,7 +30,6 @@ from lightning_gpu_boost.core.loaders import (
     iter_loaders,
     set_num_workers,
 )
-from lightning_gpu_boost.core.resume import refuse_other_worker_count
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import resumable
 from lightning_gpu_boost.core.state_version import check_state_version
@@ -119,7 +124,6 @@ class AutoNumWorkers(Callback):
         self._left_alone: set[str] = set()
         self._restarts: list[Any] = []  # SpanningLoaders to start again with a new count at the epoch's end
         self._wrapped: list[Any] = []  # the resumable loaders this fit's hook made (closed at teardown)
-        self._saved_states: list[Any] = []  # the train loaders' places a checkpoint holds (on_load_checkpoint)
 
     def _tune(self, trainer: pl.Trainer, loader: DataLoader, stage: str) -> None:
         if self.keep_user_value and loader.num_workers > 0:
@@ -201,8 +205,6 @@ class AutoNumWorkers(Callback):
             # a train loader resumes exactly mid-epoch (a plain DataLoader keeps no place of its own)
             if loader_stage != "train":
                 return dataloader
-            if self._saved_states:
-                refuse_other_worker_count(dataloader, self._saved_states.pop(0))
             wrapped = resumable(dataloader)
             if wrapped is not dataloader:
                 self._wrapped.append(wrapped)
@@ -213,7 +215,7 @@ class AutoNumWorkers(Callback):
     @override
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         # read before the loaders are built: a saved place they cannot continue is refused in the loader hook
-        self._saved_states = saved_loader_states(checkpoint)
+        check_resumed_places(trainer, checkpoint)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -223,6 +225,7 @@ class AutoNumWorkers(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         remove_stage(trainer, f"AutoNumWorkers-{id(self)}")
+        remove_stage(trainer, RESUME_CHECK)
         while self._wrapped:
             self._wrapped.pop().close()
 

@@ -12,9 +12,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
-from lightning_gpu_boost._lightning import saved_loader_states
-from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, remove_stage
-from lightning_gpu_boost.core.resume import refuse_other_worker_count
+from lightning_gpu_boost.callbacks._data_path import (
+    RESUME_CHECK,
+    add_stage,
+    check_resumed_places,
+    data_path,
+    remove_stage,
+)
 from lightning_gpu_boost.core.run_record import run_record
 from lightning_gpu_boost.core.spanning import RESTART_SHARE, SpanningLoader, resumable, span_decision
 
@@ -79,7 +83,6 @@ class SpanEpochs(Callback):
         #: ``(stage, wrapped, why)`` for each loader considered in the last fit
         self.decisions: list[tuple[str, bool, str]] = []
         self._spanning: list[SpanningLoader] = []
-        self._saved_states: list[Any] = []  # the train loaders' places a checkpoint holds (on_load_checkpoint)
         self._span_next_fit = False  # set where a fit ended showing that its train loader should have been spanned
         self._blocked: str | None = None  # why the train loader could not be spanned whatever the threshold
         self._trainer: Any = None
@@ -95,8 +98,6 @@ class SpanEpochs(Callback):
         stages = {name for name, on in (("train", self.train), ("val", self.val)) if on}
 
         def hook(dataloader: object, loader_stage: str | None) -> object:
-            if loader_stage == "train" and self._saved_states:
-                refuse_other_worker_count(dataloader, self._saved_states.pop(0))
             if loader_stage not in stages:
                 return self._resumable(dataloader) if loader_stage == "train" else dataloader
             given = dataloader
@@ -155,7 +156,7 @@ class SpanEpochs(Callback):
     @override
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         # read before the loaders are built: a saved place they cannot continue is refused in the loader hook
-        self._saved_states = saved_loader_states(checkpoint)
+        check_resumed_places(trainer, checkpoint)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -169,4 +170,5 @@ class SpanEpochs(Callback):
         self._spanning.clear()
         if self._trainer is not None:
             remove_stage(self._trainer, f"SpanEpochs-{id(self)}")
+            remove_stage(self._trainer, RESUME_CHECK)
             self._trainer = None

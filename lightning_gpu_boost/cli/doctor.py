@@ -39,12 +39,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def load_class(path: str) -> type:
-    """``package.module.Class`` -> the class, with an error that names what is missing. Modules are found from the
-    current folder too, as ``python -m`` finds them (the console script alone would not)."""
+def _split_class_path(path: str) -> tuple[str, str]:
+    """``package.module.Class`` -> ``("package.module", "Class")``, or one line saying it is not a class path."""
     module_name, _, name = path.rpartition(".")
     if not module_name:
         raise SystemExit(f"{path!r} is not a class path: expected package.module.ClassName.")
+    return module_name, name
+
+
+def load_class(path: str) -> type:
+    """``package.module.Class`` -> the class, with an error that names what is missing. Modules are found from the
+    current folder too, as ``python -m`` finds them (the console script alone would not)."""
+    module_name, name = _split_class_path(path)
     import os
 
     if "" not in sys.path and os.getcwd() not in sys.path:
@@ -166,9 +172,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    for path in (args.data, args.model):  # before anything heavy is imported: a mistyped path is reported at once
-        if path and not path.rpartition(".")[0]:
-            raise SystemExit(f"{path!r} is not a class path: expected package.module.ClassName.")
+    for path in filter(None, (args.data, args.model)):  # before anything heavy is imported: reported at once
+        _split_class_path(path)
     from lightning_gpu_boost.doctor import diagnose
 
     check_trainer_args(args)

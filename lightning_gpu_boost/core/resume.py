@@ -56,10 +56,9 @@ def check_place(state: dict[str, Any], settings: dict[str, Any], what: str = "tr
     """Refuse, in one line naming the setting and both values, a saved place whose settings differ from
     ``settings`` (this run's), or a place of a newer format. A place without a version (saved before places
     recorded their settings) is taken as it is."""
-    version = state.get("version")
-    if version is not None and (not isinstance(version, int) or version > PLACE_VERSION):
-        raise ValueError(f"The checkpoint's {what} state has version {version!r}; this lightning-gpu-boost reads "
-                         f"versions up to {PLACE_VERSION}: resume with the version that saved it.")  # fmt: skip
+    from lightning_gpu_boost.core.state_version import check_state_version
+
+    check_state_version(f"The {what}", state, PLACE_VERSION)
     for key, was in (state.get("settings") or {}).items():
         if key in settings and settings[key] != was:
             raise ValueError(
