@@ -74,6 +74,10 @@ class GPUBoost(Callback):
         transform: a batch transform run on the GPU for training, overlapped with the step
             (``StreamPrefetch(transform=...)``: seeded per rank, epoch and batch).
         val_transform: the deterministic batch transform for validation, test and predict loaders.
+        decode: where a recognized torchvision pipeline's JPEGs are decoded on CUDA (``StreamPrefetch(decode=...)``):
+            ``"auto"`` times training with the CPU decode, the GPU decode and a split, and keeps the fastest (the
+            CPU decode unless another is more than 3 % faster); ``"cpu"`` or ``"gpu"`` force it. See
+            ``docs/gpu_decode.md``.
 
     Raises:
         ValueError: bad arguments of its parts (the parts' messages).
@@ -100,6 +104,7 @@ class GPUBoost(Callback):
         transform: Callable[[Any], Any] | None = None,
         val_transform: Callable[[Any], Any] | None = None,
         span_epochs: bool = True,
+        decode: Literal["auto", "cpu", "gpu"] = "auto",
     ) -> None:
         for name, value in (("prefetch", prefetch), ("auto_workers", auto_workers), ("watchdog", watchdog),
                             ("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark), ("channels_last", channels_last),
@@ -118,6 +123,7 @@ class GPUBoost(Callback):
                 move_normalize=move_normalize,
                 transform=transform,
                 val_transform=val_transform,
+                decode=decode,
             )
         if auto_workers:
             self.parts["auto_workers"] = AutoNumWorkers(workers_budget_s=workers_budget_s)

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._lightning import batches_done_in_epoch
 from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, facts_of, remove_stage
+from lightning_gpu_boost.callbacks._gpu_decode import DecodeMode, GPUDecodeStage
 from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
 from lightning_gpu_boost.core.prefetch import MAX_DEPTH, GPUNormalize, StreamPrefetcher, as_normalize
@@ -70,10 +71,18 @@ class StreamPrefetch(Callback):
         val_transform: the (deterministic) batch transform for validation, test and predict loaders.
         transform_seed: the seed of ``transform``'s draws; ``None`` takes Lightning's ``seed_everything`` seed
             (``PL_GLOBAL_SEED``) where set, else 0.
+        decode: where the JPEGs of a recognized torchvision pipeline (an ``ImageFolder``/``DatasetFolder`` with
+            the default loader and a ``Compose`` of ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``Resize``,
+            ``CenterCrop``, then ``ToTensor`` and ``Normalize``) are decoded on CUDA: ``"cpu"`` (the workers, as
+            written), ``"gpu"`` (the workers send the file's bytes and each sample's drawn parameters; nvJPEG
+            decodes and the crop, resize, flip and normalize run on the GPU, one batch ahead), or ``"auto"``
+            (training is timed with the CPU decode, the GPU decode and a split of each batch; the fastest is kept,
+            the CPU decode unless another is more than 3 % faster). ``GPUBoost`` says ``"auto"``. See
+            ``docs/gpu_decode.md``.
 
     Raises:
-        ValueError: bad ``normalize``, ``normalize_dtype``, ``depth`` or ``transform_seed``, or a ``transform`` that is not
-            callable.
+        ValueError: bad ``normalize``, ``normalize_dtype``, ``depth``, ``transform_seed`` or ``decode``, or a
+            ``transform`` that is not callable.
 
     On CUDA, DataLoaders with workers and ``pin_memory=False`` are switched to ``pin_memory=True`` (one info line): an
     asynchronous copy needs page-locked memory, and the DataLoader pins in its own thread.
@@ -103,8 +112,13 @@ class StreamPrefetch(Callback):
         transform: Callable[[Any], Any] | None = None,
         val_transform: Callable[[Any], Any] | None = None,
         transform_seed: int | None = None,
+        decode: DecodeMode = "cpu",
     ) -> None:
         checks.check_int("depth", depth, low=1, high=MAX_DEPTH)
+        checks.check_choice("decode", decode, ("auto", "cpu", "gpu"))
+        self.decode = decode
+        #: the GPU decode of the fit in progress (``decode`` "gpu" or "auto" on CUDA), else None
+        self.gpu_decode: GPUDecodeStage | None = None
         checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
         for name, value in (("transform", transform), ("val_transform", val_transform)):
             if value is not None and not callable(value):
@@ -198,14 +212,20 @@ class StreamPrefetch(Callback):
             stats = facts.normalize if facts is not None else None
             if normalize is None and isinstance(stats, tuple) and len(stats) == 2:
                 normalize = GPUNormalize(*stats, dtype=self.normalize_dtype, channels_last=layout())
+            decoder = None
+            if self.gpu_decode is not None:  # the workers send JPEGs: the decoder makes the normalized images
+                decoder = self.gpu_decode.decoder(source, device, self.normalize_dtype, layout())
+                normalize = None if decoder is not None else normalize
             seed = self.transform_seed
             if seed is None:
                 seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)
             prefetcher = StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=normalize,
-                                          transform=transform, seed=seed, rank=trainer.global_rank)  # fmt: skip
+                                          transform=transform, seed=seed, rank=trainer.global_rank,
+                                          decode=decoder)  # fmt: skip
             if source is not None:  # what runs on the GPU after the copy, in order
                 record = data_path(trainer).facts(source)
-                record.on_gpu = [name for name, on in (("transform", transform), ("normalize", normalize)) if on]
+                record.on_gpu = [name for name, on in (("decode", decoder), ("transform", transform),
+                                                       ("normalize", normalize)) if on]  # fmt: skip
             if transform is not None and stage in ("train", "fit", None):
                 self._train_prefetchers.add(prefetcher)
                 # a run resumed mid-epoch: a loader that saves its place (ours do) yields the epoch's next batch
@@ -214,6 +234,9 @@ class StreamPrefetch(Callback):
                 prefetcher.set_epoch(trainer.current_epoch, batches_done_in_epoch(trainer) if resumes else 0)
             return prefetcher
 
+        if self.decode != "cpu" and (device.type == "cuda" or self.cpu_lookahead):
+            self.gpu_decode = GPUDecodeStage(self.decode)
+            self.gpu_decode.attach(trainer)
         if self.move_normalize and self.normalize is None:
             add_stage(trainer, "worker_compute", f"StreamPrefetch-uint8-{id(self)}", to_uint8)
         add_stage(trainer, "copy", f"StreamPrefetch-{id(self)}", wrap)
@@ -227,7 +250,18 @@ class StreamPrefetch(Callback):
             resumes = callable(getattr(prefetcher, "state_dict", None))
             prefetcher.set_epoch(trainer.current_epoch, batches_done_in_epoch(trainer) if resumes else 0)
 
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:  # fmt: skip
+        if self.gpu_decode is not None:
+            self.gpu_decode.on_train_batch_end(trainer)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.gpu_decode is not None:
+            self.gpu_decode.restart_window()
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.gpu_decode is not None:
+            self.gpu_decode.restart_window()
         for prefetcher in list(self._train_prefetchers):  # the epoch seeds the transform's draws
             prefetcher.set_epoch(trainer.current_epoch)
 
@@ -237,6 +271,9 @@ class StreamPrefetch(Callback):
         for loader in list(self._moved):
             restore_normalize(loader.dataset)
         self._moved.clear()
+        if self.gpu_decode is not None:
+            self.gpu_decode.detach()
+            self.gpu_decode = None
         if owner is not None:
             remove_stage(owner, f"StreamPrefetch-uint8-{id(self)}")
             remove_stage(owner, f"StreamPrefetch-{id(self)}")

@@ -4,6 +4,9 @@ where Lightning hands over its loaders (``Strategy.process_dataloader``) and run
 
 The stages, in their fixed order (:data:`STAGES`):
 
+0. ``decode``: where JPEGs are decoded (``StreamPrefetch(decode="gpu"|"auto")``, GPUBoost's ``"auto"``: the
+   workers of a recognized torchvision pipeline send the file's bytes and each sample's drawn parameters, the
+   ``copy`` stage decodes them on the GPU; :mod:`~lightning_gpu_boost.core.gpu_decode`);
 1. ``worker_compute``: what the workers compute (``StreamPrefetch(move_normalize=True)`` moves a torchvision
    dataset's ``ToTensor() + Normalize()`` to the GPU: the workers send uint8 images);
 2. ``worker_count``: the worker count (``AutoNumWorkers``, measured on the workers as they now compute);
@@ -14,7 +17,7 @@ The stages, in their fixed order (:data:`STAGES`):
    transform, normalize: ``StreamPrefetch``).
 
 A part adds a stage function ``fn(loader, stage) -> loader`` under one of these names (several under one name run in
-the order they were added); a new stage (the GPU decode, say) is one more name in :data:`STAGES` and its own module.
+the order they were added); a new stage is one more name in :data:`STAGES` and its own module (as ``decode`` is).
 The record (:class:`LoaderFacts`) is keyed by the loader the user or a DataModule gave (weakly: it goes with the
 loader): nothing of ours is set on that loader.
 """
@@ -35,7 +38,7 @@ __all__ = ["STAGES", "DataPath", "LoaderFacts", "Setting", "StageFn"]
 Setting = Literal["num_workers", "span_epochs"]
 
 #: the stages every loader passes, in this order
-STAGES = ("worker_compute", "worker_count", "span_epochs", "strategy", "copy")
+STAGES = ("decode", "worker_compute", "worker_count", "span_epochs", "strategy", "copy")
 
 #: ``fn(loader, stage) -> loader``; ``stage`` is "train", "val", "test", "predict" or None where unknown
 StageFn = Callable[[Any, "str | None"], Any]
@@ -50,7 +53,9 @@ class LoaderFacts:
         workers_by: which part chose its worker count (``None``: the user's), and ``workers_why`` why.
         spanning: the loader whose workers load this one's batches across epoch ends (a new worker count would
             restart them), held weakly; ``None`` where its epochs are not spanned.
-        on_gpu: what runs on the GPU after the copy, in order (``"normalize"``, ``"transform"``...).
+        on_gpu: what runs on the GPU after the copy, in order (``"decode"``, ``"transform"``, ``"normalize"``...).
+        decode: where its JPEGs are decoded (``"gpu"``, ``"cpu"``, a split ``"gpu 40 %"``), and ``decode_why`` why;
+            ``None`` where the GPU decode did not take its dataset over.
     """
 
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
@@ -58,6 +63,8 @@ class LoaderFacts:
     workers_why: str = ""
     spanning: Any = None
     on_gpu: list[str] = field(default_factory=list)
+    decode: str | None = None
+    decode_why: str = ""
 
     def spanned_by(self) -> Any:
         """The spanning loader, while it exists."""

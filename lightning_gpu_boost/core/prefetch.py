@@ -180,6 +180,9 @@ class StreamPrefetcher:
             images): a transform that returns float images normalizes them itself.
         seed: the run's seed for ``transform``'s draws.
         rank: this process's rank (another rank draws other numbers).
+        decode: a callable on the copied batch that decodes what the workers left encoded (a
+            :class:`~lightning_gpu_boost.core.gpu_decode.BatchDecoder`), run first after the copy, on the side
+            stream; ``None``: nothing to decode.
 
     Attribute access and assignment fall through to ``loader`` (``sampler``, ``batch_sampler``, ``dataset``,
     ``worker_init_fn`` ...), ``len()`` is the loader's, and ``state_dict()``/``load_state_dict()`` exist when the
@@ -198,7 +201,7 @@ class StreamPrefetcher:
     """
 
     _OWN = ("_loader", "_device", "_depth", "_normalize", "_pin", "_stream", "_state", "_iterating", "_transform",
-            "_seed", "_rank", "_epoch", "_start")
+            "_seed", "_rank", "_epoch", "_start", "_decode")
 
     def __new__(cls, loader: Iterable, *args: Any, **kwargs: Any) -> StreamPrefetcher:
         # Stateful loaders get real state_dict/load_state_dict methods: Lightning's `isinstance(x, _Stateful)`
@@ -218,6 +221,7 @@ class StreamPrefetcher:
         transform: Any = None,
         seed: int = 0,
         rank: int = 0,
+        decode: Any = None,
     ) -> None:
         if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= MAX_DEPTH:
             raise ValueError(f"depth must be an int in [1, {MAX_DEPTH}], got {depth!r} (each batch ahead holds its "
@@ -245,6 +249,7 @@ class StreamPrefetcher:
         object.__setattr__(self, "_rank", rank)
         object.__setattr__(self, "_epoch", 0)
         object.__setattr__(self, "_start", 0)
+        object.__setattr__(self, "_decode", decode)
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """The epoch the next iteration belongs to (it seeds ``transform``'s draws); also passed on to the loader
@@ -353,6 +358,8 @@ class StreamPrefetcher:
                 alive = self._fetch(it, queue)
             while queue:
                 batch = self._hand_out(queue.popleft())
+                if self._decode is not None:
+                    batch = self._decode(batch)
                 if self._transform is not None:
                     batch = self._apply_transform(batch, index)
                 index += 1
@@ -384,6 +391,8 @@ class StreamPrefetcher:
                 side.wait_stream(consumer)
                 with torch.cuda.stream(side):
                     batch = self._copy(batch)
+                    if self._decode is not None:
+                        batch = self._decode(batch)
                     if self._transform is not None:  # on the side stream, overlapping the current step
                         batch = self._apply_transform(batch, fetched)
                     fetched += 1

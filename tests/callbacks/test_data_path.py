@@ -50,8 +50,8 @@ def test_stages_run_in_the_declared_order_and_the_strategy_gets_its_hook_back(tr
     for stage in STAGES:
         remove_stage(trainer, stage)
     assert "process_dataloader" not in vars(strategy) and strategy.process_dataloader([1]) == [1]
-    with pytest.raises(ValueError, match=r"stage must be one of .*got 'decode'"):
-        DataPath().add("decode", "x", lambda dl, s: dl)
+    with pytest.raises(ValueError, match=r"stage must be one of .*got 'unpack'"):
+        DataPath().add("unpack", "x", lambda dl, s: dl)
 
 
 def test_a_loaders_record_goes_with_the_loader():

@@ -1,0 +1,203 @@
+"""GPU decode, placed by measurement (issue 63), side by side in one run on the GPU machine.
+
+    python benchmarks/gpu_decode.py --parts decoders,resnet50 --out /tmp/r1
+    python benchmarks/gpu_decode.py --parts resnet50_4cpus,resnet18 --out /tmp/r2
+    python benchmarks/gpu_decode.py --merge /tmp/r1/part.json /tmp/r2/part.json   # the result file, with bars
+
+The bench's 64,000-JPEG tree (100 classes, 400-560 x 320-440 px) read by the user's loader as Lightning's ImageNet
+example writes it: torchvision ``ImageFolder`` with ``RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(),
+Normalize``, ``DataLoader(batch_size=256, shuffle=True)``; bf16, channels_last, batch 256. Cases per model: the
+resident ceiling (the same batches in GPU memory), the one line ``GPUBoost()`` with ``decode="cpu"``, ``"gpu"`` and
+``"auto"`` (its default). ``resnet50_4cpus``: the same ResNet-50 cases with the process held to 5 CPUs (the
+training process and 4 for the workers). ``decoders``: each decoder alone (nvJPEG through the package's
+``BatchDecoder``, with crop, resize, flip and normalize; the CPU path per core, times the usable CPUs).
+
+Steady state (``core/steady.py``, ``docs/method.md``): ThroughputMeter times ``--steps`` steps after the warm-up and
+the loader's queue; the ``auto`` cases warm up through the placement's measurement first (``--auto-warmup``).
+CPU cores used: the process's and its workers' CPU time over the fit's wall time; per 1,000 img/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_gpu_boost.core.images import make_jpeg_folder
+from lightning_gpu_boost.core.results import bar, write_result
+
+CASES = ("cpu", "gpu", "auto")
+
+
+def _cpu_seconds() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.callbacks import GPUBoost
+    from lightning_gpu_boost.core.steady import ResidentBatches
+    from lightning_gpu_boost.doctor import measure_fit
+    from lightning_gpu_boost.models import ImageClassifier
+
+    torch.manual_seed(0)
+    model = ImageClassifier(arch, 100, channels_last=True)
+    bs = args.batch_size
+    if decode is None:  # the resident ceiling: the same batches, in GPU memory
+        batch = (torch.randint(0, 256, (bs, 3, 224, 224), dtype=torch.uint8, device="cuda"),
+                 torch.randint(0, 100, (bs,), device="cuda"))  # fmt: skip
+        return measure_fit(model, ResidentBatches(batch, -(-args.images // bs)), args.steps, args.warmup,
+                           precision="bf16-mixed")  # fmt: skip
+    loader = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True)  # the user's loader, as written
+    boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget)
+    cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+    warmup = args.auto_warmup if decode == "auto" else args.warmup
+    result = measure_fit(model, loader, args.steps, warmup, (boost,), precision="bf16-mixed")
+    wall = time.perf_counter() - wall0
+    result["cpu_cores_used"] = (_cpu_seconds() - cpu0) / wall
+    result["cpu_cores_per_1000_img_s"] = result["cpu_cores_used"] / (result["samples_per_s"] / 1000)
+    result["num_workers"] = boost.parts["auto_workers"].chosen.get("train")
+    decided = boost.parts["prefetch"].gpu_decode
+    result["decode"] = {"share": decided.share, "why": decided.why} if decided is not None else None
+    return result
+
+
+def model_part(root: Path, arch: str, args: argparse.Namespace, cpus: int | None = None) -> dict[str, Any]:
+    everyone = sorted(os.sched_getaffinity(0))
+    if cpus is not None:
+        os.sched_setaffinity(0, everyone[: cpus + 1])  # the training process and `cpus` for the workers
+    try:
+        cases: dict[str, Any] = {}
+        if cpus is None:
+            cases["ceiling"] = fit_case(root, arch, None, args)
+            print(f"{arch}: ceiling {cases['ceiling']['samples_per_s']:,.0f} img/s", flush=True)
+        for decode in CASES:
+            cases[decode] = fit_case(root, arch, decode, args)
+            print(f"{arch} ({cpus or 'all'} CPUs): decode={decode} {cases[decode]['samples_per_s']:,.0f} img/s "
+                  f"({cases[decode]['decode']})", flush=True)  # fmt: skip
+        return {"arch": arch, "worker_cpus": cpus or len(everyone), "cases": cases}
+    finally:
+        os.sched_setaffinity(0, everyone)
+
+
+def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Each decoder alone on the tree's first files: nvJPEG with the GPU steps, and the CPU path per core."""
+    from PIL import Image
+
+    from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.core.cpus import usable_cpus
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, take_over
+
+    dataset = plain_image_folder(root, 224)
+    paths = [p for p, _ in dataset.samples[:: max(1, len(dataset.samples) // 2048)][:2048]]
+    t0 = time.perf_counter()
+    for p in paths[:400]:  # the CPU path: decode, random-resized crop, flip, ToTensor, Normalize
+        dataset.transform(Image.open(p).convert("RGB"))
+    cpu_per_core = 400 / (time.perf_counter() - t0)
+    take_over(dataset, Share(1.0))
+    records = [dataset[i * max(1, len(dataset) // 2048)][0] for i in range(2048)]
+    decoder = BatchDecoder((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), device="cuda", dtype="bfloat16")
+    bs = args.batch_size
+    for k in range(2):
+        decoder.images(records[k * bs: (k + 1) * bs])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n = 0
+    for k in range(len(records) // bs):
+        decoder.images(records[k * bs: (k + 1) * bs])
+        n += bs
+    torch.cuda.synchronize()
+    nvjpeg = n / (time.perf_counter() - t0)
+    return {"cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),
+            "cpu_path_img_s_host": cpu_per_core * usable_cpus(), "nvjpeg_gpu_path_img_s": nvjpeg,
+            "hardware_engines": "not measured: nvImageCodec is not installed on the device"}  # fmt: skip
+
+
+def merge(parts: list[str], out: str) -> Path:
+    figures: dict[str, Any] = {"parts": {}}
+    for path in parts:
+        found = json.loads(Path(path).read_text())
+        figures["parts"].update(found["parts"])
+        figures.setdefault("config", found["config"])
+        figures.setdefault("runs", []).append(found["run"])
+    bars: dict[str, Any] = {}
+    p = figures["parts"]
+
+    def of_ceiling(part: str, case: str, ceiling_part: str) -> float:
+        return p[part]["cases"][case]["samples_per_s"] / p[ceiling_part]["cases"]["ceiling"]["samples_per_s"]
+
+    for part in p:
+        if part == "decoders":
+            continue
+        ceiling_part = part.replace("_4cpus", "")
+        for case in CASES:
+            p[part]["cases"][case]["of_ceiling"] = of_ceiling(part, case, ceiling_part)
+        auto_vs_cpu = p[part]["cases"]["auto"]["samples_per_s"] / p[part]["cases"]["cpu"]["samples_per_s"]
+        p[part]["auto_vs_cpu"] = auto_vs_cpu
+        bars[f"{part}_auto_vs_cpu_decode"] = bar(auto_vs_cpu, 0.98, "x")
+    if "resnet50" in p:
+        bars["resnet50_16cpus_one_line_of_ceiling"] = bar(of_ceiling("resnet50", "auto", "resnet50"), 0.97, "ratio")
+    if "resnet18" in p:
+        bars["resnet18_16cpus_one_line_of_ceiling"] = bar(of_ceiling("resnet18", "auto", "resnet18"), 0.80, "ratio")
+    if "resnet50_4cpus" in p and "resnet50" in p:
+        bars["resnet50_4cpus_one_line_of_ceiling"] = bar(of_ceiling("resnet50_4cpus", "auto", "resnet50"), 0.90,
+                                                         "ratio")  # fmt: skip
+    halves = [c.get("halves_diff", 0.0) for part in p.values() for c in part.get("cases", {}).values()]
+    bars["steady_state_halves_max_diff"] = bar(max(halves), 0.05, "ratio", higher_is_better=False)
+    return write_result("gpu_decode", figures, bars, out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=".demo-data")
+    parser.add_argument("--images", type=int, default=64000)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--auto-warmup", type=int, default=200, help="untimed steps of the auto cases")
+    parser.add_argument("--workers-budget", type=float, default=10.0)
+    parser.add_argument("--parts", default="decoders,resnet50,resnet50_4cpus,resnet18")
+    parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    if args.merge:
+        print(f"wrote {merge(args.merge, args.out)}")
+        return 0
+    t0 = time.perf_counter()
+    root = make_jpeg_folder(Path(args.data) / f"jpeg-{args.images}-100", n=args.images, num_classes=100,
+                            progress=False)  # fmt: skip
+    parts: dict[str, Any] = {}
+    for part in args.parts.split(","):
+        if part == "decoders":
+            parts[part] = decoders(root, args)
+            print(f"decoders: {parts[part]}", flush=True)
+        elif part == "resnet50_4cpus":
+            parts[part] = model_part(root, "resnet50", args, cpus=4)
+        elif part in ("resnet50", "resnet18"):
+            parts[part] = model_part(root, part, args)
+        else:
+            raise SystemExit(f"--parts: unknown part {part!r}")
+    from lightning_gpu_boost.core.results import environment
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup")}
+    run = {"parts": list(parts), "seconds": time.perf_counter() - t0, "environment": environment(),
+           "command": " ".join(sys.argv)}  # fmt: skip
+    (out / "part.json").write_text(json.dumps({"parts": parts, "config": config, "run": run}, indent=2))
+    print(f"wrote {out / 'part.json'} in {run['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""The Lightning adapter of the GPU decode (:mod:`~lightning_gpu_boost.core.gpu_decode`): the data path's
+``decode`` stage, the decoder the ``copy`` stage runs, and the placement ``decode="auto"`` measures in training.
+Used by :class:`~lightning_gpu_boost.callbacks.StreamPrefetch` (its ``decode`` argument)."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any, Literal
+
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, default_collate
+from torch.utils.data._utils.collate import default_collate as _default_collate
+
+from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, remove_stage
+from lightning_gpu_boost.core.gpu_decode import (
+    BatchDecoder,
+    Share,
+    SplitSearch,
+    give_back,
+    recognize,
+    take_over,
+)
+
+__all__ = ["DecodeMode", "GPUDecodeStage"]
+
+DecodeMode = Literal["auto", "cpu", "gpu"]
+_TRAIN = ("train", "fit", None)
+
+
+def _share_text(share: float) -> str:
+    return "gpu" if share >= 1.0 else "cpu" if share <= 0.0 else f"gpu {share:.0%}"
+
+
+class GPUDecodeStage:
+    """One Trainer's GPU decode: which loaders' datasets it took over (with their :class:`Share`), their decoders,
+    and the split search of ``"auto"``."""
+
+    def __init__(self, mode: DecodeMode) -> None:
+        self.mode = mode
+        self._taken: weakref.WeakKeyDictionary[DataLoader, tuple[Share, str | None]] = weakref.WeakKeyDictionary()
+        self._decoders: weakref.WeakKeyDictionary[DataLoader, BatchDecoder] = weakref.WeakKeyDictionary()
+        self.search = SplitSearch() if mode == "auto" else None
+        self.share = 1.0 if mode == "gpu" else 0.0
+        self.why = "decode='gpu'" if mode == "gpu" else "measuring: the CPU decode first"
+        self._trainer: Any = None
+
+    def attach(self, trainer: Any) -> None:
+        self._trainer = trainer
+        add_stage(trainer, "decode", f"GPUDecode-{id(self)}", self.take)
+
+    def take(self, loader: Any, stage: str | None) -> Any:
+        """The ``decode`` stage: take a recognized dataset over (its workers then send JPEGs and parameters)."""
+        if not isinstance(loader, DataLoader) or loader in self._taken:
+            return loader
+        if loader.batch_size is None or loader.collate_fn not in (default_collate, _default_collate):
+            return loader  # a collate of the user's own expects the images the transform makes
+        share = Share(self.share)
+        plan = take_over(loader.dataset, share)
+        if plan is None:
+            return loader
+        self._taken[loader] = (share, stage)
+        facts = data_path(self._trainer).facts(loader)
+        facts.decode, facts.decode_why = _share_text(self.share), self.why
+        rank_zero_info(f"StreamPrefetch: the {stage or ''} dataset's JPEGs are decoded by "
+                       f"{'the GPU' if self.mode == 'gpu' else 'the workers while the placement is measured'}; "
+                       f"{len(plan.steps)} transforms before ToTensor follow each sample's drawn parameters "
+                       "(decode='cpu' turns this off).")  # fmt: skip
+        return loader
+
+    def decoder(self, loader: Any, device: Any, dtype: str, channels_last: bool) -> BatchDecoder | None:
+        """The decoder of ``loader``'s batches where its dataset was taken over, else ``None``."""
+        taken = self._taken.get(loader) if isinstance(loader, DataLoader) else None
+        if taken is None:
+            return None
+        plan = recognize(loader.dataset)
+        if plan is None:
+            return None
+        decoder = BatchDecoder(plan.mean, plan.std, device=device, dtype=dtype, channels_last=channels_last)
+        self._decoders[loader] = decoder
+        return decoder
+
+    def _set(self, share: float, why: str, final: bool = False) -> None:
+        self.share, self.why = share, why
+        for loader, (shared, stage) in list(self._taken.items()):
+            if stage in _TRAIN or final:
+                shared.value = share
+            facts = data_path(self._trainer).facts(loader)
+            facts.decode, facts.decode_why = _share_text(shared.value), why
+
+    def batch_share(self) -> float | None:
+        """The GPU share of the last training batch decoded."""
+        for loader, (_, stage) in list(self._taken.items()):
+            decoder = self._decoders.get(loader)
+            if stage in _TRAIN and decoder is not None:
+                return decoder.last_share
+        return None
+
+    def on_train_batch_end(self, trainer: Any) -> None:
+        """``"auto"``: time this batch for the split search; rank 0 decides, every rank follows."""
+        if self.search is None or self.search.decision is not None or not self._taken:
+            return
+        proposal = self.search.step(time.perf_counter(), self.batch_share()) if trainer.global_rank == 0 else None
+        decided = self.search.decision
+        if trainer.world_size > 1:
+            message = (proposal, decided) if trainer.global_rank == 0 else None
+            proposal, decided = trainer.strategy.broadcast(message, src=0)
+            self.search.decision = decided
+        if decided is not None:
+            self._set(decided.share, decided.why, final=True)
+            data_path(trainer).choices.choose("decode", _share_text(decided.share), by="StreamPrefetch",
+                                              why=decided.why)  # fmt: skip
+            rank_zero_info(f"StreamPrefetch: decode placed by measurement: {decided.why}.")
+        elif proposal is not None:
+            self._set(proposal, f"measuring: GPU share {proposal:.0%}")
+
+    def restart_window(self) -> None:
+        """An epoch's end or a validation run comes between two training batches: time the window again."""
+        if self.search is not None:
+            self.search.restart_window()
+
+    def detach(self) -> None:
+        for loader in list(self._taken):
+            give_back(loader.dataset)
+        self._taken.clear()
+        if self._trainer is not None:
+            remove_stage(self._trainer, f"GPUDecode-{id(self)}")
+        self._trainer = None

@@ -1,0 +1,21 @@
+"""GPU decode: the workers send JPEG bytes with each sample's drawn parameters, the GPU decodes, crops, resizes,
+flips and normalizes (``StreamPrefetch(decode=...)``, ``GPUBoost``'s default ``decode="auto"``).
+
+- :mod:`.plan`: which pipelines are taken over, and the workers' side;
+- :mod:`.decode`: the GPU's side (:class:`BatchDecoder`);
+- :mod:`.placement`: where to decode, by measurement (:class:`SplitSearch`).
+"""
+
+from lightning_gpu_boost.core.gpu_decode.decode import BatchDecoder, is_records
+from lightning_gpu_boost.core.gpu_decode.placement import Decision, SplitSearch
+from lightning_gpu_boost.core.gpu_decode.plan import (
+           DecodePlan,
+           EncodedTransform,
+           Share,
+           give_back,
+           recognize,
+           take_over,
+)
+
+__all__ = ["BatchDecoder", "Decision", "DecodePlan", "EncodedTransform", "Share", "SplitSearch", "give_back",
+           "is_records", "recognize", "take_over"]  # fmt: skip

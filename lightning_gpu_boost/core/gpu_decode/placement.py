@@ -1,0 +1,97 @@
+"""Where the JPEGs are decoded, by measurement (``decode="auto"``): the training run itself is timed with the
+workers decoding every sample (GPU share 0), with the GPU decoding every sample (share 1), and with the split that
+leaves the workers what they kept up with (share ``1 - rate_cpu / rate_gpu``); the fastest share is kept if it
+beats the CPU decode by more than the noise margin, else the CPU decode is kept and the decision says why.
+
+A share takes effect as the workers' batches made after the change arrive: each window starts at the first batch
+whose records show the new share (the decoder counts them), plus the prefetch depth. Framework-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Decision", "SplitSearch"]
+
+
+@dataclass
+class Decision:
+    """What :class:`SplitSearch` chose: the GPU ``share``, the measured ``rates`` (batches/s by share) and why."""
+
+    share: float
+    rates: dict[float, float] = field(default_factory=dict)
+    why: str = ""
+
+
+class SplitSearch:
+    """Measure training throughput at GPU shares 0, 1 and the split, then keep the best (see the module docstring).
+
+    Args:
+        window: timed batches per share.
+        settle: batches skipped after the first batch that shows a new share (the prefetcher's look-ahead).
+        margin: the relative gain over the CPU decode a share needs to be chosen.
+        tolerance: how far a batch's share may be from the one asked for and count as showing it (one sample of
+            the batch, usually).
+
+    Call :meth:`step` once per training batch with the time and the batch's share; it returns the share to set
+    when it changes, and :attr:`decision` once decided.
+    """
+
+    def __init__(self, window: int = 24, settle: int = 3, margin: float = 0.03, tolerance: float = 0.02) -> None:
+        if window < 2 or settle < 0 or not 0 <= margin < 1:
+            raise ValueError(f"window must be >= 2, settle >= 0 and margin in [0, 1), got {window}, {settle}, {margin}.")
+        self.window, self.settle, self.margin, self.tolerance = window, settle, margin, tolerance
+        self.rates: dict[float, float] = {}
+        self.todo: list[float] = [0.0, 1.0]
+        self.decision: Decision | None = None
+        self._shown = 0  # batches in a row showing the current share
+        self._t0: float | None = None
+
+    @property
+    def share(self) -> float:
+        """The share being measured now (or the one decided)."""
+        return self.decision.share if self.decision is not None else self.todo[0]
+
+    def restart_window(self) -> None:
+        """Time the current share again from the next batch (an epoch's end, a validation run came between)."""
+        self._shown = min(self._shown, self.settle)
+        self._t0 = None
+
+    def step(self, now: float, batch_share: float | None) -> float | None:
+        """One training batch ended at ``now`` (seconds), its records' GPU share ``batch_share``; the share to set
+        from now on where it changes, else ``None``."""
+        if self.decision is not None:
+            return None
+        target = self.todo[0]
+        if batch_share is None or abs(batch_share - target) > self.tolerance:
+            self._shown, self._t0 = 0, None
+            return None
+        self._shown += 1
+        if self._shown == self.settle + 1:
+            self._t0 = now
+            return None
+        if self._t0 is None or self._shown < self.settle + 1 + self.window:
+            return None
+        self.rates[target] = self.window / max(now - self._t0, 1e-9)
+        self.todo.pop(0)
+        self._shown, self._t0 = 0, None
+        if not self.todo and len(self.rates) == 2 and self.rates[1.0] > self.rates[0.0]:
+            split = round(1.0 - self.rates[0.0] / self.rates[1.0], 2)
+            if 0.05 <= split <= 0.95:
+                self.todo.append(split)
+        if self.todo:
+            return self.todo[0]
+        self.decision = self._decide()
+        return self.decision.share
+
+    def _decide(self) -> Decision:
+        cpu = self.rates[0.0]
+        best = max(self.rates, key=self.rates.__getitem__)
+        shown = ", ".join(f"{s:.2f}: {r:.2f}" for s, r in sorted(self.rates.items()))
+        if best != 0.0 and self.rates[best] >= cpu * (1 + self.margin):
+            why = (f"the GPU decodes {best:.0%} of the samples: {self.rates[best] / cpu:.2f}x the CPU decode's "
+                   f"training batches/s (by GPU share: {shown})")  # fmt: skip
+            return Decision(best, dict(self.rates), why)
+        why = (f"the CPU decode is kept: no GPU share was more than {self.margin:.0%} faster (training batches/s by "
+               f"GPU share: {shown})")  # fmt: skip
+        return Decision(0.0, dict(self.rates), why)

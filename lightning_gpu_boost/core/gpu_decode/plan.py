@@ -1,0 +1,300 @@
+"""The workers' side of the GPU decode: which torchvision pipelines it takes over, and what a sample becomes.
+
+A torchvision ``ImageFolder``/``DatasetFolder`` with the default loader whose ``transform`` is a ``Compose`` of
+``RandomResizedCrop``, ``RandomHorizontalFlip``, ``Resize``, ``CenterCrop`` (bilinear, antialiased: what PIL
+does), then ``ToTensor``/``PILToTensor``/``ToImage`` + ``ToDtype``/``ConvertImageDtype`` and ``Normalize``
+(transforms v1 or v2) is *recognized* (:func:`recognize`). Its loader and transform are then replaced
+(:func:`take_over`, undone by :func:`give_back`): the workers read the file's bytes and its header only, draw each
+sample's random parameters exactly as the CPU transform would (the same calls on torch's generator, in the same
+order), and hand over a :class:`bytes` record (:func:`pack_jpeg`) that the decoder
+(:mod:`~lightning_gpu_boost.core.gpu_decode.decode`) decodes, crops, resizes, flips and normalizes on the GPU. A
+share of the samples (:class:`Share`, changed while the workers run) is decoded by the workers instead, with the
+same drawn parameters, through torchvision's own functions (:func:`pack_pixels`): the split. A file that is not a
+JPEG in RGB or grayscale, or whose crop the GPU cannot do, takes the CPU path for that sample.
+
+Framework-free; torchvision is imported only where a recognized pipeline runs.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from multiprocessing.sharedctypes import RawValue
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["DecodePlan", "EncodedTransform", "LazyImage", "Share", "give_back", "pack_jpeg", "pack_pixels",
+           "recognize", "take_over", "unpack"]  # fmt: skip
+
+JPEG_MAGIC = b"LGBJ"  # a JPEG's bytes and the operations the GPU does on it
+PIXELS_MAGIC = b"LGBP"  # a sample the worker decoded: its final uint8 pixels
+_OP = {"crop": 1, "resize": 2, "flip": 3}
+_OP_NAME = {v: k for k, v in _OP.items()}
+
+
+def _tv(obj: Any) -> str | None:
+    cls = type(obj)
+    return cls.__name__ if cls.__module__.startswith("torchvision.transforms") else None
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """A recognized transform: its geometric ``steps`` (the torchvision transforms, in order), the output size,
+    and the normalization its tail does."""
+
+    steps: tuple[Any, ...]
+    size: tuple[int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def _pair(size: Any) -> tuple[int, int] | None:
+    if isinstance(size, int):
+        return size, size
+    if isinstance(size, (list, tuple)) and len(size) == 1:
+        return int(size[0]), int(size[0])
+    if isinstance(size, (list, tuple)) and len(size) == 2:
+        return int(size[0]), int(size[1])
+    return None
+
+
+def _bilinear_aa(t: Any) -> bool:
+    mode = getattr(t, "interpolation", None)
+    name = getattr(mode, "value", mode)
+    return str(name).lower() == "bilinear" and getattr(t, "antialias", True) in (True, None)
+
+
+def recognize(dataset: Any) -> DecodePlan | None:
+    """The :class:`DecodePlan` of ``dataset`` (under ``Subset`` wrappers) where the GPU decode can take it over,
+    else ``None`` (see the module's docstring for what is recognized)."""
+    from lightning_gpu_boost.core.move_normalize import _split_normalize_tail, _unwrap_subsets
+
+    dataset = _unwrap_subsets(dataset)
+    if not any(c.__module__.startswith("torchvision.datasets") for c in type(dataset).__mro__):
+        return None
+    transform = getattr(dataset, "transform", None)
+    if isinstance(transform, EncodedTransform):
+        return transform.plan
+    try:
+        from torchvision.datasets.folder import default_loader, pil_loader
+    except ImportError:  # pragma: no cover - torchvision is what made the dataset
+        return None
+    if getattr(dataset, "loader", None) not in (default_loader, pil_loader) or not hasattr(dataset, "samples"):
+        return None
+    split = _split_normalize_tail(transform)
+    if split is None:
+        return None
+    head, _, mean, std = split
+    size: tuple[int, int] | None = None
+    for t in head:
+        name = _tv(t)
+        if name == "RandomResizedCrop" and _bilinear_aa(t):
+            size = _pair(t.size)
+        elif name == "Resize" and _bilinear_aa(t) and getattr(t, "max_size", None) is None:
+            pair = _pair(t.size)
+            if pair is None:
+                return None
+            size = pair if not (isinstance(t.size, int) or len(t.size) == 1) else None  # shorter side: size unknown
+        elif name == "CenterCrop":
+            size = _pair(t.size)
+        elif name == "RandomHorizontalFlip":
+            pass
+        else:
+            return None
+    if size is None or len(mean) != 3:
+        return None
+    return DecodePlan(tuple(head), size, mean, std)
+
+
+class Share:
+    """The share of samples the GPU decodes, in [0, 1], in shared memory: set in the training process, read by
+    the workers at every sample (no restart). Made before the workers start."""
+
+    def __init__(self, value: float = 1.0) -> None:
+        self._value = RawValue("d", float(value))
+
+    @property
+    def value(self) -> float:
+        return float(self._value.value)
+
+    @value.setter
+    def value(self, share: float) -> None:
+        self._value.value = min(1.0, max(0.0, float(share)))
+
+
+class LazyImage:
+    """What the replaced loader returns: the file's bytes, and PIL's view of its header (nothing decoded)."""
+
+    def __init__(self, path: str) -> None:
+        from PIL import Image
+
+        with open(path, "rb") as f:
+            self.data = f.read()
+        self.path = path
+        self.image = Image.open(io.BytesIO(self.data))
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.image.size
+
+    def decoded(self) -> Any:
+        """The RGB image, as the default loader gives it."""
+        return self.image.convert("RGB")
+
+
+def lazy_loader(path: str) -> LazyImage:
+    return LazyImage(path)
+
+
+def _draw(plan: DecodePlan, width: int, height: int, probe: Any) -> tuple[list[tuple], bool]:
+    """Draw the random parameters of ``plan`` for an image of ``width x height`` (``probe``: a PIL image of that
+    size, its header only) as the CPU transform draws them: the operations on the GPU, and whether the GPU can do
+    them (a center crop larger than the image pads: the CPU does that)."""
+    from torchvision.transforms import functional as F
+
+    ops: list[tuple] = []
+    ok = True
+    h, w = height, width
+    for t in plan.steps:
+        name = _tv(t)
+        if name == "RandomResizedCrop":
+            if hasattr(t, "get_params"):  # v1
+                i, j, ch, cw = t.get_params(probe, t.scale, t.ratio)
+            else:  # v2
+                params = (t.make_params if hasattr(t, "make_params") else t._get_params)([probe])
+                i, j, ch, cw = params["top"], params["left"], params["height"], params["width"]
+            oh, ow = _pair(t.size)  # type: ignore[misc]
+            ops += [("crop", i, j, ch, cw), ("resize", oh, ow)]
+            h, w = oh, ow
+        elif name == "Resize":
+            size = [t.size] if isinstance(t.size, int) else list(t.size)
+            oh, ow = F._compute_resized_output_size((h, w), size, None) if len(size) == 1 else size
+            ops.append(("resize", oh, ow))
+            h, w = oh, ow
+        elif name == "CenterCrop":
+            ch, cw = _pair(t.size)  # type: ignore[misc]
+            if ch > h or cw > w:
+                ok = False
+            i, j = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+            ops.append(("crop", i, j, ch, cw))
+            h, w = ch, cw
+        elif name == "RandomHorizontalFlip":
+            if torch.rand(1).item() < t.p:
+                ops.append(("flip",))
+    return ops, ok
+
+
+def _run_on_cpu(plan: DecodePlan, image: Any, ops: list[tuple]) -> torch.Tensor:
+    """The plan's steps on the decoded PIL image with the drawn parameters, through torchvision's functions (what
+    the CPU transform computes): CHW uint8."""
+    from torchvision.transforms import functional as F
+
+    from lightning_gpu_boost.core.move_normalize import _to_uint8_chw
+
+    todo = list(ops)
+    for t in plan.steps:
+        name = _tv(t)
+        if name == "RandomResizedCrop":
+            _, i, j, ch, cw = todo.pop(0)
+            _, oh, ow = todo.pop(0)
+            image = F.resized_crop(image, i, j, ch, cw, [oh, ow], F.InterpolationMode.BILINEAR, antialias=True)
+        elif name == "Resize":
+            _, oh, ow = todo.pop(0)
+            image = F.resize(image, [oh, ow], F.InterpolationMode.BILINEAR, antialias=True)
+        elif name == "CenterCrop":
+            todo.pop(0)
+            image = F.center_crop(image, list(_pair(t.size)))  # type: ignore[arg-type]
+        elif name == "RandomHorizontalFlip" and todo and todo[0][0] == "flip":
+            todo.pop(0)
+            image = F.hflip(image)
+    out = _to_uint8_chw(image)
+    assert out is not None
+    return out
+
+
+def pack_jpeg(data: bytes, ops: list[tuple]) -> bytes:
+    """A JPEG's bytes and the operations the GPU does on it, as one record."""
+    head = [len(ops)]
+    for op in ops:
+        head += [_OP[op[0]], *op[1:], *([0] * (5 - len(op)))]
+    return JPEG_MAGIC + struct.pack(f"<{len(head)}i", *head) + data
+
+
+def pack_pixels(pixels: torch.Tensor) -> bytes:
+    """A sample the worker decoded (CHW uint8) as one record."""
+    c, h, w = pixels.shape
+    return PIXELS_MAGIC + struct.pack("<3i", c, h, w) + pixels.contiguous().numpy().tobytes()
+
+
+def unpack(record: bytes) -> tuple[str, Any, Any]:
+    """``("jpeg", data, ops)`` or ``("pixels", CHW uint8 array, None)`` from a record; ``ValueError`` for
+    anything else."""
+    magic = record[:4]
+    if magic == JPEG_MAGIC:
+        (n,) = struct.unpack_from("<i", record, 4)
+        values = struct.unpack_from(f"<{5 * n}i", record, 8)
+        ops = []
+        for k in range(n):
+            code, *args = values[5 * k: 5 * k + 5]
+            name = _OP_NAME[code]
+            ops.append((name, *args[: {"crop": 4, "resize": 2, "flip": 0}[name]]))
+        return "jpeg", memoryview(record)[8 + 20 * n:], ops
+    if magic == PIXELS_MAGIC:
+        c, h, w = struct.unpack_from("<3i", record, 4)
+        return "pixels", np.frombuffer(record, dtype=np.uint8, offset=16).reshape(c, h, w), None
+    raise ValueError(f"not a GPU-decode record (starts with {bytes(magic)!r})")
+
+
+class EncodedTransform:
+    """The workers' transform while the GPU decodes: draw the parameters, then pack the JPEG (a share
+    :attr:`share` of the samples) or decode on the CPU with those parameters and pack the pixels."""
+
+    def __init__(self, original: Any, plan: DecodePlan, share: Share, loader: Any = None) -> None:
+        self.original, self.plan, self.share = original, plan, share
+        self.loader = loader  # the dataset's own loader, put back by give_back
+        self._credit = 0.0
+
+    def __call__(self, sample: Any) -> Any:
+        if not isinstance(sample, LazyImage):  # not from our loader (a user calling the transform): as before
+            return self.original(sample)
+        w, h = sample.size
+        ops, gpu_can = _draw(self.plan, w, h, sample.image)
+        jpeg = sample.image.format == "JPEG" and sample.image.mode in ("RGB", "L")
+        self._credit += self.share.value
+        if gpu_can and jpeg and self._credit >= 1.0 - 1e-9:
+            self._credit -= 1.0
+            return pack_jpeg(sample.data, ops)
+        return pack_pixels(_run_on_cpu(self.plan, sample.decoded(), ops))
+
+    def __repr__(self) -> str:
+        return f"EncodedTransform({self.original!r}, GPU share {self.share.value:.2f})"
+
+
+def take_over(dataset: Any, share: Share) -> DecodePlan | None:
+    """Replace the recognized ``dataset``'s loader and transform (see the module's docstring); the plan, or
+    ``None`` with nothing changed."""
+    from lightning_gpu_boost.core.move_normalize import _set_transform, _unwrap_subsets
+
+    plan = recognize(dataset)
+    if plan is None:
+        return None
+    inner = _unwrap_subsets(dataset)
+    if not isinstance(inner.transform, EncodedTransform):
+        encoded = EncodedTransform(inner.transform, plan, share, loader=inner.loader)
+        inner.loader = lazy_loader
+        _set_transform(inner, inner.transform, encoded)
+    return plan
+
+
+def give_back(dataset: Any) -> None:
+    """Undo :func:`take_over` (no-op where it did nothing)."""
+    from lightning_gpu_boost.core.move_normalize import _set_transform, _unwrap_subsets
+
+    inner = _unwrap_subsets(dataset)
+    encoded = getattr(inner, "transform", None)
+    if isinstance(encoded, EncodedTransform):
+        _set_transform(inner, encoded, encoded.original)
+        inner.loader = encoded.loader

@@ -1,0 +1,142 @@
+"""The GPU decode's records, its decoder run on the CPU, and the split search (no torchvision, no GPU needed)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightning_gpu_boost.core.gpu_decode import BatchDecoder, SplitSearch, is_records
+from lightning_gpu_boost.core.gpu_decode.plan import pack_jpeg, pack_pixels, unpack
+from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _jpeg(w: int = 96, h: int = 80, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    x = np.linspace(0, 255, w)[None, :, None] * rng.uniform(0.3, 1.0, 3)
+    y = np.linspace(0, 255, h)[:, None, None] * rng.uniform(0.3, 1.0, 3)
+    pixels = np.clip((x + y) / 2 + rng.normal(0, 8, (h, w, 3)), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _reference(data: bytes, ops: list[tuple]) -> torch.Tensor:
+    """What torchvision's PIL path computes: crop, bilinear resize (PIL), flip; normalized."""
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    for op in ops:
+        if op[0] == "crop":
+            _, i, j, h, w = op
+            img = img.crop((j, i, j + w, i + h))
+        elif op[0] == "resize":
+            img = img.resize((op[2], op[1]), Image.BILINEAR)
+        else:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255).permute(2, 0, 1)
+    return (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
+
+
+def test_records_round_trip():
+    data = _jpeg()
+    ops = [("crop", 3, 5, 40, 50), ("resize", 32, 32), ("flip",)]
+    kind, body, back = unpack(pack_jpeg(data, ops))
+    assert kind == "jpeg" and bytes(body) == data and back == ops
+    pixels = torch.randint(0, 256, (3, 8, 9), dtype=torch.uint8)
+    kind, array, none = unpack(pack_pixels(pixels))
+    assert kind == "pixels" and none is None and torch.equal(torch.from_numpy(array.copy()), pixels)
+    assert is_records([pack_pixels(pixels)]) and not is_records([b"abc"]) and not is_records([])
+    with pytest.raises(ValueError, match="not a GPU-decode record"):
+        unpack(b"JFIF....")
+
+
+def test_decoder_matches_the_pil_path_within_the_stated_tolerance():
+    """The decoder's crop, antialiased bilinear resize and flip against PIL's (what torchvision's CPU transforms
+    run), in 8-bit levels: the tolerance docs/gpu_decode.md states for the steps after the decode."""
+    decoder = BatchDecoder(MEAN, STD, device="cpu")
+    cases = [(_jpeg(seed=s), ops) for s, ops in enumerate([
+        [("crop", 3, 5, 60, 70), ("resize", 32, 32), ("flip",)],  # downscale
+        [("crop", 10, 20, 20, 24), ("resize", 32, 32)],  # upscale
+        [("resize", 40, 48), ("crop", 4, 8, 32, 32)],  # Resize then CenterCrop
+    ])]  # fmt: skip
+    records = [pack_jpeg(d, ops) for d, ops in cases]
+    images, labels = decoder([records, torch.tensor([0, 1, 2])])
+    assert images.shape == (3, 3, 32, 32) and images.dtype == torch.float32 and labels.tolist() == [0, 1, 2]
+    for k, (data, ops) in enumerate(cases):
+        ref = _reference(data, ops)
+        levels = ((images[k] - ref) * torch.tensor(STD).view(3, 1, 1) * 255).abs()
+        assert levels.mean() <= 1.0 and levels.max() <= 3.0, (k, levels.mean(), levels.max())
+    assert decoder.last_share == 1.0 and decoder.decoded_on_cpu_here == 3
+
+
+def test_a_batch_mixes_worker_decoded_samples_and_jpegs():
+    decoder = BatchDecoder(MEAN, STD, device="cpu", dtype="bfloat16", channels_last=True)
+    pixels = torch.randint(0, 256, (3, 16, 16), dtype=torch.uint8)
+    records = [pack_pixels(pixels), pack_jpeg(_jpeg(), [("crop", 0, 0, 32, 32), ("resize", 16, 16)])]
+    images = decoder.images(records)
+    assert images.dtype == torch.bfloat16 and images.is_contiguous(memory_format=torch.channels_last)
+    expected = (pixels.float() / 255 - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
+    assert torch.allclose(images[0].float(), expected, atol=0.02)
+    assert decoder.last_share == 0.5 and decoder.decoded_by_workers == 1
+
+
+def test_the_prefetcher_decodes_before_the_transform():
+    decoder = BatchDecoder(MEAN, STD, device="cpu")
+    records = [pack_jpeg(_jpeg(), [("crop", 0, 0, 32, 32), ("resize", 16, 16)])]
+    seen = []
+
+    def transform(batch):
+        seen.append(batch[0].shape)
+        return batch
+
+    out = list(StreamPrefetcher([[records, torch.tensor([1])]], device="cpu", decode=decoder, transform=transform))
+    assert seen == [(1, 3, 16, 16)] and out[0][0].shape == (1, 3, 16, 16)
+
+
+def _run_search(rate_of, search: SplitSearch | None = None, lag: int = 5):
+    """Feed the search batches whose share follows the one set ``lag`` batches earlier, at ``rate_of(share)``."""
+    search = search or SplitSearch(window=10, settle=2)
+    now, history = 0.0, [0.0] * lag
+    for _ in range(2000):
+        shown = history[-lag]
+        now += 1.0 / rate_of(shown)
+        new = search.step(now, shown)
+        history.append(new if new is not None else history[-1])
+        if search.decision is not None:
+            return search
+    raise AssertionError("no decision")
+
+
+def test_the_search_keeps_the_fastest_share():
+    # the CPU decode feeds 10 batches/s, the GPU decode 16 alone; the split feeds both
+    search = _run_search(lambda s: min(10 / (1 - s) if s < 1 else 1e9, 16 - 2 * s))
+    assert set(search.decision.rates) == {0.0, 1.0, round(1 - 10 / 14, 2)}
+    assert search.decision.share == max(search.decision.rates, key=search.decision.rates.get)
+    assert search.decision.share > 0 and "faster" not in search.decision.why
+
+
+def test_the_search_keeps_the_cpu_decode_when_nothing_is_faster():
+    search = _run_search(lambda s: 10.0 - 2 * s)  # the GPU decode slows the step, the CPU keeps up
+    assert search.decision.share == 0.0 and "kept" in search.decision.why and search.decision.rates[1.0] < 10
+    within_noise = _run_search(lambda s: 10.0 * (1 + 0.02 * s))  # 2 % faster: inside the margin
+    assert within_noise.decision.share == 0.0
+
+
+def test_the_search_times_a_share_again_after_a_break():
+    search = SplitSearch(window=4, settle=1)
+    for t in range(3):
+        search.step(float(t), 0.0)
+    search.restart_window()
+    search.step(100.0, 0.0)  # the first batch after the break opens the window
+    for t in range(4):
+        search.step(101.0 + t, 0.0)
+    assert search.rates[0.0] == pytest.approx(1.0)
+
+
+def test_search_arguments_are_checked():
+    with pytest.raises(ValueError, match="window"):
+        SplitSearch(window=1)
