@@ -108,18 +108,34 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     records = [dataset[i * max(1, len(dataset) // 2048)][0] for i in range(2048)]
     decoder = BatchDecoder((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), device="cuda", dtype="bfloat16")
     bs = args.batch_size
-    for k in range(2):
-        decoder.images(records[k * bs: (k + 1) * bs])
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    n = 0
-    for k in range(len(records) // bs):
-        decoder.images(records[k * bs: (k + 1) * bs])
-        n += bs
-    torch.cuda.synchronize()
-    nvjpeg = n / (time.perf_counter() - t0)
+
+    def timed(fn) -> tuple[float, float]:
+        """img/s of ``fn(batch of records)`` over the records, and this thread's CPU seconds per batch."""
+        for k in range(2):
+            fn(records[k * bs: (k + 1) * bs])
+        torch.cuda.synchronize()
+        t0, c0, n = time.perf_counter(), time.thread_time(), 0
+        for k in range(len(records) // bs):
+            fn(records[k * bs: (k + 1) * bs])
+            n += 1
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        return n * bs / wall, (time.thread_time() - c0) / n
+
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from lightning_gpu_boost.core.gpu_decode.plan import unpack
+
+    def nvjpeg_alone(batch):
+        decode_jpeg([torch.frombuffer(bytearray(unpack(r)[1]), dtype=torch.uint8) for r in batch], device="cuda",
+                    mode=ImageReadMode.RGB)  # fmt: skip
+
+    alone, alone_cpu = timed(nvjpeg_alone)
+    full, full_cpu = timed(decoder.images)
     return {"cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),
-            "cpu_path_img_s_host": cpu_per_core * usable_cpus(), "nvjpeg_gpu_path_img_s": nvjpeg,
+            "cpu_path_img_s_host": cpu_per_core * usable_cpus(), "nvjpeg_alone_img_s": alone,
+            "nvjpeg_alone_thread_cpu_s_per_batch": alone_cpu, "gpu_path_img_s": full,
+            "gpu_path_thread_cpu_s_per_batch": full_cpu,
             "hardware_engines": "not measured: nvImageCodec is not installed on the device"}  # fmt: skip
 
 

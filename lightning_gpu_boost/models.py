@@ -13,16 +13,17 @@ from lightning_gpu_boost.core.prefetch import GPUNormalize
 
 __all__ = ['Arch', 'ImageClassifier', 'build_backbone']
 
-Arch = Literal["small_cnn", "two_conv", "resnet50"]
+Arch = Literal["small_cnn", "two_conv", "resnet18", "resnet50"]
 
 
 def build_backbone(arch: Arch, num_classes: int, width: int = 64) -> nn.Module:
     """``small_cnn``: a tiny CNN for CPUs; ``two_conv``: two full-resolution convolutions (a light, memory-bound
-    GPU model); ``resnet50``: torchvision's ResNet-50."""
-    if arch == "resnet50":
+    GPU model); ``resnet18``, ``resnet50``: torchvision's ResNet-18 (the default of Lightning's ImageNet example) and
+    ResNet-50."""
+    if arch in ("resnet18", "resnet50"):
         from lightning_gpu_boost._imports import require
 
-        return require("torchvision").models.resnet50(num_classes=num_classes)
+        return getattr(require("torchvision").models, arch)(num_classes=num_classes)
     if arch == "two_conv":
         return nn.Sequential(
             nn.Conv2d(3, width, 3, padding=1), nn.ReLU(inplace=True),
@@ -35,7 +36,7 @@ def build_backbone(arch: Arch, num_classes: int, width: int = 64) -> nn.Module:
             nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(inplace=True),
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes),
         )  # fmt: skip
-    raise ValueError(f"arch must be 'small_cnn', 'two_conv' or 'resnet50', got {arch!r}.")
+    raise ValueError(f"arch must be 'small_cnn', 'two_conv', 'resnet18' or 'resnet50', got {arch!r}.")
 
 
 class ImageClassifier(pl.LightningModule):

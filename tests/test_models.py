@@ -23,5 +23,5 @@ def test_uint8_and_float_inputs_train():
 
 
 def test_unknown_arch_is_named():
-    with pytest.raises(ValueError, match="arch must be 'small_cnn', 'two_conv' or 'resnet50', got 'vgg'"):
+    with pytest.raises(ValueError, match="arch must be 'small_cnn', 'two_conv', 'resnet18' or 'resnet50', got 'vgg'"):
         build_backbone("vgg", 3)

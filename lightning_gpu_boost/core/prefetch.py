@@ -23,6 +23,7 @@ import warnings
 from abc import ABC
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -382,6 +383,20 @@ class StreamPrefetcher:
         it = iter(self._loader)
         fetched = self._take_start()  # the next batch's index in the epoch
 
+        # the decode (nvJPEG's Huffman stage runs on a CPU) in a thread of its own, on the side stream: the training
+        # loop launches the step meanwhile; with a transform (its seeded draws fork torch's global generators) inline
+        thread = ThreadPoolExecutor(1, thread_name_prefix="lgb-decode") if (
+            self._decode is not None and self._transform is None) else None  # fmt: skip
+
+        def copy_and_decode(batch: Any) -> tuple[Any, torch.cuda.Event]:
+            with torch.cuda.device(device), torch.cuda.stream(side):
+                batch = self._copy(batch)
+                if self._decode is not None:
+                    batch = self._decode(batch)
+                ready = torch.cuda.Event()
+                ready.record(side)
+            return batch, ready
+
         def fetch_and_copy() -> bool:
             nonlocal fetched
             alive = self._fetch(it, queue)
@@ -389,6 +404,10 @@ class StreamPrefetcher:
                 kind, batch, state = queue.pop()
                 consumer = torch.cuda.current_stream(device)
                 side.wait_stream(consumer)
+                if thread is not None:
+                    fetched += 1
+                    queue.append((kind, thread.submit(copy_and_decode, batch), state, None))
+                    return alive
                 with torch.cuda.stream(side):
                     batch = self._copy(batch)
                     if self._decode is not None:
@@ -413,6 +432,13 @@ class StreamPrefetcher:
                 if item[0] == "error":
                     raise item[1]
                 kind, batch, state, ready = item
+                if ready is None:  # decoded in the thread
+                    batch, ready = batch.result()
+                    if self._normalize is not None:
+                        with torch.cuda.stream(side):
+                            batch = self._normalize(batch)
+                            ready = torch.cuda.Event()
+                            ready.record(side)
                 consumer = torch.cuda.current_stream(device)
                 consumer.wait_event(ready)
                 self._record(batch, consumer)
@@ -423,6 +449,8 @@ class StreamPrefetcher:
         finally:
             object.__setattr__(self, "_iterating", False)
             object.__setattr__(self, "_state", None)
+            if thread is not None:
+                thread.shutdown(wait=True, cancel_futures=True)
 
 
 class _StatefulStreamPrefetcher(StreamPrefetcher):

@@ -1,10 +1,10 @@
 """The GPU's side of the GPU decode: a batch of records (:mod:`~lightning_gpu_boost.core.gpu_decode.plan`) becomes
 the normalized float images the CPU transform would have made.
 
-JPEGs are decoded together by nvJPEG (``torchvision.io.decode_jpeg`` on a list, on the GPU), each is cropped (a
-view), resized (bilinear with antialiasing, as PIL does), flipped where drawn, rounded to 8-bit values as PIL's
-images are, and written into one batch; the samples the workers decoded are copied in; the batch is normalized in
-one pass. Without CUDA the same steps run on the CPU (libjpeg through torchvision, else PIL): the values a CPU run
+JPEGs are decoded together by nvJPEG (``torchvision.io.decode_jpeg`` on a list, on the GPU); each one's crop,
+resize (bilinear with antialiasing: PIL's weights) and flip are one resampling per axis, done for the whole batch as
+two batched matrix products; the result is rounded to 8-bit values as PIL's images are; the samples the workers
+decoded are copied in; the batch is normalized in one pass. Without CUDA the same steps run on the CPU (libjpeg through torchvision, else PIL): the values a CPU run
 gets. A JPEG nvJPEG refuses is decoded on the CPU.
 
 Framework-free.
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_gpu_boost.core.gpu_decode.plan import JPEG_MAGIC, PIXELS_MAGIC, unpack
+from lightning_gpu_boost.core.gpu_decode.plan import JPEG_MAGIC, PIXELS_MAGIC, geometry, unpack
 
 __all__ = ["BatchDecoder", "is_records"]
 
@@ -28,7 +28,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def is_records(value: Any) -> bool:
     """Whether ``value`` is a batch's list of GPU-decode records."""
-    return (isinstance(value, list) and bool(value) and isinstance(value[0], bytes)
+    return (isinstance(value, (list, tuple)) and bool(value) and isinstance(value[0], bytes)
             and value[0][:4] in (JPEG_MAGIC, PIXELS_MAGIC))  # fmt: skip
 
 
@@ -80,7 +80,7 @@ class BatchDecoder:
             return type(batch)(items) if not hasattr(batch, "_fields") else type(batch)(*items)
         return batch
 
-    def images(self, records: list[bytes]) -> torch.Tensor:
+    def images(self, records: Sequence[bytes]) -> torch.Tensor:
         """The normalized images of one batch's records."""
         jpegs: list[tuple[int, Any, list]] = []
         pixels: list[tuple[int, np.ndarray]] = []
@@ -100,12 +100,34 @@ class BatchDecoder:
             out[torch.tensor([k for k, _ in pixels], device=self.device)] = stacked.float()
             self.decoded_by_workers += len(pixels)
         if jpegs:
-            for (k, _, ops), image in zip(jpegs, self._decode([d for _, d, _ in jpegs]), strict=True):
-                out[k] = _apply(image, ops)
+            images = self._decode([d for _, d, _ in jpegs])
+            index = torch.tensor([k for k, _, _ in jpegs], device=self.device)
+            out[index] = self._resample(images, [ops for _, _, ops in jpegs], shape[1:]).float()
         out.round_().clamp_(0, 255)  # PIL's images hold 8-bit values
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         images = torch.empty(out.shape, dtype=self.dtype, device=self.device, memory_format=memory_format)
         return torch.addcmul(self._shift, out, self._scale, out=images)
+
+    def _resample(self, images: list[torch.Tensor], ops: list[list[tuple]], size: tuple[int, int]) -> torch.Tensor:
+        """Each image's crop, resize and flip as two batched matrix products (rows, then columns): the window
+        of each image is copied into one batch, and each output pixel is the PIL weights' sum over it."""
+        shapes = [geometry(int(img.shape[-2]), int(img.shape[-1]), o) for img, o in zip(images, ops, strict=True)]
+        if any(g is None for g in shapes):
+            raise ValueError("a GPU-decode record whose operations are not one crop, resize, crop and flip")
+        rows = torch.tensor([g[0][:4] for g in shapes], dtype=torch.float32)  # type: ignore[index]
+        cols = torch.tensor([g[1][:4] for g in shapes], dtype=torch.float32)  # type: ignore[index]
+        flips = torch.tensor([g[2] for g in shapes], dtype=torch.bool)  # type: ignore[index]
+        tall, wide = int(rows[:, 1].max()), int(cols[:, 1].max())
+        windows = torch.empty((len(images), 3, tall, wide), dtype=torch.uint8, device=self.device)
+        for k, (img, (r, c, _)) in enumerate(zip(images, shapes, strict=True)):  # type: ignore[misc]
+            windows[k, :, : r[1], : c[1]].copy_(img[:, r[0]: r[0] + r[1], c[0]: c[0] + c[1]])
+        rows, cols, flips = (t.to(self.device, non_blocking=True) for t in (rows, cols, flips))
+        # half precision holds every 8-bit value exactly and the products accumulate in float32; on a CPU, float32
+        precision = torch.float16 if self.device.type == "cuda" else torch.float32
+        wy = _axis_weights(rows[:, 1], rows[:, 2], rows[:, 3], size[0], tall).to(precision)
+        wx = _axis_weights(cols[:, 1], cols[:, 2], cols[:, 3], size[1], wide, flips).to(precision)
+        tall_out = torch.matmul(wy[:, None], windows.to(precision))  # (n, 3, out_h, wide)
+        return torch.matmul(tall_out, wx[:, None].transpose(-1, -2))  # (n, 3, out_h, out_w)
 
     @staticmethod
     def _shape(jpegs: list, pixels: list) -> tuple[int, int, int]:
@@ -152,18 +174,20 @@ class BatchDecoder:
             return out
 
 
-def _apply(image: torch.Tensor, ops: list[tuple]) -> torch.Tensor:
-    """One decoded CHW uint8 image through its operations: float, not yet rounded."""
-    x = image
-    for op in ops:
-        if op[0] == "crop":
-            _, i, j, h, w = op
-            x = x[:, i: i + h, j: j + w]
-        elif op[0] == "resize":
-            _, h, w = op
-            if tuple(x.shape[-2:]) != (h, w):
-                x = torch.nn.functional.interpolate(x[None].float(), size=(h, w), mode="bilinear", antialias=True,
-                                                    align_corners=False)[0]  # fmt: skip
-        elif op[0] == "flip":
-            x = x.flip(-1)
-    return x
+def _axis_weights(length: torch.Tensor, resized: torch.Tensor, offset: torch.Tensor, out: int, longest: int,
+                  flip: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """``(n, out, longest)`` resampling weights per sample, as PIL computes them for a bilinear resize with
+    antialiasing: the triangle filter widened by the scale where it shrinks, over the window's ``length`` pixels,
+    normalized; the output's first pixel is the resized window's ``offset``; rows reversed where ``flip``."""
+    scale = length / resized
+    support = scale.clamp(min=1.0)
+    o = torch.arange(out, device=length.device, dtype=torch.float32)
+    center = (o[None, :] + offset[:, None] + 0.5) * scale[:, None]
+    x = torch.arange(longest, device=length.device, dtype=torch.float32) + 0.5
+    w = (1.0 - (x[None, None, :] - center[:, :, None]).abs() / support[:, None, None]).clamp_(min=0.0)
+    w *= x[None, None, :] < length[:, None, None]
+    w /= w.sum(-1, keepdim=True).clamp_(min=1e-12)
+    if flip is not None:
+        w = torch.where(flip[:, None, None], w.flip(1), w)
+    return w
+

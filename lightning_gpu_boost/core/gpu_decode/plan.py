@@ -100,8 +100,8 @@ def recognize(dataset: Any) -> DecodePlan | None:
             size = pair if not (isinstance(t.size, int) or len(t.size) == 1) else None  # shorter side: size unknown
         elif name == "CenterCrop":
             size = _pair(t.size)
-        elif name == "RandomHorizontalFlip":
-            pass
+        elif name == "RandomHorizontalFlip" or (name in ("ToImage", "PILToTensor") and t is head[-1]):
+            pass  # the 8-bit conversion before ToDtype: the decoder's output is 8-bit values too
         else:
             return None
     if size is None or len(mean) != 3:
@@ -184,7 +184,39 @@ def _draw(plan: DecodePlan, width: int, height: int, probe: Any) -> tuple[list[t
         elif name == "RandomHorizontalFlip":
             if torch.rand(1).item() < t.p:
                 ops.append(("flip",))
-    return ops, ok
+    return ops, ok and geometry(height, width, ops) is not None
+
+
+def geometry(height: int, width: int, ops: list[tuple]) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
+    """The operations as one resampling per axis: ``((start, length, resized, offset, out) for the rows, the same
+    for the columns, flip)``: the source's window ``[start, start + length)`` resized to ``resized`` pixels, of which
+    ``[offset, offset + out)`` are kept, then flipped where drawn. ``None`` where the operations are not of that form
+    (two resizes, an operation after the flip, a crop outside the image): the worker decodes that sample."""
+    axes = [[0, height, None, 0, height], [0, width, None, 0, width]]  # start, length, resized, offset, current
+    flip = False
+    for op in ops:
+        if flip:
+            return None
+        if op[0] == "crop":
+            _, i, j, ch, cw = op
+            for ax, start, length in ((axes[0], i, ch), (axes[1], j, cw)):
+                if start < 0 or length < 1 or start + length > ax[4]:
+                    return None
+                if ax[2] is None:
+                    ax[0] += start
+                    ax[1] = length
+                else:
+                    ax[3] += start
+                ax[4] = length
+        elif op[0] == "resize":
+            if axes[0][2] is not None:
+                return None
+            for ax, n in ((axes[0], op[1]), (axes[1], op[2])):
+                ax[2] = ax[4] = n
+        elif op[0] == "flip":
+            flip = True
+    rows, cols = ((a, n, n if r is None else r, c, cur) for a, n, r, c, cur in axes)
+    return rows, cols, flip
 
 
 def _run_on_cpu(plan: DecodePlan, image: Any, ops: list[tuple]) -> torch.Tensor:
@@ -210,6 +242,8 @@ def _run_on_cpu(plan: DecodePlan, image: Any, ops: list[tuple]) -> torch.Tensor:
         elif name == "RandomHorizontalFlip" and todo and todo[0][0] == "flip":
             todo.pop(0)
             image = F.hflip(image)
+        elif name in ("ToImage", "PILToTensor"):
+            break
     out = _to_uint8_chw(image)
     assert out is not None
     return out

@@ -49,7 +49,7 @@ def test_records_round_trip():
     pixels = torch.randint(0, 256, (3, 8, 9), dtype=torch.uint8)
     kind, array, none = unpack(pack_pixels(pixels))
     assert kind == "pixels" and none is None and torch.equal(torch.from_numpy(array.copy()), pixels)
-    assert is_records([pack_pixels(pixels)]) and not is_records([b"abc"]) and not is_records([])
+    assert is_records([pack_pixels(pixels)]) and is_records((pack_pixels(pixels),)) and not is_records([b"abc"]) and not is_records([])
     with pytest.raises(ValueError, match="not a GPU-decode record"):
         unpack(b"JFIF....")
 
@@ -69,7 +69,7 @@ def test_decoder_matches_the_pil_path_within_the_stated_tolerance():
     for k, (data, ops) in enumerate(cases):
         ref = _reference(data, ops)
         levels = ((images[k] - ref) * torch.tensor(STD).view(3, 1, 1) * 255).abs()
-        assert levels.mean() <= 1.0 and levels.max() <= 3.0, (k, levels.mean(), levels.max())
+        assert levels.mean() <= 0.25 and levels.max() <= 1.01, (k, levels.mean(), levels.max())
     assert decoder.last_share == 1.0 and decoder.decoded_on_cpu_here == 3
 
 
