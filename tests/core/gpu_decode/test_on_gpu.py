@@ -53,7 +53,7 @@ def test_gpu_values_within_the_stated_tolerance_of_the_cpu_transform(tmp_path):
         with open(os.environ["LGB_PARITY_OUT"], "w") as f:
             json.dump(stats, f)
     for name, s in stats.items():  # the tolerance docs/gpu_decode.md states
-        assert s["mean_levels"] <= 1.0 and s["max_levels"] <= 32.0, (name, s)
+        assert s["mean_levels"] <= 1.5 and s["max_levels"] <= 32.0, (name, s)
 
 
 def _learnable_tree(root, n_per_class: int = 96):
