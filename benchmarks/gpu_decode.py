@@ -78,10 +78,10 @@ def model_part(root: Path, arch: str, args: argparse.Namespace, cpus: int | None
         os.sched_setaffinity(0, everyone[: cpus + 1])  # the training process and `cpus` for the workers
     try:
         cases: dict[str, Any] = {}
-        if cpus is None:
+        if cpus is None and args.ceiling:
             cases["ceiling"] = fit_case(root, arch, None, args)
             print(f"{arch}: ceiling {cases['ceiling']['samples_per_s']:,.0f} img/s", flush=True)
-        for decode in CASES:
+        for decode in args.cases.split(","):
             cases[decode] = fit_case(root, arch, decode, args)
             print(f"{arch} ({cpus or 'all'} CPUs): decode={decode} {cases[decode]['samples_per_s']:,.0f} img/s "
                   f"({cases[decode]['decode']})", flush=True)  # fmt: skip
@@ -183,6 +183,8 @@ def main() -> int:
     parser.add_argument("--auto-warmup", type=int, default=200, help="untimed steps of the auto cases")
     parser.add_argument("--workers-budget", type=float, default=10.0)
     parser.add_argument("--parts", default="decoders,resnet50,resnet50_4cpus,resnet18")
+    parser.add_argument("--cases", default=",".join(CASES), help="decode settings to run, of cpu,gpu,auto")
+    parser.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="leave the ceiling out")
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()

@@ -97,16 +97,22 @@ class BatchDecoder:
             stacked = torch.from_numpy(np.stack([p for _, p in pixels]))
             if self.device.type == "cuda":
                 stacked = stacked.pin_memory().to(self.device, non_blocking=True)
-            out[torch.tensor([k for k, _ in pixels], device=self.device)] = stacked.float()
+            out[self._to_device(torch.tensor([k for k, _ in pixels]))] = stacked.float()
             self.decoded_by_workers += len(pixels)
         if jpegs:
             images = self._decode([d for _, d, _ in jpegs])
-            index = torch.tensor([k for k, _, _ in jpegs], device=self.device)
+            index = self._to_device(torch.tensor([k for k, _, _ in jpegs]))
             out[index] = self._resample(images, [ops for _, _, ops in jpegs], shape[1:]).float()
         out.round_().clamp_(0, 255)  # PIL's images hold 8-bit values
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         images = torch.empty(out.shape, dtype=self.dtype, device=self.device, memory_format=memory_format)
         return torch.addcmul(self._shift, out, self._scale, out=images)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A small CPU tensor on the device without waiting for the stream (pinned, then copied asynchronously)."""
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _resample(self, images: list[torch.Tensor], ops: list[list[tuple]], size: tuple[int, int]) -> torch.Tensor:
         """Each image's crop, resize and flip as two batched matrix products (rows, then columns): the window
@@ -121,7 +127,7 @@ class BatchDecoder:
         windows = torch.empty((len(images), 3, tall, wide), dtype=torch.uint8, device=self.device)
         for k, (img, (r, c, _)) in enumerate(zip(images, shapes, strict=True)):  # type: ignore[misc]
             windows[k, :, : r[1], : c[1]].copy_(img[:, r[0]: r[0] + r[1], c[0]: c[0] + c[1]])
-        rows, cols, flips = (t.to(self.device, non_blocking=True) for t in (rows, cols, flips))
+        rows, cols, flips = (self._to_device(t) for t in (rows, cols, flips))
         # half precision holds every 8-bit value exactly and the products accumulate in float32; on a CPU, float32
         precision = torch.float16 if self.device.type == "cuda" else torch.float32
         wy = _axis_weights(rows[:, 1], rows[:, 2], rows[:, 3], size[0], tall).to(precision)
