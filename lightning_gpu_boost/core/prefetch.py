@@ -309,11 +309,13 @@ class StreamPrefetcher:
     # -- copying ----------------------------------------------------------------------------------------------
     def _copy(self, batch: Any) -> Any:
         def move(x: Any) -> Any:
+            if isinstance(x, (bytes, str)):  # a leaf (a GPU-decode record): never walked byte by byte
+                return x
             if isinstance(x, torch.Tensor):
                 return (_pin(x) if self._pin else x).to(self._device, non_blocking=True)
             return x.to(self._device, non_blocking=True)
 
-        return apply_to_collection(batch, (torch.Tensor, _Transferable), move)
+        return apply_to_collection(batch, (torch.Tensor, _Transferable, bytes, str), move)
 
     @staticmethod
     def _record(batch: Any, stream: torch.cuda.Stream) -> None:
