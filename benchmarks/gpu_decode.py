@@ -194,6 +194,11 @@ def main() -> int:
     t0 = time.perf_counter()
     root = make_jpeg_folder(Path(args.data) / f"jpeg-{args.images}-100", n=args.images, num_classes=100,
                             progress=False)  # fmt: skip
+    from lightning_gpu_boost.core.results import environment
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup")}
     parts: dict[str, Any] = {}
     for part in args.parts.split(","):
         if part == "decoders":
@@ -205,15 +210,11 @@ def main() -> int:
             parts[part] = model_part(root, part, args)
         else:
             raise SystemExit(f"--parts: unknown part {part!r}")
-    from lightning_gpu_boost.core.results import environment
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup")}
-    run = {"parts": list(parts), "seconds": time.perf_counter() - t0, "environment": environment(),
-           "command": " ".join(sys.argv)}  # fmt: skip
-    (out / "part.json").write_text(json.dumps({"parts": parts, "config": config, "run": run}, indent=2))
-    print(f"wrote {out / 'part.json'} in {run['seconds']:.0f} s")
+        # after each part: a call cut short by its time limit keeps the parts it finished
+        run = {"parts": list(parts), "seconds": time.perf_counter() - t0, "environment": environment(),
+               "command": " ".join(sys.argv)}  # fmt: skip
+        (out / "part.json").write_text(json.dumps({"parts": parts, "config": config, "run": run}, indent=2))
+        print(f"wrote {out / 'part.json'} after {run['seconds']:.0f} s", flush=True)
     return 0
 
 
