@@ -67,8 +67,7 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     result["cpu_cores_used"] = (_cpu_seconds() - cpu0) / wall
     result["cpu_cores_per_1000_img_s"] = result["cpu_cores_used"] / (result["samples_per_s"] / 1000)
     result["num_workers"] = boost.parts["auto_workers"].chosen.get("train")
-    decided = boost.parts["prefetch"].gpu_decode
-    result["decode"] = {"share": decided.share, "why": decided.why} if decided is not None else None
+    result["decode"] = boost.parts["prefetch"].decode_placement
     return result
 
 
@@ -181,7 +180,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--auto-warmup", type=int, default=200, help="untimed steps of the auto cases")
-    parser.add_argument("--workers-budget", type=float, default=10.0)
+    parser.add_argument("--workers-budget", type=float, default=10.0, help="AutoNumWorkers' probe budget (5 s "
+                        "could not rank the counts of the GPU decode's cheap workers: it kept 0)")
     parser.add_argument("--parts", default="decoders,resnet50,resnet50_4cpus,resnet18")
     parser.add_argument("--cases", default=",".join(CASES), help="decode settings to run, of cpu,gpu,auto")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="leave the ceiling out")

@@ -119,6 +119,8 @@ class StreamPrefetch(Callback):
         self.decode = decode
         #: the GPU decode of the fit in progress (``decode`` "gpu" or "auto" on CUDA), else None
         self.gpu_decode: GPUDecodeStage | None = None
+        #: where the last fit decoded (``{"share", "why", "rates"}``), kept after it ends; None before
+        self.decode_placement: dict[str, Any] | None = None
         checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
         for name, value in (("transform", transform), ("val_transform", val_transform)):
             if value is not None and not callable(value):
@@ -272,6 +274,9 @@ class StreamPrefetch(Callback):
             restore_normalize(loader.dataset)
         self._moved.clear()
         if self.gpu_decode is not None:
+            decision = self.gpu_decode.search.decision if self.gpu_decode.search is not None else None
+            self.decode_placement = {"share": self.gpu_decode.share, "why": self.gpu_decode.why,
+                                     "rates": decision.rates if decision is not None else None}  # fmt: skip
             self.gpu_decode.detach()
             self.gpu_decode = None
         if owner is not None:

@@ -303,6 +303,10 @@ class EncodedTransform:
             return pack_jpeg(sample.data, ops)
         return pack_pixels(_run_on_cpu(self.plan, sample.decoded(), ops))
 
+    def fingerprint(self) -> str:
+        """What the workers' cost per sample depends on (the worker probe's cache key): the GPU share."""
+        return f"EncodedTransform(GPU share {self.share.value:.2f})"
+
     def __repr__(self) -> str:
         return f"EncodedTransform({self.original!r}, GPU share {self.share.value:.2f})"
 
