@@ -139,37 +139,39 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def merge(parts: list[str], out: str) -> Path:
-    figures: dict[str, Any] = {"parts": {}}
+    """One result file from part files (each one call of the machine): a later file's part replaces an earlier
+    one's; every ratio is taken inside one run (a part's ceiling is its own run's ResNet-50 or ResNet-18 ceiling),
+    and each part names its run."""
+    figures: dict[str, Any] = {"parts": {}, "runs": []}
     for path in parts:
         found = json.loads(Path(path).read_text())
-        figures["parts"].update(found["parts"])
-        figures.setdefault("config", found["config"])
-        figures.setdefault("runs", []).append(found["run"])
+        run = {**found["run"], "config": found["config"], "file": Path(path).name}
+        figures["runs"].append(run)
+        for name, part in found["parts"].items():
+            arch = part.get("arch")
+            base = found["parts"].get(arch, {}).get("cases", {}).get("ceiling") if arch else None
+            figures["parts"][name] = {**part, "run": len(figures["runs"]) - 1,
+                                      "ceiling_samples_per_s": base["samples_per_s"] if base else None}  # fmt: skip
     bars: dict[str, Any] = {}
     p = figures["parts"]
-
-    def of_ceiling(part: str, case: str, ceiling_part: str) -> float:
-        return p[part]["cases"][case]["samples_per_s"] / p[ceiling_part]["cases"]["ceiling"]["samples_per_s"]
-
-    for part in p:
-        if part == "decoders":
+    for name, part in p.items():
+        if "cases" not in part:
             continue
-        ceiling_part = part.replace("_4cpus", "")
-        for case in CASES:
-            p[part]["cases"][case]["of_ceiling"] = of_ceiling(part, case, ceiling_part)
-        auto_vs_cpu = p[part]["cases"]["auto"]["samples_per_s"] / p[part]["cases"]["cpu"]["samples_per_s"]
-        p[part]["auto_vs_cpu"] = auto_vs_cpu
-        bars[f"{part}_auto_vs_cpu_decode"] = bar(auto_vs_cpu, 0.98, "x")
-    if "resnet50" in p:
-        bars["resnet50_16cpus_one_line_of_ceiling"] = bar(of_ceiling("resnet50", "auto", "resnet50"), 0.97, "ratio")
-    if "resnet18" in p:
-        bars["resnet18_16cpus_one_line_of_ceiling"] = bar(of_ceiling("resnet18", "auto", "resnet18"), 0.80, "ratio")
-    if "resnet50_4cpus" in p and "resnet50" in p:
-        bars["resnet50_4cpus_one_line_of_ceiling"] = bar(of_ceiling("resnet50_4cpus", "auto", "resnet50"), 0.90,
-                                                         "ratio")  # fmt: skip
+        for case, r in part["cases"].items():
+            if part["ceiling_samples_per_s"]:
+                r["of_ceiling"] = r["samples_per_s"] / part["ceiling_samples_per_s"]
+        if "auto" in part["cases"] and "cpu" in part["cases"]:
+            part["auto_vs_cpu"] = part["cases"]["auto"]["samples_per_s"] / part["cases"]["cpu"]["samples_per_s"]
+            bars[f"{name}_auto_vs_cpu_decode"] = bar(part["auto_vs_cpu"], 0.98, "x")
+        if "auto" in part["cases"] and part["ceiling_samples_per_s"]:
+            target = {"resnet50": 0.97, "resnet18": 0.80, "resnet50_4cpus": 0.90}[name]
+            bars[f"{name}_one_line_of_ceiling"] = bar(part["cases"]["auto"]["of_ceiling"], target, "ratio")
     halves = [c.get("halves_diff", 0.0) for part in p.values() for c in part.get("cases", {}).values()]
     bars["steady_state_halves_max_diff"] = bar(max(halves), 0.05, "ratio", higher_is_better=False)
-    return write_result("gpu_decode", figures, bars, out)
+    # the machine that measured: the last run's environment (each run keeps its own in figures.runs)
+    env = {**figures["runs"][-1]["environment"], "merged_from": [r["file"] for r in figures["runs"]]}
+    gpus = env.get("gpu_count") or 1
+    return write_result("gpu_decode", figures, bars, out, env=env, tag=f"{gpus}xh200" if gpus > 1 else "h200")
 
 
 def main() -> int:

@@ -19,7 +19,6 @@ objects with a ``.to()`` method); non-tensor leaves pass through unchanged. On a
 
 from __future__ import annotations
 
-import os
 import warnings
 from abc import ABC
 from collections import deque
@@ -157,8 +156,6 @@ def batch_seed(seed: int, rank: int, epoch: int, index: int) -> int:
         x ^= x >> 31
     return x >> 1
 
-
-_DECODE_THREAD = os.environ.get("LGB_DECODE_THREAD", "1") != "0"
 
 #: the most batches a prefetcher copies ahead: each holds its GPU memory, and one or two hide the copy
 MAX_DEPTH = 16
@@ -391,7 +388,7 @@ class StreamPrefetcher:
         # the decode (nvJPEG's Huffman stage runs on a CPU) in a thread of its own, on the side stream: the training
         # loop launches the step meanwhile; with a transform (its seeded draws fork torch's global generators) inline
         thread = ThreadPoolExecutor(1, thread_name_prefix="lgb-decode") if (
-            self._decode is not None and self._transform is None and _DECODE_THREAD) else None  # fmt: skip
+            self._decode is not None and self._transform is None) else None  # fmt: skip
 
         def copy_and_decode(batch: Any) -> tuple[Any, torch.cuda.Event]:
             with torch.cuda.device(device), torch.cuda.stream(side):

@@ -127,12 +127,16 @@ def write_result(
     figures: dict[str, Any],
     bars: dict[str, dict[str, Any]],
     out_dir: str | os.PathLike | None = None,
+    env: dict[str, Any] | None = None,
+    tag: str | None = None,
 ) -> Path:
-    """Write ``<out_dir>/<script>-<date>-<gpu>.json`` and a ``.md`` table beside it; returns the JSON path."""
-    env = environment()
+    """Write ``<out_dir>/<script>-<date>-<gpu>.json`` and a ``.md`` table beside it; returns the JSON path.
+    ``env`` and ``tag``: the environment and GPU tag of the machine that measured, where the file is written on
+    another (results merged from a lent machine's calls); this machine's by default."""
+    env = env if env is not None else environment()
     out = Path(out_dir or "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{script}-{env['date']}-{gpu_tag()}.json"
+    path = out / f"{script}-{env['date']}-{tag or gpu_tag()}.json"
     path.write_text(
         json.dumps({"script": script, "environment": env, "figures": figures, "bars": bars}, indent=2)
     )

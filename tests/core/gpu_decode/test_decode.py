@@ -137,6 +137,21 @@ def test_the_search_times_a_share_again_after_a_break():
     assert search.rates[0.0] == pytest.approx(1.0)
 
 
+def test_the_cpu_decode_is_timed_again_before_another_share_wins():
+    """The CPU decode's first window opens the run, slower than its steady rate (H200: 7.6 batches/s against 14.7
+    later): a GPU share that beats only that first window is not chosen."""
+    calls = {"cpu": 0}
+
+    def rate(share):
+        if share == 0.0:
+            calls["cpu"] += 1
+            return 6.0 if calls["cpu"] <= 20 else 12.0  # warming up, then steady
+        return 11.0
+
+    search = _run_search(rate)
+    assert search.decision.share == 0.0 and search.decision.rates[0.0] == pytest.approx(12.0)
+
+
 def test_search_arguments_are_checked():
     with pytest.raises(ValueError, match="window"):
         SplitSearch(window=1)
