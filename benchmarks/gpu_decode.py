@@ -157,7 +157,7 @@ def merge(parts: list[str], out: str) -> Path:
     for name, part in p.items():
         if "cases" not in part:
             continue
-        for case, r in part["cases"].items():
+        for r in part["cases"].values():
             if part["ceiling_samples_per_s"]:
                 r["of_ceiling"] = r["samples_per_s"] / part["ceiling_samples_per_s"]
         if "auto" in part["cases"] and "cpu" in part["cases"]:
