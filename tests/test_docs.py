@@ -44,3 +44,22 @@ def test_no_page_carries_a_commit_hash():
     found = [f"{page.name}:{n}: {m.group(0)}" for page in PAGES
              for n, line in enumerate(page.read_text().splitlines(), 1) for m in commit.finditer(line)]  # fmt: skip
     assert not found, found
+
+
+#: the reading budget of README.md and docs/ (issue 65): words as ``wc -w`` counts them, code blocks included
+WORD_BUDGET = 15_000
+#: pages that are references, not features: the four-part shape does not apply
+REFERENCE_PAGES = {"architecture.md", "getting-started.md", "index.md", "lmdb_format.md", "method.md"}
+
+
+def test_the_docs_fit_the_reading_budget():
+    words = sum(len(page.read_text().split()) for page in PAGES)
+    assert words <= WORD_BUDGET, f"README.md and docs/ hold {words:,} words; the budget is {WORD_BUDGET:,}"
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.parent.name == "docs" and p.name not in REFERENCE_PAGES],
+                         ids=lambda p: p.name)
+def test_every_feature_page_has_the_four_parts(page):
+    headings = [line for line in page.read_text().splitlines() if line.startswith("## ")]
+    for part in ("Turn it on", "What it logs", "Measured effect", "Caveats"):
+        assert any(part in h for h in headings), f"{page.name} has no '{part}' section: {headings}"

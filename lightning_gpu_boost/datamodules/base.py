@@ -230,7 +230,8 @@ class BoostDataModule(pl.LightningDataModule):
                 )  # fmt: skip
                 probe = job_probe(self.trainer, probe_loader, budget_s=self.workers_budget_s)
                 self.auto_probes[stage] = probe
-                rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} (measured).\n"
+                how = "from an earlier measurement (cache)" if probe.cached else "measured"
+                rank_zero_info(f"{type(self).__name__}: {stage} num_workers={probe.num_workers} ({how}).\n"
                                f"{probe.format_table()}")  # fmt: skip
             return self.auto_probes[stage].num_workers
         return default_num_workers(processes_per_node(self.trainer))

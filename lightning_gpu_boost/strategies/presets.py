@@ -149,6 +149,15 @@ class DDPBoostStrategy(DDPStrategy):
             description="ddp_boost with bf16 gradient compression",
             gradient_compression="bf16",
         )
+        # the class path as a name: LightningCLI hands `--trainer.strategy lightning_gpu_boost.strategies.DDPBoostStrategy`
+        # to the Trainer as a string, and Lightning looks strategy names up lower-cased
+        for path in CLASS_PATHS:
+            strategy_registry.register(path.lower(), cls, description=f"{path} (ddp_boost)")
+
+
+#: the class paths of :class:`DDPBoostStrategy` a command line may name
+CLASS_PATHS = ("lightning_gpu_boost.strategies.DDPBoostStrategy", "lightning_gpu_boost.strategies.presets.DDPBoostStrategy",
+               "lightning_gpu_boost.DDPBoostStrategy")
 
 
 def register() -> None:

@@ -2,6 +2,7 @@
 flips and normalizes (``StreamPrefetch(decode=...)``, ``GPUBoost``'s default ``decode="auto"``).
 
 - :mod:`.plan`: which pipelines are taken over, and the workers' side;
+- :mod:`.records`: a sample and a batch on their way from the workers (collated in shared memory);
 - :mod:`.decode`: the GPU's side (:class:`BatchDecoder`);
 - :mod:`.placement`: where to decode, by measurement (:class:`SplitSearch`).
 """
@@ -16,6 +17,7 @@ from lightning_gpu_boost.core.gpu_decode.plan import (
            recognize,
            take_over,
 )
+from lightning_gpu_boost.core.gpu_decode.records import Record, RecordBatch, collate_records
 
-__all__ = ["BatchDecoder", "Decision", "DecodePlan", "EncodedTransform", "Share", "SplitSearch", "give_back",
-           "is_records", "recognize", "take_over"]  # fmt: skip
+__all__ = ["BatchDecoder", "Decision", "DecodePlan", "EncodedTransform", "Record", "RecordBatch", "Share",
+           "SplitSearch", "collate_records", "give_back", "is_records", "recognize", "take_over"]  # fmt: skip

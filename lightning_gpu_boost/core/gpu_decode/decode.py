@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_gpu_boost.core.gpu_decode.plan import JPEG_MAGIC, PIXELS_MAGIC, geometry, unpack
+from lightning_gpu_boost.core.gpu_decode.plan import geometry
+from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
 
 __all__ = ["BatchDecoder", "is_records"]
 
@@ -27,20 +28,20 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def is_records(value: Any) -> bool:
-    """Whether ``value`` is a batch's list of GPU-decode records."""
-    return (isinstance(value, (list, tuple)) and bool(value) and isinstance(value[0], bytes)
-            and value[0][:4] in (JPEG_MAGIC, PIXELS_MAGIC))  # fmt: skip
+    """Whether ``value`` is a batch's GPU-decode records."""
+    return isinstance(value, RecordBatch)
 
 
-def _decode_on_cpu(data: Any) -> torch.Tensor:
+def _decode_on_cpu(data: torch.Tensor) -> torch.Tensor:
+    """One JPEG (a CPU uint8 tensor of its bytes) decoded to CHW uint8 RGB: libjpeg through torchvision, else PIL."""
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        return decode_jpeg(data.contiguous(), mode=ImageReadMode.RGB)
     except ImportError:
         from PIL import Image
 
-        with Image.open(io.BytesIO(bytes(data))) as img:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
             array = np.asarray(img.convert("RGB"))
         return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
@@ -80,29 +81,19 @@ class BatchDecoder:
             return type(batch)(items) if not hasattr(batch, "_fields") else type(batch)(*items)
         return batch
 
-    def images(self, records: Sequence[bytes]) -> torch.Tensor:
+    def images(self, records: RecordBatch) -> torch.Tensor:
         """The normalized images of one batch's records."""
-        jpegs: list[tuple[int, Any, list]] = []
-        pixels: list[tuple[int, np.ndarray]] = []
-        for k, record in enumerate(records):
-            kind, data, ops = unpack(record)
-            if kind == "jpeg":
-                jpegs.append((k, data, ops))
-            else:
-                pixels.append((k, data))
-        self.last_share = len(jpegs) / len(records)
-        shape = self._shape(jpegs, pixels)
-        out = torch.empty((len(records), *shape), dtype=torch.float32, device=self.device)
-        if pixels:
-            stacked = torch.from_numpy(np.stack([p for _, p in pixels]))
-            if self.device.type == "cuda":
-                stacked = stacked.pin_memory().to(self.device, non_blocking=True)
-            out[self._to_device(torch.tensor([k for k, _ in pixels]))] = stacked.float()
-            self.decoded_by_workers += len(pixels)
-        if jpegs:
-            images = self._decode([d for _, d, _ in jpegs])
-            index = self._to_device(torch.tensor([k for k, _, _ in jpegs]))
-            out[index] = self._resample(images, [ops for _, _, ops in jpegs], shape[1:]).float()
+        self.last_share = len(records.jpeg_index) / max(1, records.size)
+        shape = self._shape(records)
+        out = torch.empty((records.size, *shape), dtype=torch.float32, device=self.device)
+        if records.pixels is not None:
+            pixels = records.pixels.to(self.device, non_blocking=True)
+            out[self._to_device(torch.tensor(records.pixel_index))] = pixels.float()
+            self.decoded_by_workers += len(records.pixel_index)
+        if records.jpeg_index:
+            images = self._decode(records.jpegs())
+            index = self._to_device(torch.tensor(records.jpeg_index))
+            out[index] = self._resample(images, records.ops, shape[1:]).float()
         out.round_().clamp_(0, 255)  # PIL's images hold 8-bit values
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         images = torch.empty(out.shape, dtype=self.dtype, device=self.device, memory_format=memory_format)
@@ -136,46 +127,37 @@ class BatchDecoder:
         return torch.matmul(tall_out, wx[:, None].transpose(-1, -2))  # (n, 3, out_h, out_w)
 
     @staticmethod
-    def _shape(jpegs: list, pixels: list) -> tuple[int, int, int]:
-        if pixels:
-            return tuple(pixels[0][1].shape)  # type: ignore[return-value]
+    def _shape(records: RecordBatch) -> tuple[int, int, int]:
+        if records.pixels is not None:
+            return tuple(records.pixels.shape[1:])  # type: ignore[return-value]
         h = w = None
-        for op in jpegs[0][2]:
+        for op in records.ops[0]:
             if op[0] in ("crop", "resize"):
                 h, w = op[-2], op[-1]
         if h is None:
             raise ValueError("a GPU-decode record without a crop or resize: its size is unknown")
         return 3, h, w
 
-    def _decode(self, datas: list[Any]) -> list[torch.Tensor]:
+    def _decode(self, jpegs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each JPEG (a CPU uint8 tensor of its bytes) decoded to CHW uint8 RGB on the device: nvJPEG for the
+        batch; a JPEG it refuses, on the CPU."""
         if self.device.type != "cuda":
-            self.decoded_on_cpu_here += len(datas)
-            return [_decode_on_cpu(d) for d in datas]
+            self.decoded_on_cpu_here += len(jpegs)
+            return [_decode_on_cpu(d) for d in jpegs]
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        sizes = [len(d) for d in datas]
-        buffer = bytearray(sum(sizes))
-        start = 0
-        for d, n in zip(datas, sizes, strict=True):
-            buffer[start: start + n] = d
-            start += n
-        flat = torch.frombuffer(buffer, dtype=torch.uint8)
-        tensors, start = [], 0
-        for n in sizes:
-            tensors.append(flat[start: start + n])
-            start += n
         try:
-            images = decode_jpeg(tensors, device=self.device, mode=ImageReadMode.RGB)
+            images = decode_jpeg(jpegs, device=self.device, mode=ImageReadMode.RGB)
             self.decoded_on_gpu += len(images)
             return images
-        except RuntimeError:  # one JPEG nvJPEG refuses: each on its own, the refused ones on the CPU
+        except RuntimeError:  # a JPEG nvJPEG refuses: each on its own, the refused ones on the CPU
             out = []
-            for t, d in zip(tensors, datas, strict=True):
+            for t in jpegs:
                 try:
                     out.append(decode_jpeg(t, device=self.device, mode=ImageReadMode.RGB))
                     self.decoded_on_gpu += 1
                 except RuntimeError:
-                    out.append(_decode_on_cpu(d).to(self.device))
+                    out.append(_decode_on_cpu(t).to(self.device))
                     self.decoded_on_cpu_here += 1
             return out
 

@@ -6,10 +6,10 @@ does), then ``ToTensor``/``PILToTensor``/``ToImage`` + ``ToDtype``/``ConvertImag
 (transforms v1 or v2) is *recognized* (:func:`recognize`). Its loader and transform are then replaced
 (:func:`take_over`, undone by :func:`give_back`): the workers read the file's bytes and its header only, draw each
 sample's random parameters exactly as the CPU transform would (the same calls on torch's generator, in the same
-order), and hand over a :class:`bytes` record (:func:`pack_jpeg`) that the decoder
+order), and hand over a :class:`~lightning_gpu_boost.core.gpu_decode.records.Record` that the decoder
 (:mod:`~lightning_gpu_boost.core.gpu_decode.decode`) decodes, crops, resizes, flips and normalizes on the GPU. A
 share of the samples (:class:`Share`, changed while the workers run) is decoded by the workers instead, with the
-same drawn parameters, through torchvision's own functions (:func:`pack_pixels`): the split. A file that is not a
+same drawn parameters, through torchvision's own functions: the split. A file that is not a
 JPEG in RGB or grayscale, or whose crop the GPU cannot do, takes the CPU path for that sample.
 
 Framework-free; torchvision is imported only where a recognized pipeline runs.
@@ -18,21 +18,16 @@ Framework-free; torchvision is imported only where a recognized pipeline runs.
 from __future__ import annotations
 
 import io
-import struct
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawValue
 from typing import Any
 
-import numpy as np
 import torch
 
-__all__ = ["DecodePlan", "EncodedTransform", "LazyImage", "Share", "give_back", "pack_jpeg", "pack_pixels",
-           "recognize", "take_over", "unpack"]  # fmt: skip
+from lightning_gpu_boost.core.gpu_decode.records import Record
 
-JPEG_MAGIC = b"LGBJ"  # a JPEG's bytes and the operations the GPU does on it
-PIXELS_MAGIC = b"LGBP"  # a sample the worker decoded: its final uint8 pixels
-_OP = {"crop": 1, "resize": 2, "flip": 3}
-_OP_NAME = {v: k for k, v in _OP.items()}
+__all__ = ["DecodePlan", "EncodedTransform", "LazyImage", "Share", "geometry", "give_back", "recognize", "take_over"]
+
 
 
 def _tv(obj: Any) -> str | None:
@@ -249,39 +244,6 @@ def _run_on_cpu(plan: DecodePlan, image: Any, ops: list[tuple]) -> torch.Tensor:
     return out
 
 
-def pack_jpeg(data: bytes, ops: list[tuple]) -> bytes:
-    """A JPEG's bytes and the operations the GPU does on it, as one record."""
-    head = [len(ops)]
-    for op in ops:
-        head += [_OP[op[0]], *op[1:], *([0] * (5 - len(op)))]
-    return JPEG_MAGIC + struct.pack(f"<{len(head)}i", *head) + data
-
-
-def pack_pixels(pixels: torch.Tensor) -> bytes:
-    """A sample the worker decoded (CHW uint8) as one record."""
-    c, h, w = pixels.shape
-    return PIXELS_MAGIC + struct.pack("<3i", c, h, w) + pixels.contiguous().numpy().tobytes()
-
-
-def unpack(record: bytes) -> tuple[str, Any, Any]:
-    """``("jpeg", data, ops)`` or ``("pixels", CHW uint8 array, None)`` from a record; ``ValueError`` for
-    anything else."""
-    magic = record[:4]
-    if magic == JPEG_MAGIC:
-        (n,) = struct.unpack_from("<i", record, 4)
-        values = struct.unpack_from(f"<{5 * n}i", record, 8)
-        ops = []
-        for k in range(n):
-            code, *args = values[5 * k: 5 * k + 5]
-            name = _OP_NAME[code]
-            ops.append((name, *args[: {"crop": 4, "resize": 2, "flip": 0}[name]]))
-        return "jpeg", memoryview(record)[8 + 20 * n:], ops
-    if magic == PIXELS_MAGIC:
-        c, h, w = struct.unpack_from("<3i", record, 4)
-        return "pixels", np.frombuffer(record, dtype=np.uint8, offset=16).reshape(c, h, w), None
-    raise ValueError(f"not a GPU-decode record (starts with {bytes(magic)!r})")
-
-
 class EncodedTransform:
     """The workers' transform while the GPU decodes: draw the parameters, then pack the JPEG (a share
     :attr:`share` of the samples) or decode on the CPU with those parameters and pack the pixels."""
@@ -300,8 +262,8 @@ class EncodedTransform:
         self._credit += self.share.value
         if gpu_can and jpeg and self._credit >= 1.0 - 1e-9:
             self._credit -= 1.0
-            return pack_jpeg(sample.data, ops)
-        return pack_pixels(_run_on_cpu(self.plan, sample.decoded(), ops))
+            return Record(jpeg=sample.data, ops=ops)
+        return Record(pixels=_run_on_cpu(self.plan, sample.decoded(), ops))
 
     def fingerprint(self) -> str:
         """What the workers' cost per sample depends on (the worker probe's cache key): the GPU share."""

@@ -23,6 +23,7 @@ def _need_cuda():
 
 def test_gpu_values_within_the_stated_tolerance_of_the_cpu_transform(tmp_path):
     tv = _need_cuda()
+    from torch.utils.data import default_collate
     from torchvision import datasets
     from torchvision import transforms as T
 
@@ -43,7 +44,7 @@ def test_gpu_values_within_the_stated_tolerance_of_the_cpu_transform(tmp_path):
         take_over(taken, Share(1.0))
         torch.manual_seed(0)
         decoder = BatchDecoder(MEAN, STD, device="cuda")
-        got = decoder.images([taken[i][0] for i in range(len(taken))]).cpu()
+        got = decoder.images(default_collate([taken[i][0] for i in range(len(taken))])).cpu()
         assert decoder.decoded_on_gpu == len(taken)
         levels = ((got - expected) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
         stats[name] = {"mean_levels": float(levels.mean()), "max_levels": float(levels.max()),

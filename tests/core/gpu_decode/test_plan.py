@@ -7,11 +7,11 @@ import pytest
 import torch
 
 tv = pytest.importorskip("torchvision")
+from torch.utils.data import default_collate  # noqa: E402
 from torchvision import datasets  # noqa: E402
 from torchvision import transforms as T  # noqa: E402
 
 from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, give_back, recognize, take_over  # noqa: E402
-from lightning_gpu_boost.core.gpu_decode.plan import unpack  # noqa: E402
 from lightning_gpu_boost.core.images import make_jpeg_folder  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -71,15 +71,15 @@ def test_the_workers_draw_what_the_cpu_transform_draws(folder, v2):
     assert take_over(taken, share) is not None
     decoder = BatchDecoder(MEAN, STD, device="cpu")
     torch.manual_seed(7)
-    by_workers = decoder.images([taken[i][0] for i in range(len(taken))])
+    by_workers = decoder.images(default_collate([taken[i][0] for i in range(len(taken))]))
     assert decoder.last_share == 0.0
     levels = ((by_workers - torch.stack(expected)) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
     assert levels.max() <= 0.51  # the CPU transform's own pixels, rounded to 8 bits
     share.value = 1.0
     torch.manual_seed(7)
     records = [taken[i][0] for i in range(len(taken))]
-    assert all(unpack(r)[0] == "jpeg" for r in records)
-    on_decoder = decoder.images(records)
+    assert all(r.jpeg is not None for r in records)
+    on_decoder = decoder.images(default_collate(records))
     levels = ((on_decoder - torch.stack(expected)) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
     assert levels.mean() <= 1.0 and levels.max() <= 4.0
     give_back(taken)
@@ -92,7 +92,7 @@ def test_the_validation_pipeline_on_the_decoder(folder):
     taken = datasets.ImageFolder(str(folder), transform=_val())
     take_over(taken, Share(1.0))
     decoder = BatchDecoder(MEAN, STD, device="cpu")
-    out = decoder.images([taken[i][0] for i in range(len(taken))])
+    out = decoder.images(default_collate([taken[i][0] for i in range(len(taken))]))
     levels = ((out - torch.stack([plain[i][0] for i in range(len(plain))])) * torch.tensor(STD).view(1, 3, 1, 1)
               * 255).abs()  # fmt: skip
     assert levels.mean() <= 1.0 and levels.max() <= 4.0

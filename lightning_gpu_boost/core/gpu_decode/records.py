@@ -1,0 +1,102 @@
+"""What a GPU-decode sample is on its way from a worker to the decoder, and how a batch of them is collated.
+
+A :class:`Record` is one sample's image: the pixels its worker decoded (a CHW uint8 tensor) or a JPEG's bytes with the
+operations the GPU does on it. ``default_collate`` turns a batch of them into one :class:`RecordBatch` (the collate
+function is registered for the type when this module is imported, in every process that unpickles a worker's
+dataset): the pixels stacked into one tensor and the JPEGs' bytes into another, both in shared memory when a worker
+collates, as ``default_collate`` does for tensors: the batch crosses to the training process without a copy through
+a pipe, and is pinned by the DataLoader's pin-memory thread. Framework-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
+
+__all__ = ["Record", "RecordBatch", "collate_records"]
+
+
+class Record:
+    """One sample's image: ``pixels`` (CHW uint8, the worker decoded it) or ``jpeg`` bytes and ``ops``."""
+
+    __slots__ = ("jpeg", "ops", "pixels")
+
+    def __init__(self, pixels: torch.Tensor | None = None, jpeg: bytes | None = None, ops: list | None = None) -> None:
+        if (pixels is None) == (jpeg is None):
+            raise ValueError("a Record holds either pixels or a JPEG")
+        self.pixels, self.jpeg, self.ops = pixels, jpeg, ops or []
+
+    def __getstate__(self) -> tuple:
+        return self.pixels, self.jpeg, self.ops
+
+    def __setstate__(self, state: tuple) -> None:
+        self.pixels, self.jpeg, self.ops = state
+
+
+def _shared(shape: tuple[int, ...]) -> torch.Tensor:
+    """A uint8 tensor in shared memory where a worker collates (as ``default_collate`` allocates), else plain."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    numel = int(np.prod(shape)) if shape else 1
+    storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(numel, device="cpu")
+    return torch.empty(0, dtype=torch.uint8).new(storage).resize_(*shape)
+
+
+class RecordBatch:
+    """A batch of :class:`Record`\\ s: ``pixels`` (n, C, H, W) at the batch positions ``pixel_index``, the JPEGs'
+    bytes concatenated in ``jpeg`` (cut at ``offsets``) with their ``ops`` at ``jpeg_index``; ``shape[0]`` is the
+    batch's size."""
+
+    def __init__(self, size: int, pixels: torch.Tensor | None, pixel_index: list[int], jpeg: torch.Tensor | None,
+                 offsets: list[int], ops: list[list], jpeg_index: list[int]) -> None:  # fmt: skip
+        self.size, self.pixels, self.pixel_index = size, pixels, pixel_index
+        self.jpeg, self.offsets, self.ops, self.jpeg_index = jpeg, offsets, ops, jpeg_index
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.size,)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def jpegs(self) -> list[torch.Tensor]:
+        """Each JPEG's bytes, a view of :attr:`jpeg`."""
+        if self.jpeg is None:
+            return []
+        return [self.jpeg[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+
+    def pin_memory(self, device: Any = None) -> RecordBatch:
+        """Pinned copies of the tensors (the DataLoader's pin-memory thread calls it)."""
+        pin = (lambda t: t.pin_memory() if t is not None else None)  # noqa: E731
+        return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.offsets, self.ops,
+                           self.jpeg_index)  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"RecordBatch({self.size} samples: {len(self.jpeg_index)} JPEGs, {len(self.pixel_index)} decoded)"
+
+
+def collate_records(batch: list[Record], *, collate_fn_map: Any = None) -> RecordBatch:
+    """``default_collate``'s function for :class:`Record`\\ s: one :class:`RecordBatch`."""
+    pixels = [(k, r.pixels) for k, r in enumerate(batch) if r.pixels is not None]
+    jpegs = [(k, r) for k, r in enumerate(batch) if r.jpeg is not None]
+    stacked = None
+    if pixels:
+        stacked = _shared((len(pixels), *pixels[0][1].shape))
+        torch.stack([p for _, p in pixels], out=stacked)
+    joined, offsets = None, [0]
+    if jpegs:
+        for _, r in jpegs:
+            offsets.append(offsets[-1] + len(r.jpeg))
+        joined = _shared((offsets[-1],))
+        view = joined.numpy()
+        for (_, r), a, b in zip(jpegs, offsets[:-1], offsets[1:], strict=True):
+            view[a:b] = np.frombuffer(r.jpeg, dtype=np.uint8)
+    return RecordBatch(len(batch), stacked, [k for k, _ in pixels], joined, offsets, [r.ops for _, r in jpegs],
+                       [k for k, _ in jpegs])  # fmt: skip
+
+
+default_collate_fn_map[Record] = collate_records
