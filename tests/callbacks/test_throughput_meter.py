@@ -42,6 +42,7 @@ class SlowStart(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("warmup", [0, 2])
 def test_the_meter_times_the_loader_not_its_queue(trainer_kwargs, warmup):
     loader = DataLoader(FixedCost(), batch_size=4, num_workers=4, persistent_workers=True)
@@ -67,6 +68,7 @@ class SlowsDown(SlowStart):
         return self.layer(batch).sum()
 
 
+@pytest.mark.timing
 def test_an_unsteady_window_goes_on_until_its_halves_agree(trainer_kwargs):
     meter = ThroughputMeter(warmup=0, steps=16, sample_gpu_util=False)
     trainer = pl.Trainer(max_steps=10_000, callbacks=[meter], **trainer_kwargs)

@@ -13,6 +13,7 @@ from lightning_gpu_boost.core.worker_cpu import WorkerCPU, children_cpu_s
 pytestmark = pytest.mark.skipif(children_cpu_s() is None, reason="/proc lists no children here")
 
 
+@pytest.mark.timing
 def test_a_busy_child_reads_busy_and_a_sleeping_one_idle():
     meter = WorkerCPU()
     spin = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"
@@ -38,6 +39,7 @@ def test_a_busy_child_reads_busy_and_a_sleeping_one_idle():
     assert meter.busy_share(0) is None
 
 
+@pytest.mark.timing
 def test_a_child_that_ends_between_readings_still_counts():
     """Workers that are not persistent end with each epoch: their CPU time between two readings counts once they
     have been waited for (``os.times()``), and what the earlier reading saw of them is not counted twice."""

@@ -227,6 +227,7 @@ def starved_stream(starved_url, tmp_path, s3):
         proxy.stop()
 
 
+@pytest.mark.timing
 def test_the_doctor_tells_a_starved_stream_the_download_side_fixes(starved_stream):
     from lightning_gpu_boost.doctor import diagnose
 
@@ -239,6 +240,7 @@ def test_the_doctor_tells_a_starved_stream_the_download_side_fixes(starved_strea
     assert d.tuned_workers is None  # a stream's worker count is part of its resume state: not searched
 
 
+@pytest.mark.timing
 def test_the_watchdog_tells_a_starved_stream_the_download_side_fixes(starved_stream, trainer_kwargs):
     from lightning_gpu_boost.callbacks import GPUUtilWatchdog
 
@@ -261,6 +263,7 @@ class _SlowStep(ImageIdModel):
         return super().training_step(batch, batch_idx)
 
 
+@pytest.mark.timing
 def test_the_watchdog_stays_quiet_on_a_fed_stream(tmp_path, s3, trainer_kwargs):
     from lightning_gpu_boost.callbacks import GPUUtilWatchdog
 
