@@ -75,6 +75,7 @@ def run_facts(trainer: pl.Trainer, batch_kind: str | None = None, found: dict[st
     facts = facts_of(trainer, loader) if loader is not None else None
     uint8 = loader is not None and (getattr(loader.dataset, "uint8_images", False) is True
                                     or (facts is not None and facts.normalize is not None))  # fmt: skip
+    from lightning_gpu_boost.core.gpu_decode import recognize
     from lightning_gpu_boost.core.streaming.source import remote_stream
 
     return RunFacts(
@@ -88,5 +89,7 @@ def run_facts(trainer: pl.Trainer, batch_kind: str | None = None, found: dict[st
         prefetch=found["prefetch"], dali=bool(found["dali"]), uint8_images=uint8,
         tuner=tuner, probe=probe, val_loaders=val, batch_kind=batch_kind,
         batched_fetch=loader is not None and fetches_batches(loader), spans_epochs=spanned, chosen_by=chosen,
+        decode=facts.decode if facts is not None else None,
+        decode_takes=loader is not None and recognize(getattr(loader, "dataset", None)) is not None,
         batches_per_epoch=int(batches) if isinstance(batches, int) or (isinstance(batches, float) and math.isfinite(batches)) else None,
     )  # fmt: skip

@@ -105,6 +105,8 @@ class Diagnosis:
     batch_kind: str | None = None
     #: the loader fetches whole batches at once (:func:`~lightning_gpu_boost.core.verdicts.fetches_batches`)
     batched_fetch: bool = False
+    #: the loader's dataset is a torchvision pipeline the GPU decode takes over (``GPUBoost()``'s ``decode="auto"``)
+    decode_takes: bool = False
     #: samples/s of short fits of the model with the real loader, as training sees it (steady state), by worker count:
     #: the current count and the advised one (``trials=True``, a model, and a worker count to advise)
     fit_samples_per_s: dict[int, float] = field(default_factory=dict)
@@ -311,6 +313,9 @@ def diagnose(
     result.startup_s = startup_s
     result.batch_kind = batch_kind(first)
     result.batched_fetch = fetches_batches(loader)
+    from lightning_gpu_boost.core.gpu_decode import recognize
+
+    result.decode_takes = recognize(getattr(loader, "dataset", None)) is not None
     if isinstance(loader, DataLoader):
         result.persistent_workers = bool(loader.persistent_workers)
         try:
@@ -371,7 +376,7 @@ def _evidence(d: Diagnosis) -> Evidence:
 def _join_fixes(d: Diagnosis) -> str:
     """The sample-cost fixes for what ``d``'s batches hold (the watchdog's wording), as one clause."""
     facts = RunFacts(cuda=d.device.startswith("cuda"), num_workers=d.num_workers, batch_size=d.batch_size,
-                     batch_kind=d.batch_kind, batched_fetch=d.batched_fetch)  # fmt: skip
+                     batch_kind=d.batch_kind, batched_fetch=d.batched_fetch, decode_takes=d.decode_takes)  # fmt: skip
     return "; ".join(sample_cost_fixes(facts))
 
 

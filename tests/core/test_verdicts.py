@@ -71,6 +71,21 @@ def test_advice_never_names_what_is_already_on():
     assert "was measured as the fastest count" in measured and "add AutoNumWorkers()" not in measured
 
 
+def test_a_jpeg_bound_run_is_told_to_decode_on_the_gpu_unless_our_part_placed_it():
+    """Issue 63, one voice: a torchvision pipeline the GPU decode would take is told to decode on the GPU; where the
+    GPU decode took it (on the GPU, or kept on the CPU by measurement), no advice undoes or repeats the placement."""
+    e = Evidence(0.6, 10.0, 15.0, gpu_util=30.0)
+    probe = WorkerProbe(16, {8: 10.0, 16: 12.0}, 5.0, 16, user_workers=4)
+    base = dict(cuda=True, num_workers=16, usable_cpus=16, pin_memory=True, persistent_workers=True, prefetch=True,
+                tuner=True, probe=probe, batch_kind="images")  # fmt: skip
+    told = " ".join(advise("data-bound", RunFacts(**base, decode_takes=True), e))
+    assert 'decode the JPEGs on the GPU: GPUBoost() (its decode="auto"' in told
+    for placed in ("gpu", "cpu", "gpu 48 %"):
+        text = " ".join(advise("data-bound", RunFacts(**base, decode_takes=True, decode=placed), e))
+        assert "decode the JPEGs on the GPU" not in text and "DALI" not in text and "ship uint8" not in text, text
+    assert "decode the JPEGs on the GPU" not in " ".join(advise("data-bound", RunFacts(**base), e))
+
+
 def test_a_host_bound_step_gets_no_data_advice():
     facts = RunFacts(cuda=True, num_workers=0, usable_cpus=16, pin_memory=False)
     text = " ".join(advise("host-bound", facts, Evidence(0.05, 40.0, 2.0, gpu_util=45.0)))
