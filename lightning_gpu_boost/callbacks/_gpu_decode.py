@@ -122,6 +122,12 @@ class GPUDecodeStage:
     def detach(self) -> None:
         for loader in list(self._taken):
             give_back(loader.dataset)
+            # persistent workers hold copies of the taken-over dataset: a later fit of the same loader without the
+            # GPU decode would get records, so they stop here (the loader starts fresh ones when iterated again)
+            iterator = getattr(loader, "_iterator", None)
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+                loader._iterator = None
         self._taken.clear()
         if self._trainer is not None:
             remove_stage(self._trainer, f"GPUDecode-{id(self)}")
