@@ -13,6 +13,7 @@ Framework-free.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,7 +60,8 @@ class BatchDecoder:
     Attributes:
         decoded_on_gpu, decoded_by_workers, decoded_on_cpu_here: sample counts so far (the last: JPEGs nvJPEG
             refused, or every JPEG on a CPU device).
-        last_share: the share of the last batch's samples that the workers sent as JPEGs.
+        last_share: the GPU share the last batch's samples were made under (where its records say), else the share
+            of its samples the workers sent as JPEGs.
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], device: torch.device | str = "cpu",
@@ -72,7 +74,7 @@ class BatchDecoder:
         self._scale = (1.0 / (255.0 * std64)).float().view(1, -1, 1, 1).to(self.device)
         self._shift = (-torch.tensor(mean, dtype=torch.float64) / std64).float().view(1, -1, 1, 1).to(self.device)
         self.decoded_on_gpu = self.decoded_by_workers = self.decoded_on_cpu_here = 0
-        self.last_share: float | None = None
+        self.last_share: float | None = None  # None: the last batch's samples were made under several shares
 
     def __call__(self, batch: Any) -> Any:
         if isinstance(batch, (list, tuple)) and len(batch) > self.key and is_records(batch[self.key]):
@@ -83,7 +85,12 @@ class BatchDecoder:
 
     def images(self, records: RecordBatch) -> torch.Tensor:
         """The normalized images of one batch's records."""
-        self.last_share = len(records.jpeg_index) / max(1, records.size)
+        # the share its workers were set to (the placement's search), else the share of JPEGs in it
+        share = records.share
+        if share is None:
+            self.last_share = len(records.jpeg_index) / max(1, records.size)
+        else:
+            self.last_share = None if math.isnan(share) else share
         shape = self._shape(records)
         out = torch.empty((records.size, *shape), dtype=torch.float32, device=self.device)
         if records.pixels is not None:

@@ -4,8 +4,9 @@ leaves the workers what they kept up with (share ``1 - rate_cpu / rate_gpu``), a
 where another share was faster (its first window opens the run); the fastest share is kept if it beats the CPU
 decode's better window by more than the noise margin, else the CPU decode is kept and the decision says why.
 
-A share takes effect as the workers' batches made after the change arrive: each window starts at the first batch
-whose records show the new share (the decoder counts them), plus the prefetch depth. Framework-free.
+A share takes effect as the workers' batches made after the change arrive: each record carries the share its worker
+read, and a window starts at the first batch made wholly under the new share, plus the prefetch depth; the time of
+an epoch's end or a validation run is not counted. Framework-free.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ class SplitSearch:
         window: timed batches per share.
         settle: batches skipped after the first batch that shows a new share (the prefetcher's look-ahead).
         margin: the relative gain over the CPU decode a share needs to be chosen.
-        tolerance: how far a batch's share may be from the one asked for and count as showing it (one sample of
-            the batch, usually).
+        tolerance: how far a batch's share may be from the one asked for and count as showing it.
 
     Call :meth:`step` once per training batch with the time and the batch's share; it returns the share to set
     when it changes, and :attr:`decision` once decided.
@@ -46,7 +46,9 @@ class SplitSearch:
         self.todo: list[float] = [0.0, 1.0]
         self.decision: Decision | None = None
         self._shown = 0  # batches in a row showing the current share
-        self._t0: float | None = None
+        self._n, self._time = 0, 0.0  # timed batches of the current share, and their time
+        self._last: float | None = None
+        self._paused = False
         self._cpu_again = False
 
     @property
@@ -55,29 +57,33 @@ class SplitSearch:
         return self.decision.share if self.decision is not None else self.todo[0]
 
     def restart_window(self) -> None:
-        """Time the current share again from the next batch (an epoch's end, a validation run came between)."""
-        self._shown = min(self._shown, self.settle)
-        self._t0 = None
+        """An epoch's end or a validation run comes before the next batch: the time until it is not counted (the
+        window goes on from that batch, so epochs shorter than a window are timed across their ends)."""
+        self._paused = True
 
     def step(self, now: float, batch_share: float | None) -> float | None:
-        """One training batch ended at ``now`` (seconds), its records' GPU share ``batch_share``; the share to set
-        from now on where it changes, else ``None``."""
+        """One training batch ended at ``now`` (seconds); ``batch_share``: the GPU share its samples were made under
+        (``None`` where they were made under several); the share to set from now on where it changes, else
+        ``None``."""
         if self.decision is not None:
             return None
         target = self.todo[0]
+        last, paused = self._last, self._paused
+        self._last, self._paused = now, False
         if batch_share is None or abs(batch_share - target) > self.tolerance:
-            self._shown, self._t0 = 0, None
+            self._shown, self._n, self._time = 0, 0, 0.0
             return None
         self._shown += 1
-        if self._shown == self.settle + 1:
-            self._t0 = now
+        if self._shown <= self.settle + 1 or last is None or paused:  # settling, or the first batch after a break
             return None
-        if self._t0 is None or self._shown < self.settle + 1 + self.window:
+        self._n += 1
+        self._time += now - last
+        if self._n < self.window:
             return None
-        rate = self.window / max(now - self._t0, 1e-9)
+        rate = self._n / max(self._time, 1e-9)
         self.rates[target] = max(rate, self.rates.get(target, 0.0))  # the CPU decode's best of its two windows
         self.todo.pop(0)
-        self._shown, self._t0 = 0, None
+        self._shown, self._n, self._time = 0, 0, 0.0
         if not self.todo and len(self.rates) == 2 and self.rates[1.0] > self.rates[0.0]:
             split = round(1.0 - self.rates[0.0] / self.rates[1.0], 2)
             if 0.05 <= split <= 0.95:

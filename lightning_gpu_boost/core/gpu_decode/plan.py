@@ -259,11 +259,12 @@ class EncodedTransform:
         w, h = sample.size
         ops, gpu_can = _draw(self.plan, w, h, sample.image)
         jpeg = sample.image.format == "JPEG" and sample.image.mode in ("RGB", "L")
-        self._credit += self.share.value
+        share = self.share.value
+        self._credit += share
         if gpu_can and jpeg and self._credit >= 1.0 - 1e-9:
             self._credit -= 1.0
-            return Record(jpeg=sample.data, ops=ops)
-        return Record(pixels=_run_on_cpu(self.plan, sample.decoded(), ops))
+            return Record(jpeg=sample.data, ops=ops, share=share)
+        return Record(pixels=_run_on_cpu(self.plan, sample.decoded(), ops), share=share)
 
     def fingerprint(self) -> str:
         """What the workers' cost per sample depends on (the worker probe's cache key): the GPU share."""

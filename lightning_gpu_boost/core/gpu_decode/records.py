@@ -10,6 +10,7 @@ a pipe, and is pinned by the DataLoader's pin-memory thread. Framework-free.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -21,20 +22,22 @@ __all__ = ["Record", "RecordBatch", "collate_records"]
 
 
 class Record:
-    """One sample's image: ``pixels`` (CHW uint8, the worker decoded it) or ``jpeg`` bytes and ``ops``."""
+    """One sample's image: ``pixels`` (CHW uint8, the worker decoded it) or ``jpeg`` bytes and ``ops``; ``share``:
+    the GPU share its worker read when it made it (the placement's search tells old batches from new by it)."""
 
-    __slots__ = ("jpeg", "ops", "pixels")
+    __slots__ = ("jpeg", "ops", "pixels", "share")
 
-    def __init__(self, pixels: torch.Tensor | None = None, jpeg: bytes | None = None, ops: list | None = None) -> None:
+    def __init__(self, pixels: torch.Tensor | None = None, jpeg: bytes | None = None, ops: list | None = None,
+                 share: float | None = None) -> None:  # fmt: skip
         if (pixels is None) == (jpeg is None):
             raise ValueError("a Record holds either pixels or a JPEG")
-        self.pixels, self.jpeg, self.ops = pixels, jpeg, ops or []
+        self.pixels, self.jpeg, self.ops, self.share = pixels, jpeg, ops or [], share
 
     def __getstate__(self) -> tuple:
-        return self.pixels, self.jpeg, self.ops
+        return self.pixels, self.jpeg, self.ops, self.share
 
     def __setstate__(self, state: tuple) -> None:
-        self.pixels, self.jpeg, self.ops = state
+        self.pixels, self.jpeg, self.ops, self.share = state
 
 
 def _shared(shape: tuple[int, ...]) -> torch.Tensor:
@@ -49,11 +52,12 @@ def _shared(shape: tuple[int, ...]) -> torch.Tensor:
 class RecordBatch:
     """A batch of :class:`Record`\\ s: ``pixels`` (n, C, H, W) at the batch positions ``pixel_index``, the JPEGs'
     bytes concatenated in ``jpeg`` (cut at ``offsets``) with their ``ops`` at ``jpeg_index``; ``shape[0]`` is the
-    batch's size."""
+    batch's size; ``share``: the GPU share all its samples were made under (NaN where they differ, ``None`` where
+    the records do not say)."""
 
     def __init__(self, size: int, pixels: torch.Tensor | None, pixel_index: list[int], jpeg: torch.Tensor | None,
-                 offsets: list[int], ops: list[list], jpeg_index: list[int]) -> None:  # fmt: skip
-        self.size, self.pixels, self.pixel_index = size, pixels, pixel_index
+                 offsets: list[int], ops: list[list], jpeg_index: list[int], share: float | None = None) -> None:  # fmt: skip
+        self.size, self.pixels, self.pixel_index, self.share = size, pixels, pixel_index, share
         self.jpeg, self.offsets, self.ops, self.jpeg_index = jpeg, offsets, ops, jpeg_index
 
     @property
@@ -73,7 +77,7 @@ class RecordBatch:
         """Pinned copies of the tensors (the DataLoader's pin-memory thread calls it)."""
         pin = (lambda t: t.pin_memory() if t is not None else None)  # noqa: E731
         return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.offsets, self.ops,
-                           self.jpeg_index)  # fmt: skip
+                           self.jpeg_index, self.share)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"RecordBatch({self.size} samples: {len(self.jpeg_index)} JPEGs, {len(self.pixel_index)} decoded)"
@@ -95,8 +99,9 @@ def collate_records(batch: list[Record], *, collate_fn_map: Any = None) -> Recor
         view = joined.numpy()
         for (_, r), a, b in zip(jpegs, offsets[:-1], offsets[1:], strict=True):
             view[a:b] = np.frombuffer(r.jpeg, dtype=np.uint8)
+    shares = {r.share for r in batch}
     return RecordBatch(len(batch), stacked, [k for k, _ in pixels], joined, offsets, [r.ops for _, r in jpegs],
-                       [k for k, _ in jpegs])  # fmt: skip
+                       [k for k, _ in jpegs], shares.pop() if len(shares) == 1 else math.nan)  # fmt: skip
 
 
 default_collate_fn_map[Record] = collate_records

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 import pytest
@@ -199,3 +200,26 @@ def test_the_copy_takes_records_as_leaves():
     records = _batch([Record(jpeg=bytes(70_000)) for _ in range(256)])
     out = StreamPrefetcher([], device="cpu", pin=False)._copy([records, torch.tensor([1])])
     assert out[0] is records
+
+
+def test_a_batch_says_which_share_its_samples_were_made_under():
+    made = lambda share: Record(jpeg=b"x", share=share)  # noqa: E731
+    assert default_collate([made(0.5), made(0.5)]).share == 0.5
+    assert math.isnan(default_collate([made(0.0), made(1.0)]).share)  # made across a change: not the new share
+    assert default_collate([Record(jpeg=b"x")]).share is None
+
+
+def test_short_epochs_are_timed_across_their_ends():
+    """Epochs shorter than a window (a restart after every 5 batches) still decide: the breaks are not counted."""
+    search = SplitSearch(window=8, settle=1)
+    now = 0.0
+    for k in range(400):
+        if k % 5 == 0:
+            search.restart_window()
+            now += 100.0  # an epoch's end: long, and not counted
+        now += 1.0 / (10.0 if search.share == 0.0 else 12.0)
+        search.step(now, search.share)
+        if search.decision is not None:
+            break
+    assert search.decision is not None and search.decision.share == 1.0
+    assert search.decision.rates[0.0] == pytest.approx(10.0) and search.decision.rates[1.0] == pytest.approx(12.0)

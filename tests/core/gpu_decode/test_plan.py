@@ -132,3 +132,49 @@ def test_a_fit_with_the_decode_on_the_cpu_device_trains_on_the_same_samples(fold
         assert torch.equal(ya, yb) and a.dtype == b.dtype == torch.float32
         levels = ((a - b) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
         assert levels.mean() <= 1.0 and levels.max() <= 4.0
+
+
+def test_auto_measures_in_training_and_records_its_placement(folder):
+    """StreamPrefetch(decode="auto", cpu_lookahead=True) on a CPU: the split search runs in training (the workers'
+    share changes without a restart), decides, and the decision is in the run record and ``decode_placement``;
+    every sample is seen once per epoch throughout."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.callbacks import StreamPrefetch
+    from lightning_gpu_boost.callbacks._data_path import data_path
+
+    seen: list[list[int]] = []
+
+    class Probe(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def on_train_epoch_start(self):
+            seen.append([])
+
+        def training_step(self, batch, i):
+            assert batch[0].dtype == torch.float32 and batch[0].shape[1:] == (3, 48, 48)
+            seen[-1] += batch[1].tolist()
+            return self.layer(batch[0].mean().view(1, 1)).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    class Keep(pl.Callback):
+        def on_train_end(self, trainer, pl_module):
+            Keep.choice = data_path(trainer).choices.chosen("decode")
+
+    prefetch = StreamPrefetch(decode="auto", cpu_lookahead=True)
+    loader = DataLoader(datasets.ImageFolder(str(folder), transform=_train()), batch_size=1, shuffle=True,
+                        num_workers=2, persistent_workers=True)  # fmt: skip
+    pl.Trainer(max_epochs=16, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, callbacks=[prefetch, Keep()]).fit(Probe(), loader)  # fmt: skip
+    placement = prefetch.decode_placement
+    assert placement is not None and placement["rates"] is not None, placement
+    assert 0.0 in placement["rates"] and 1.0 in placement["rates"]
+    assert Keep.choice is not None and Keep.choice.by == "StreamPrefetch" and placement["why"] == Keep.choice.why
+    labels = sorted(datasets.ImageFolder(str(folder)).targets)
+    assert all(sorted(epoch) == labels for epoch in seen), "every sample once per epoch"
+    assert isinstance(loader.dataset.transform, T.Compose)
