@@ -147,6 +147,10 @@ def _run(args: argparse.Namespace) -> int:
             f"| {util(r)} |"
         )
     print(f"\nspeed-up: {speedup:.2f}x")
+    if not gpu:
+        print("No CUDA GPU: the step and the loaders share this machine's CPUs, so the speed-up moves with whatever "
+              "else runs on it (on a 2-CPU machine 1.8-1.9x alone, 3.5-15x beside two busy processes, which slow the "
+              "plain run's single process most); on a GPU machine it measures what the package does.")  # fmt: skip
     if watchdog.warnings:
         print(f"\nGPUUtilWatchdog on the boosted run says:\n{watchdog.warnings[-1]['message']}")
     if args.out:
