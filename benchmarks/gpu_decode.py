@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import demo_tree, parser_for
 
-from lightning_gpu_boost.core.images import make_jpeg_folder
 from lightning_gpu_boost.core.results import bar, write_result
 
 CASES = ("cpu", "gpu", "auto")
@@ -173,10 +173,8 @@ def merge(parts: list[str], out: str) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=".demo-data")
-    parser.add_argument("--images", type=int, default=64000)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser = parser_for(__doc__)  # --data, --images, --batch-size, --out
+    parser.set_defaults(images=64000)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--auto-warmup", type=int, default=200, help="untimed steps of the auto cases")
@@ -186,14 +184,12 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES), help="decode settings to run, of cpu,gpu,auto")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="leave the ceiling out")
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
-    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     if args.merge:
         print(f"wrote {merge(args.merge, args.out)}")
         return 0
     t0 = time.perf_counter()
-    root = make_jpeg_folder(Path(args.data) / f"jpeg-{args.images}-100", n=args.images, num_classes=100,
-                            progress=False)  # fmt: skip
+    root = demo_tree(args)
     from lightning_gpu_boost.core.results import environment
 
     out = Path(args.out)

@@ -10,15 +10,14 @@ from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, default_collate
-from torch.utils.data._utils.collate import default_collate as _default_collate
 
 from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, remove_stage
 from lightning_gpu_boost.core.gpu_decode import (
     BatchDecoder,
+    DecodePlan,
     Share,
     SplitSearch,
     give_back,
-    recognize,
     take_over,
 )
 
@@ -38,7 +37,8 @@ class GPUDecodeStage:
 
     def __init__(self, mode: DecodeMode) -> None:
         self.mode = mode
-        self._taken: weakref.WeakKeyDictionary[DataLoader, tuple[Share, str | None]] = weakref.WeakKeyDictionary()
+        self._taken: weakref.WeakKeyDictionary[DataLoader, tuple[Share, str | None, DecodePlan]] = (
+            weakref.WeakKeyDictionary())  # fmt: skip
         self._decoders: weakref.WeakKeyDictionary[DataLoader, BatchDecoder] = weakref.WeakKeyDictionary()
         self.search = SplitSearch() if mode == "auto" else None
         self.share = 1.0 if mode == "gpu" else 0.0
@@ -53,13 +53,13 @@ class GPUDecodeStage:
         """The ``decode`` stage: take a recognized dataset over (its workers then send JPEGs and parameters)."""
         if not isinstance(loader, DataLoader) or loader in self._taken:
             return loader
-        if loader.batch_size is None or loader.collate_fn not in (default_collate, _default_collate):
+        if loader.batch_size is None or loader.collate_fn is not default_collate:
             return loader  # a collate of the user's own expects the images the transform makes
         share = Share(self.share)
         plan = take_over(loader.dataset, share)
         if plan is None:
             return loader
-        self._taken[loader] = (share, stage)
+        self._taken[loader] = (share, stage, plan)
         facts = data_path(self._trainer).facts(loader)
         facts.decode, facts.decode_why = _share_text(self.share), self.why
         rank_zero_info(f"StreamPrefetch: the {stage or ''} dataset's JPEGs are decoded by "
@@ -73,16 +73,14 @@ class GPUDecodeStage:
         taken = self._taken.get(loader) if isinstance(loader, DataLoader) else None
         if taken is None:
             return None
-        plan = recognize(loader.dataset)
-        if plan is None:
-            return None
+        plan = taken[2]
         decoder = BatchDecoder(plan.mean, plan.std, device=device, dtype=dtype, channels_last=channels_last)
         self._decoders[loader] = decoder
         return decoder
 
     def _set(self, share: float, why: str, final: bool = False) -> None:
         self.share, self.why = share, why
-        for loader, (shared, stage) in list(self._taken.items()):
+        for loader, (shared, stage, _) in list(self._taken.items()):
             if stage in _TRAIN or final:
                 shared.value = share
             facts = data_path(self._trainer).facts(loader)
@@ -90,7 +88,7 @@ class GPUDecodeStage:
 
     def batch_share(self) -> float | None:
         """The GPU share of the last training batch decoded."""
-        for loader, (_, stage) in list(self._taken.items()):
+        for loader, (_, stage, _) in list(self._taken.items()):
             decoder = self._decoders.get(loader)
             if stage in _TRAIN and decoder is not None:
                 return decoder.last_share

@@ -306,13 +306,13 @@ class StreamPrefetcher:
     # -- copying ----------------------------------------------------------------------------------------------
     def _copy(self, batch: Any) -> Any:
         def move(x: Any) -> Any:
-            if isinstance(x, (bytes, str)):  # a leaf (a GPU-decode record): never walked byte by byte
+            if isinstance(x, bytes):  # a leaf: never walked byte by byte
                 return x
             if isinstance(x, torch.Tensor):
                 return (_pin(x) if self._pin else x).to(self._device, non_blocking=True)
             return x.to(self._device, non_blocking=True)
 
-        return apply_to_collection(batch, (torch.Tensor, _Transferable, bytes, str), move)
+        return apply_to_collection(batch, (torch.Tensor, _Transferable, bytes), move)
 
     @staticmethod
     def _record(batch: Any, stream: torch.cuda.Stream) -> None:
@@ -392,9 +392,9 @@ class StreamPrefetcher:
 
         def copy_and_decode(batch: Any) -> tuple[Any, torch.cuda.Event]:
             with torch.cuda.device(device), torch.cuda.stream(side):
-                batch = self._copy(batch)
-                if self._decode is not None:
-                    batch = self._decode(batch)
+                batch = self._decode(self._copy(batch))
+                if self._normalize is not None:  # deterministic: no generator to fork, safe in the thread
+                    batch = self._normalize(batch)
                 ready = torch.cuda.Event()
                 ready.record(side)
             return batch, ready
@@ -436,11 +436,6 @@ class StreamPrefetcher:
                 kind, batch, state, ready = item
                 if ready is None:  # decoded in the thread
                     batch, ready = batch.result()
-                    if self._normalize is not None:
-                        with torch.cuda.stream(side):
-                            batch = self._normalize(batch)
-                            ready = torch.cuda.Event()
-                            ready.record(side)
                 consumer = torch.cuda.current_stream(device)
                 consumer.wait_event(ready)
                 self._record(batch, consumer)
