@@ -136,6 +136,143 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             "hardware_engines": "not measured: nvImageCodec is not installed on the device"}  # fmt: skip
 
 
+def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """nvImageCodec's decoders (the GPU's JPEG engines, its CUDA decoder, the hybrid one) alone, with the crop
+    decoded as a region where the engine allows, and each GPU path beside a training loop on resident batches:
+    what a decoder costs the model is the model's rate beside it over its rate alone (one run, side by side)."""
+    import threading
+
+    from torch.utils.data import default_collate
+
+    from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, take_over
+    from lightning_gpu_boost.core.gpu_decode.decode import _axis_weights
+    from lightning_gpu_boost.core.gpu_decode.plan import geometry
+
+    try:
+        from nvidia import nvimgcodec as nic
+    except ImportError as e:
+        return {"skipped": f"nvImageCodec is not installed ({e})"}
+    dataset = plain_image_folder(root, 224)
+    take_over(dataset, Share(1.0))
+    step = max(1, len(dataset) // 2048)
+    records = [dataset[i * step][0] for i in range(2048)]
+    bs = args.batch_size
+    batches = [default_collate(records[k * bs: (k + 1) * bs]) for k in range(len(records) // bs)]
+    datas = [[bytes(t.numpy()) for t in b.jpegs()] for b in batches]
+    streams = [[nic.CodeStream(d) for d in ds] for ds in datas]
+    geos = [[geometry(cs.height, cs.width, o) for cs, o in zip(ss, b.ops, strict=True)]
+            for ss, b in zip(streams, batches, strict=True)]  # fmt: skip
+    rois = [[cs.get_sub_code_stream(region=nic.Region(g[0][0], g[1][0], g[0][0] + g[0][1], g[1][0] + g[1][1]))
+             for cs, g in zip(ss, gs, strict=True)] for ss, gs in zip(streams, geos, strict=True)]  # fmt: skip
+    params = nic.DecodeParams(color_spec=nic.ColorSpec.SRGB, sample_format=nic.SampleFormat.P_RGB)
+    out: dict[str, Any] = {"nvimgcodec": getattr(nic, "__version__", None), "batch_size": bs}
+
+    def decoder_for(kind: str) -> Any:
+        return nic.Decoder(backends=[nic.Backend(getattr(nic.BackendKind, kind))])
+
+    def hw_images(dec: Any, k: int, stream: torch.cuda.Stream) -> torch.Tensor:
+        """One batch: the crop windows decoded as regions, then the package's resize and flip (two products)."""
+        imgs = dec.decode(rois[k], params=params, cuda_stream=stream.cuda_stream)
+        gs = geos[k]
+        rows = torch.tensor([g[0][:4] for g in gs], dtype=torch.float32)
+        cols = torch.tensor([g[1][:4] for g in gs], dtype=torch.float32)
+        flips = torch.tensor([g[2] for g in gs], dtype=torch.bool)
+        tall, wide = int(rows[:, 1].max()), int(cols[:, 1].max())
+        windows = torch.zeros((len(gs), 3, tall, wide), dtype=torch.uint8, device="cuda")
+        for j, im in enumerate(imgs):
+            t = torch.as_tensor(im, device="cuda")
+            windows[j, :, : t.shape[-2], : t.shape[-1]].copy_(t)
+        rows, cols, flips = (t.pin_memory().cuda(non_blocking=True) for t in (rows, cols, flips))
+        wy = _axis_weights(rows[:, 1], rows[:, 2], rows[:, 3], 224, tall).half()
+        wx = _axis_weights(cols[:, 1], cols[:, 2], cols[:, 3], 224, wide, flips).half()
+        return torch.matmul(torch.matmul(wy[:, None], windows.half()), wx[:, None].transpose(-1, -2))
+
+    def timed(fn, rounds: int = 2) -> dict[str, float]:
+        fn(0)
+        torch.cuda.synchronize()
+        t0, c0, n = time.perf_counter(), time.thread_time(), 0
+        for _ in range(rounds):
+            for k in range(len(batches)):
+                fn(k)
+                n += 1
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        return {"img_s": n * bs / wall, "thread_cpu_s_per_batch": (time.thread_time() - c0) / n}
+
+    side = torch.cuda.Stream()
+    for kind in ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU"):
+        try:
+            dec = decoder_for(kind)
+            got = dec.decode(streams[0][:4], params=params)
+            if any(g is None for g in got):
+                out[kind] = {"error": "decoded None"}
+                continue
+            full = timed(lambda k, d=dec: d.decode(streams[k], params=params, cuda_stream=side.cuda_stream))
+            roi = timed(lambda k, d=dec: d.decode(rois[k], params=params, cuda_stream=side.cuda_stream))
+            path = timed(lambda k, d=dec: hw_images(d, k, side))
+            out[kind] = {"full_decode": full, "region_decode": roi, "gpu_path": path}
+        except Exception as e:
+            out[kind] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        print(f"engines: {kind}: {out[kind]}", flush=True)
+    tv = BatchDecoder((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), device="cuda", dtype="bfloat16")
+    paths = {"torchvision_nvjpeg": lambda k: tv.images(batches[k])}
+    if "error" not in out.get("HW_GPU_ONLY", {"error": ""}):
+        hw = decoder_for("HW_GPU_ONLY")
+        paths["hw_engines"] = lambda k: hw_images(hw, k, torch.cuda.current_stream())
+    import torchvision
+
+    for arch in ("resnet50", "resnet18"):
+        model = getattr(torchvision.models, arch)(num_classes=100).cuda().to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(bs, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+        y = torch.randint(0, 100, (bs,), device="cuda")
+
+        def train(steps: int, model=model, opt=opt, x=x, y=y) -> float:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            return steps * bs / (time.perf_counter() - t0)
+
+        torch.backends.cudnn.benchmark = True
+        train(15)
+        steps = 60 if arch == "resnet50" else 150
+        res: dict[str, Any] = {"model_alone_img_s": train(steps)}
+        for name, fn in paths.items():
+            stop, done = threading.Event(), [0]
+
+            def loop(fn=fn, stop=stop, done=done) -> None:
+                s = torch.cuda.Stream()
+                with torch.cuda.stream(s):
+                    k = 0
+                    while not stop.is_set():
+                        fn(k % len(batches))
+                        s.synchronize()
+                        done[0] += 1
+                        k += 1
+
+            th = threading.Thread(target=loop, daemon=True)
+            th.start()
+            time.sleep(1.0)
+            d0, t0 = done[0], time.perf_counter()
+            rate = train(steps)
+            dec_rate = (done[0] - d0) * bs / (time.perf_counter() - t0)
+            stop.set()
+            th.join()
+            res[name] = {"model_img_s": rate, "model_vs_alone": rate / res["model_alone_img_s"],
+                         "decode_img_s": dec_rate}  # fmt: skip
+        res["model_alone_again_img_s"] = train(steps)
+        out[f"beside_{arch}"] = res
+        print(f"engines: beside {arch}: {res}", flush=True)
+    return out
+
+
 def merge(parts: list[str], out: str) -> Path:
     """One result file from part files (each one call of the machine): a later file's part replaces an earlier
     one's; every ratio is taken inside one run (a part's ceiling is its own run's ResNet-50 or ResNet-18 ceiling),
@@ -200,6 +337,8 @@ def main() -> int:
         if part == "decoders":
             parts[part] = decoders(root, args)
             print(f"decoders: {parts[part]}", flush=True)
+        elif part == "engines":
+            parts[part] = engines(root, args)
         elif part == "resnet50_4cpus":
             parts[part] = model_part(root, "resnet50", args, cpus=4)
         elif part in ("resnet50", "resnet18"):
