@@ -132,8 +132,7 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),
             "cpu_path_img_s_host": cpu_per_core * usable_cpus(), "nvjpeg_alone_img_s": alone,
             "nvjpeg_alone_thread_cpu_s_per_batch": alone_cpu, "gpu_path_img_s": full,
-            "gpu_path_thread_cpu_s_per_batch": full_cpu,
-            "hardware_engines": "not measured: nvImageCodec is not installed on the device"}  # fmt: skip
+            "gpu_path_thread_cpu_s_per_batch": full_cpu, "gpu_decoder": decoder.decoder_name}  # fmt: skip
 
 
 def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:

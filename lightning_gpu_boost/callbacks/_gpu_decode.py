@@ -68,6 +68,10 @@ class GPUDecodeStage:
                        "(decode='cpu' turns this off).")  # fmt: skip
         return loader
 
+    def decoder_names(self) -> list[str]:
+        """What decoded the JPEGs on the GPU, per loader (the JPEG engines or nvJPEG, and why not the engines)."""
+        return sorted({d.decoder_name for d in self._decoders.values()})
+
     def decoder(self, loader: Any, device: Any, dtype: str, channels_last: bool) -> BatchDecoder | None:
         """The decoder of ``loader``'s batches where its dataset was taken over, else ``None``."""
         taken = self._taken.get(loader) if isinstance(loader, DataLoader) else None

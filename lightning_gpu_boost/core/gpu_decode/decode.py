@@ -1,7 +1,8 @@
 """The GPU's side of the GPU decode: a batch of records (:mod:`~lightning_gpu_boost.core.gpu_decode.plan`) becomes
 the normalized float images the CPU transform would have made.
 
-JPEGs are decoded together by nvJPEG (``torchvision.io.decode_jpeg`` on a list, on the GPU); each one's crop,
+JPEGs are decoded together on the GPU's JPEG engines where nvImageCodec is installed
+(:mod:`~lightning_gpu_boost.core.gpu_decode.engines`), else by nvJPEG (``torchvision.io.decode_jpeg`` on a list); each one's crop,
 resize (bilinear with antialiasing: PIL's weights) and flip are one resampling per axis, done for the whole batch as
 two batched matrix products; the result is rounded to 8-bit values as PIL's images are; the samples the workers
 decoded are copied in; the batch is normalized in one pass. Without CUDA the same steps run on the CPU (libjpeg through torchvision, else PIL): the values a CPU run
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_gpu_boost.core.gpu_decode.engines import open_engines
 from lightning_gpu_boost.core.gpu_decode.plan import geometry
 from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
 
@@ -60,6 +62,7 @@ class BatchDecoder:
     Attributes:
         decoded_on_gpu, decoded_by_workers, decoded_on_cpu_here: sample counts so far (the last: JPEGs nvJPEG
             refused, or every JPEG on a CPU device).
+        decoder_name: what decodes the JPEGs on the GPU (the JPEG engines or nvJPEG, and why not the engines).
         last_share: the GPU share the last batch's samples were made under (where its records say), else the share
             of its samples the workers sent as JPEGs.
     """
@@ -75,6 +78,8 @@ class BatchDecoder:
         self._shift = (-torch.tensor(mean, dtype=torch.float64) / std64).float().view(1, -1, 1, 1).to(self.device)
         self.decoded_on_gpu = self.decoded_by_workers = self.decoded_on_cpu_here = 0
         self.last_share: float | None = None  # None: the last batch's samples were made under several shares
+        self._engines: Any = None  # None: not opened yet; False: none here
+        self.decoder_name = "not used yet"
 
     def __call__(self, batch: Any) -> Any:
         if isinstance(batch, (list, tuple)) and len(batch) > self.key and is_records(batch[self.key]):
@@ -123,8 +128,9 @@ class BatchDecoder:
         flips = torch.tensor([g[2] for g in shapes], dtype=torch.bool)  # type: ignore[index]
         tall, wide = int(rows[:, 1].max()), int(cols[:, 1].max())
         windows = torch.empty((len(images), 3, tall, wide), dtype=torch.uint8, device=self.device)
-        for k, (img, (r, c, _)) in enumerate(zip(images, shapes, strict=True)):  # type: ignore[misc]
-            windows[k, :, : r[1], : c[1]].copy_(img[:, r[0]: r[0] + r[1], c[0]: c[0] + c[1]])
+        pairs = [(windows[k, :, : r[1], : c[1]], img[:, r[0]: r[0] + r[1], c[0]: c[0] + c[1]])
+                 for k, (img, (r, c, _)) in enumerate(zip(images, shapes, strict=True))]  # type: ignore[misc]  # fmt: skip
+        torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])  # one call for the batch's windows
         rows, cols, flips = (self._to_device(t) for t in (rows, cols, flips))
         # half precision holds every 8-bit value exactly and the products accumulate in float32; on a CPU, float32
         precision = torch.float16 if self.device.type == "cuda" else torch.float32
@@ -151,6 +157,24 @@ class BatchDecoder:
         if self.device.type != "cuda":
             self.decoded_on_cpu_here += len(jpegs)
             return [_decode_on_cpu(d) for d in jpegs]
+        if self._engines is None:
+            self._engines, why = open_engines(self.device)
+            self.decoder_name = self._engines.name if self._engines else f"nvJPEG (torchvision): {why}"
+        if self._engines:
+            images = self._engines.decode(jpegs)
+            refused = [k for k, im in enumerate(images) if im is None]
+            self.decoded_on_gpu += len(images) - len(refused)
+            if len(refused) == len(images):  # none decoded: engines this GPU lacks; nvJPEG from now on
+                self._engines = False
+                self.decoder_name = "nvJPEG (torchvision): the JPEG engines decoded none of a batch"
+            for k, im in zip(refused, self._nvjpeg([jpegs[k] for k in refused]), strict=True):
+                images[k] = im
+            return images  # type: ignore[return-value]
+        return self._nvjpeg(jpegs)
+
+    def _nvjpeg(self, jpegs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not jpegs:
+            return []
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:

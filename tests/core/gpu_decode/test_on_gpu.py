@@ -21,8 +21,11 @@ def _need_cuda():
     return pytest.importorskip("torchvision")
 
 
-def test_gpu_values_within_the_stated_tolerance_of_the_cpu_transform(tmp_path):
+@pytest.mark.parametrize("gpu_decoder", ["engines", "nvjpeg"])
+def test_gpu_values_within_the_stated_tolerance_of_the_cpu_transform(tmp_path, gpu_decoder):
     tv = _need_cuda()
+    if gpu_decoder == "engines":
+        pytest.importorskip("nvidia.nvimgcodec", reason="nvImageCodec is not installed")
     from torch.utils.data import default_collate
     from torchvision import datasets
     from torchvision import transforms as T
@@ -44,14 +47,17 @@ def test_gpu_values_within_the_stated_tolerance_of_the_cpu_transform(tmp_path):
         take_over(taken, Share(1.0))
         torch.manual_seed(0)
         decoder = BatchDecoder(MEAN, STD, device="cuda")
+        if gpu_decoder == "nvjpeg":
+            decoder._engines = False  # nvJPEG through torchvision, as where nvImageCodec is missing
         got = decoder.images(default_collate([taken[i][0] for i in range(len(taken))])).cpu()
         assert decoder.decoded_on_gpu == len(taken)
+        assert ("engines" in decoder.decoder_name) == (gpu_decoder == "engines"), decoder.decoder_name
         levels = ((got - expected) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
         stats[name] = {"mean_levels": float(levels.mean()), "max_levels": float(levels.max()),
                        "p999_levels": float(levels.flatten().kthvalue(int(0.999 * levels.numel())).values)}  # fmt: skip
-    print("GPU decode vs CPU transform, 8-bit levels:", json.dumps(stats), tv.__version__)
+    print(f"GPU decode ({decoder.decoder_name}) vs CPU transform, 8-bit levels:", json.dumps(stats), tv.__version__)
     if os.environ.get("LGB_PARITY_OUT"):
-        with open(os.environ["LGB_PARITY_OUT"], "w") as f:
+        with open(f"{os.environ['LGB_PARITY_OUT']}.{gpu_decoder}.json", "w") as f:
             json.dump(stats, f)
     for name, s in stats.items():  # the tolerance docs/gpu_decode.md states
         assert s["mean_levels"] <= 1.5 and s["max_levels"] <= 32.0, (name, s)
