@@ -78,6 +78,10 @@ class GPUDecodeStage:
         if taken is None:
             return None
         plan = taken[2]
+        if self.search is not None and taken[1] in _TRAIN:  # the batches the loader holds ahead are not timed
+            workers = getattr(loader, "num_workers", 0)
+            held = workers * (getattr(loader, "prefetch_factor", None) or 2) if workers else 0
+            self.search.settle = max(self.search.settle, held + 3)
         decoder = BatchDecoder(plan.mean, plan.std, device=device, dtype=dtype, channels_last=channels_last)
         self._decoders[loader] = decoder
         return decoder

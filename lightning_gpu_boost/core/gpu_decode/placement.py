@@ -5,8 +5,9 @@ where another share was faster (its first window opens the run); the fastest sha
 decode's better window by more than the noise margin, else the CPU decode is kept and the decision says why.
 
 A share takes effect as the workers' batches made after the change arrive: each record carries the share its worker
-read, and a window starts at the first batch made wholly under the new share, plus the prefetch depth; the time of
-an epoch's end or a validation run is not counted. Framework-free.
+read, and a window starts at the first batch made wholly under the new share, plus the batches held ahead (the
+loader's queue, the prefetcher's look-ahead); the time of an epoch's end or a validation run is not counted, nor the
+batches queued during it. Framework-free.
 """
 
 from __future__ import annotations
@@ -30,18 +31,22 @@ class SplitSearch:
 
     Args:
         window: timed batches per share.
-        settle: batches skipped after the first batch that shows a new share (the prefetcher's look-ahead).
+        settle: batches skipped after the first batch that shows a new share, and after a break: the batches the
+            loader and the prefetcher hold ahead (made at a rate the window would not measure).
         margin: the relative gain over the CPU decode a share needs to be chosen.
         tolerance: how far a batch's share may be from the one asked for and count as showing it.
+        max_breaks: epoch ends and validation runs after which, undecided, the CPU decode is kept.
 
     Call :meth:`step` once per training batch with the time and the batch's share; it returns the share to set
     when it changes, and :attr:`decision` once decided.
     """
 
-    def __init__(self, window: int = 24, settle: int = 3, margin: float = 0.03, tolerance: float = 0.02) -> None:
+    def __init__(self, window: int = 24, settle: int = 3, margin: float = 0.03, tolerance: float = 0.02,
+                 max_breaks: int = 40) -> None:
         if window < 2 or settle < 0 or not 0 <= margin < 1:
             raise ValueError(f"window must be >= 2, settle >= 0 and margin in [0, 1), got {window}, {settle}, {margin}.")
         self.window, self.settle, self.margin, self.tolerance = window, settle, margin, tolerance
+        self.max_breaks = max_breaks
         self.rates: dict[float, float] = {}
         self.todo: list[float] = [0.0, 1.0]
         self.decision: Decision | None = None
@@ -49,6 +54,8 @@ class SplitSearch:
         self._n, self._time = 0, 0.0  # timed batches of the current share, and their time
         self._last: float | None = None
         self._paused = False
+        self._skip = 0  # batches still to skip after a break
+        self._breaks = 0  # epoch ends and validation runs so far
         self._cpu_again = False
 
     @property
@@ -60,6 +67,7 @@ class SplitSearch:
         """An epoch's end or a validation run comes before the next batch: the time until it is not counted (the
         window goes on from that batch, so epochs shorter than a window are timed across their ends)."""
         self._paused = True
+        self._breaks += 1
 
     def step(self, now: float, batch_share: float | None) -> float | None:
         """One training batch ended at ``now`` (seconds); ``batch_share``: the GPU share its samples were made under
@@ -67,6 +75,11 @@ class SplitSearch:
         ``None``."""
         if self.decision is not None:
             return None
+        if self._breaks > self.max_breaks:  # epochs too short to hold a window after the queue: keep the CPU decode
+            shown = ", ".join(f"{s:.2f}: {r:.2f}" for s, r in sorted(self.rates.items())) or "none"
+            self.decision = Decision(0.0, dict(self.rates), f"the CPU decode is kept: {self._breaks} epoch ends or "
+                                     f"validation runs came before the shares were timed (timed: {shown})")  # fmt: skip
+            return 0.0
         target = self.todo[0]
         last, paused = self._last, self._paused
         self._last, self._paused = now, False
@@ -74,7 +87,10 @@ class SplitSearch:
             self._shown, self._n, self._time = 0, 0, 0.0
             return None
         self._shown += 1
-        if self._shown <= self.settle + 1 or last is None or paused:  # settling, or the first batch after a break
+        if paused:  # an epoch's end or validation: the interval is not counted, nor the queue it let fill
+            self._skip = self.settle + 1
+        if self._shown <= self.settle + 1 or last is None or self._skip > 0:  # settling
+            self._skip = max(0, self._skip - 1)
             return None
         self._n += 1
         self._time += now - last

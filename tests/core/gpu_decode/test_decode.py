@@ -174,6 +174,40 @@ def test_the_search_times_a_share_again_after_a_break():
     assert search.rates[0.0] == pytest.approx(1.0)
 
 
+def test_the_batches_held_ahead_are_not_timed():
+    """The loader's queue drains faster than its workers fill it (H200, ResNet-18: the first CPU window read 37.5
+    batches/s, its workers made 12.5): the settle covers the batches held ahead, at the start and after a break."""
+    held, calls = 32, {"cpu": 0}
+
+    def rate(share):
+        if share == 0.0:
+            calls["cpu"] += 1
+            return 40.0 if calls["cpu"] <= held else 12.0  # the queue, then what the workers make
+        return 11.0
+
+    search = _run_search(rate, SplitSearch(window=10, settle=held + 3))
+    assert search.decision.share == 0.0 and search.decision.rates[0.0] == pytest.approx(12.0)
+    search = SplitSearch(window=4, settle=2)
+    for t in range(4):
+        search.step(float(t), 0.0)
+    search.restart_window()  # validation: the queue fills meanwhile
+    for t in range(3):
+        search.step(100.0 + t * 0.01, 0.0)  # the queue drains fast: not timed
+    for t in range(5):
+        search.step(101.02 + t, 0.0)  # then one a second
+    assert search.rates[0.0] == pytest.approx(1.0)
+
+
+def test_epochs_too_short_to_time_keep_the_cpu_decode():
+    search = SplitSearch(window=4, settle=10, max_breaks=3)
+    for epoch in range(4):
+        for t in range(5):  # shorter than the settle
+            assert search.step(epoch * 10.0 + t, 0.0) is None
+        search.restart_window()
+    assert search.step(50.0, 0.0) == 0.0
+    assert search.decision.share == 0.0 and "epoch ends" in search.decision.why
+
+
 def test_the_cpu_decode_is_timed_again_before_another_share_wins():
     """The CPU decode's first window opens the run, slower than its steady rate (H200: 7.6 batches/s against 14.7
     later): a GPU share that beats only that first window is not chosen."""
