@@ -272,6 +272,59 @@ def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def engine_threads(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The JPEG engines' rate by the size of nvImageCodec's CPU thread pool (it parses the JPEGs; 0: one thread per
+    core, its default), alone and with every CPU busy (a worker per CPU spinning, as the CPU decode's workers are)."""
+    import multiprocessing as mp
+
+    from nvidia import nvimgcodec as nic
+    from torch.utils.data import default_collate
+
+    from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.core.gpu_decode import Share, take_over
+
+    dataset = plain_image_folder(root, 224)
+    take_over(dataset, Share(1.0))
+    step = max(1, len(dataset) // 1024)
+    records = [dataset[i * step][0] for i in range(1024)]
+    bs = args.batch_size
+    jpegs = [default_collate(records[k * bs: (k + 1) * bs]).jpegs() for k in range(len(records) // bs)]
+    params = nic.DecodeParams(color_spec=nic.ColorSpec.SRGB, sample_format=nic.SampleFormat.P_RGB)
+    out: dict[str, Any] = {}
+
+    def rate(threads: int) -> dict[str, float]:
+        dec = nic.Decoder(max_num_cpu_threads=threads, backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
+        run = lambda: [dec.decode([JpegEngines._stream(dec_ns, t) for t in b], params=params) for b in jpegs]  # noqa: E731
+        run()
+        torch.cuda.synchronize()
+        t0, c0 = time.perf_counter(), _cpu_seconds()
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        return {"img_s": 3 * len(jpegs) * bs / wall, "process_cpu_cores": (_cpu_seconds() - c0) / wall}
+
+    for busy in (False, True):
+        hogs = []
+        if busy:
+            hogs = [mp.get_context("fork").Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)]
+            for h in hogs:
+                h.start()
+        try:
+            for threads in (1, 2, 4, 0):
+                out[f"{'busy' if busy else 'idle'}_threads_{threads}"] = rate(threads)
+                print(f"engine_threads: {'busy' if busy else 'idle'} {threads}: {out}", flush=True)
+        finally:
+            for h in hogs:
+                h.kill()
+    return out
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
 def merge(parts: list[str], out: str) -> Path:
     """One result file from part files (each one call of the machine): a later file's part replaces an earlier
     one's; every ratio is taken inside one run (a part's ceiling is its own run's ResNet-50 or ResNet-18 ceiling),
@@ -336,6 +389,8 @@ def main() -> int:
         if part == "decoders":
             parts[part] = decoders(root, args)
             print(f"decoders: {parts[part]}", flush=True)
+        elif part == "engine_threads":
+            parts[part] = engine_threads(root, args)
         elif part == "engines":
             parts[part] = engines(root, args)
         elif part == "resnet50_4cpus":
