@@ -282,7 +282,9 @@ def engine_threads(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     from lightning_gpu_boost.baselines import plain_image_folder
     from lightning_gpu_boost.core.gpu_decode import Share, take_over
+    from lightning_gpu_boost.core.gpu_decode.engines import JpegEngines
 
+    dec_ns = type("M", (), {"_nic": nic})()  # JpegEngines._stream's view-or-bytes CodeStream, without a decoder
     dataset = plain_image_folder(root, 224)
     take_over(dataset, Share(1.0))
     step = max(1, len(dataset) // 1024)
