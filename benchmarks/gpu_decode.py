@@ -368,7 +368,7 @@ def main() -> int:
     parser.set_defaults(images=64000)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--auto-warmup", type=int, default=200, help="untimed steps of the auto cases")
+    parser.add_argument("--auto-warmup", type=int, default=400, help="untimed steps of the auto cases (the search: four windows of 24 batches, each after the batches the loader holds ahead)")
     parser.add_argument("--workers-budget", type=float, default=10.0, help="AutoNumWorkers' probe budget (5 s "
                         "could not rank the counts of the GPU decode's cheap workers: it kept 0)")
     parser.add_argument("--parts", default="decoders,resnet50,resnet50_4cpus,resnet18")
