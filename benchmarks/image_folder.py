@@ -48,10 +48,12 @@ def main() -> None:
         if workers:
             common.update(persistent_workers=True, prefetch_factor=4)
         plain = DataLoader(plain_image_folder(root, args.image_size), shuffle=True, **common)
-        ours = ImageFolderDataModule(
+        dm = ImageFolderDataModule(
             str(root), image_size=args.image_size, batch_size=args.batch_size, num_workers=workers,
             pin_memory=common["pin_memory"], prefetch_factor=4,
-        ).train_dataloader()  # fmt: skip
+        )  # fmt: skip
+        with dm.loaders_as_in_a_trainer():  # uint8 out, as training gets it
+            ours = dm.train_dataloader()
         # the timing rule (core/steady.py): the queue skipped, endless batches, halves compared
         plain_w = measure_loader(clone_loader(plain, workers, 4), workers, cap_s=120, min_window_s=args.seconds)
         ours_w = measure_loader(clone_loader(ours, workers, 4), workers, cap_s=120, min_window_s=args.seconds)

@@ -109,7 +109,8 @@ def loader_window(dm, seconds: float) -> SteadyRate:
     it): its batches repeat its epochs without end (an epoch's restart is not the loader's pace), the queue
     (workers x prefetch_factor batches) and 4 more are skipped, then at least ``seconds`` are timed, longer while
     the halves differ; images/s."""
-    loader = dm.train_dataloader()
+    with dm.loaders_as_in_a_trainer():  # uint8 out, as training gets it
+        loader = dm.train_dataloader()
     workers, size = loader.num_workers, loader.batch_size
     w = measure_loader(clone_loader(loader, workers, loader.prefetch_factor or 2), workers, cap_s=120,
                        min_window_s=seconds)  # fmt: skip

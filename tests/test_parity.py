@@ -44,7 +44,8 @@ def _fit(datamodule, accelerator="cpu", callbacks=(), **kwargs):
 
 
 def _expected(datamodule) -> list[torch.Tensor]:
-    """The validation batches normalized by hand from the loader's uint8 images."""
+    """The validation batches normalized by hand from the loader's uint8 images (``datamodule`` made with
+    ``normalize=None``: a loader made outside a Trainer otherwise normalizes in its workers)."""
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     return [(images.float() / 255 - mean) / std for images, _ in datamodule.val_dataloader()]
@@ -60,20 +61,20 @@ def pack(jpeg_tree, tmp_path):
 @pytest.mark.parametrize("kind", ["folder", "lmdb"])
 def test_on_cpu_the_image_datamodules_hand_the_step_normalized_floats(kind, jpeg_tree, pack):
     cls, root = (ImageFolderDataModule, str(jpeg_tree)) if kind == "folder" else (LMDBDataModule, pack)
-    make = lambda: cls(root, val_root=root, image_size=32, batch_size=8, num_workers=0)  # noqa: E731
+    make = lambda **kw: cls(root, val_root=root, image_size=32, batch_size=8, num_workers=0, **kw)  # noqa: E731
     model = _fit(make())
     assert model.train_dtypes == {"torch.float32"}
-    for got, want in zip(model.val, _expected(make()), strict=True):
+    for got, want in zip(model.val, _expected(make(normalize=None)), strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("callbacks", [lambda: [StreamPrefetch(normalize=(IMAGENET_MEAN, IMAGENET_STD))],
                                        lambda: [GPUBoost(auto_workers=False, watchdog=False)]])  # fmt: skip
 def test_on_cpu_the_prefetcher_parts_normalize_as_a_gpu_run_would(callbacks, jpeg_tree):
-    make = lambda: ImageFolderDataModule(str(jpeg_tree), val_root=str(jpeg_tree), image_size=32, batch_size=8,  # noqa: E731
-                                         num_workers=0)  # fmt: skip
+    make = lambda **kw: ImageFolderDataModule(str(jpeg_tree), val_root=str(jpeg_tree), image_size=32, batch_size=8,  # noqa: E731
+                                              num_workers=0, **kw)  # fmt: skip
     model = _fit(make(), callbacks=callbacks())
-    for got, want in zip(model.val, _expected(make()), strict=True):
+    for got, want in zip(model.val, _expected(make(normalize=None)), strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -121,7 +122,9 @@ class BoostDataModule(pl.LightningDataModule):
         shuffle: shuffle the training set.
         collate_fn: custom collate function (default: PyTorch's ``default_collate``).
         normalize: ``(mean, std)`` per channel in ``[0, 1]`` units: uint8 image tensors ``(N, C, H, W)`` reach the
-            step normalized (float32): on the GPU's side stream by ``StreamPrefetch`` (or ``GPUBoost``), else after the batch's transfer, on its device (the CPU in a CPU run: the same values).
+            step normalized (float32): on the GPU's side stream by ``StreamPrefetch`` (or ``GPUBoost``), else after
+            the batch's transfer, on its device (the CPU in a CPU run: the same values); a loader made outside a
+            Trainer (passed straight to ``fit``, or iterated by hand) is normalized by its workers.
             ``None``: batches reach the step as the dataset makes them.
         workers_budget_s: time budget of one ``num_workers="auto"`` probe in seconds.
         worker_niceness: run workers this much nicer than the training process (0 = same priority), for when
@@ -190,6 +193,8 @@ class BoostDataModule(pl.LightningDataModule):
         self.collate_fn = collate_fn
         self.normalize = normalize
         self._normalizer: Any = None
+        self._said_straight = False
+        self._as_in_a_trainer = False
         #: stage -> what ``num_workers="auto"`` measured
         self.auto_probes: dict[str, Any] = {}
         self.workers_budget_s = workers_budget_s
@@ -286,7 +291,7 @@ class BoostDataModule(pl.LightningDataModule):
 
             kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"), refill=True)
             loader_class = RefillDataLoader
-        normalize = kwargs.pop("normalize", None)
+        normalize = self._normalize_in_workers(kwargs, kwargs.pop("normalize", None), stage)
         loader = loader_class(dataset, **kwargs)
         if owner is not None:
             from lightning_gpu_boost.core.bad_samples import BadSampleLog
@@ -298,6 +303,30 @@ class BoostDataModule(pl.LightningDataModule):
         if stage == "train" and self.num_workers == "auto" and self.trainer is not None and stage in self.auto_probes:
             self._record_workers(loader)
         return loader
+
+    @contextlib.contextmanager
+    def loaders_as_in_a_trainer(self) -> Iterator[None]:
+        """Loaders made inside are the ones a Trainer gets (uint8 images, normalized after the copy), for tools that
+        measure a loader alone as training will iterate it (``doctor``, the benchmarks)."""
+        self._as_in_a_trainer = True
+        try:
+            yield
+        finally:
+            self._as_in_a_trainer = False
+
+    def _normalize_in_workers(self, kwargs: dict[str, Any], normalize: Any, stage: Any) -> Any:
+        """A loader made outside a Trainer (passed straight to ``fit``, or iterated by hand): no hook of ours is sure
+        to normalize its uint8 images, so its workers do (``collate_fn`` in ``kwargs`` wrapped), and ``None`` is
+        returned; else ``normalize``, for the Trainer's hooks."""
+        if normalize is None or self.trainer is not None or self._as_in_a_trainer:
+            return normalize
+        kwargs["collate_fn"] = NormalizedCollate(kwargs.get("collate_fn"), normalize)
+        if not self._said_straight:
+            self._said_straight = True
+            rank_zero_info(f"{type(self).__name__}: a {stage} loader made outside a Trainer hands normalized float32 "
+                           "images made by its workers; pass the DataModule as `datamodule=` to send uint8 and "
+                           "normalize on the GPU.")  # fmt: skip
+        return None
 
     def _record_normalize(self, loader: Any, normalize: Any) -> None:
         if normalize is not None and self.trainer is not None:
@@ -364,6 +393,22 @@ class BoostDataModule(pl.LightningDataModule):
 
             self._normalizer = GPUNormalize(*self.normalize)
         return self._normalizer(batch)
+
+
+class NormalizedCollate:
+    """A collate function whose batches' uint8 images ``(N, C, H, W)`` come out normalized float32 (in the worker
+    that collates): the loaders a DataModule makes outside a Trainer."""
+
+    def __init__(self, collate_fn: Any, normalize: tuple[tuple[float, ...], tuple[float, ...]]) -> None:
+        from lightning_gpu_boost.core.prefetch import GPUNormalize
+
+        self.collate_fn, self.normalize = collate_fn, GPUNormalize(*normalize)
+
+    def __call__(self, samples: Any) -> Any:
+        from torch.utils.data import default_collate
+
+        batch = (self.collate_fn or default_collate)(samples)
+        return batch if batch is None else self.normalize(batch)
 
 
 def _sized(dataset: Any) -> bool:

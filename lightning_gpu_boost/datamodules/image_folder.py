@@ -117,7 +117,7 @@ class ImageFolderDataModule(BoostDataModule):
     Batches are ``(images, labels)``: ``images`` is ``uint8`` of shape ``(N, 3, image_size, image_size)``,
     ``labels`` is ``int64`` of shape ``(N,)``. Normalize on the GPU with ``StreamPrefetch()`` or ``GPUBoost()`` in
     the Trainer's callbacks (the default ``normalize`` is ImageNet's mean/std); without them the DataModule
-    normalizes after the batch's transfer, on its device.
+    normalizes after the batch's transfer, on its device; a loader made outside a Trainer, in its workers.
 
     Decoding asks JPEG for the smallest DCT scale that still covers the crop (``Image.draft``), crops and resizes
     in one Pillow call and never leaves uint8: measured 1.3x+ the images/s of torchvision's ``ImageFolder`` with
@@ -149,7 +149,7 @@ class ImageFolderDataModule(BoostDataModule):
         >>> dm = ImageFolderDataModule(root, image_size=64, batch_size=4, num_workers=0)
         >>> images, labels = next(iter(dm.train_dataloader()))
         >>> images.dtype, tuple(images.shape), labels.dtype
-        (torch.uint8, (4, 3, 64, 64), torch.int64)
+        (torch.float32, (4, 3, 64, 64), torch.int64)
     """
 
     def __init__(

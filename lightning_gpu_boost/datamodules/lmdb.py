@@ -128,7 +128,7 @@ class LMDBDataModule(ImageFolderDataModule):
         >>> pack = pack_image_folder(root, f"{tmp}/train.lmdb", progress=False)
         >>> images, labels = next(iter(LMDBDataModule(str(pack), image_size=32, batch_size=4, num_workers=0).train_dataloader()))
         >>> tuple(images.shape), images.dtype
-        ((4, 3, 32, 32), torch.uint8)
+        ((4, 3, 32, 32), torch.float32)
     """
 
     def __init__(

@@ -79,7 +79,7 @@ class StreamingDataModule(BoostDataModule):
         >>> dm.setup("fit")
         >>> images, labels = next(iter(dm.train_dataloader()))
         >>> images.dtype, tuple(images.shape), labels.dtype
-        (torch.uint8, (4, 3, 32, 32), torch.int64)
+        (torch.float32, (4, 3, 32, 32), torch.int64)
     """
 
     def __init__(
@@ -186,10 +186,11 @@ class StreamingDataModule(BoostDataModule):
             from lightning_gpu_boost.core.bad_samples import SkipBadCollate
 
             kwargs["collate_fn"] = SkipBadCollate(kwargs.get("collate_fn"))
+        normalize = self._normalize_in_workers(kwargs, self.normalize, stage)
         loader = CheckedStreamLoader(dataset, **kwargs)
         if skip:
             from lightning_gpu_boost.core.bad_samples import BadSampleLog
 
             loader.bad_sample_log = BadSampleLog(dataset, stage, warn=rank_zero_warn)
-        self._record_normalize(loader, self.normalize)  # StreamPrefetch normalizes on the GPU's side stream
+        self._record_normalize(loader, normalize)  # StreamPrefetch normalizes on the GPU's side stream
         return loader

@@ -10,6 +10,7 @@ the throughput to expect from it. Works on CPU (copy and GPU step are then not m
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -246,7 +247,10 @@ def diagnose(
     else:
         datamodule.prepare_data()
         datamodule.setup("fit")
-        loader = datamodule.train_dataloader()
+        # our DataModules' loaders as a Trainer gets them (uint8 images, normalized after the copy)
+        as_in_a_trainer = getattr(datamodule, "loaders_as_in_a_trainer", contextlib.nullcontext)
+        with as_in_a_trainer():
+            loader = datamodule.train_dataloader()
     accelerator = trainer_kwargs.get("accelerator", "auto")
     cuda = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")

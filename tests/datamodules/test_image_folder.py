@@ -12,11 +12,44 @@ from lightning_gpu_boost.models import ImageClassifier
 
 
 def test_batches_are_uint8_with_correct_labels(jpeg_tree):
-    dm = ImageFolderDataModule(str(jpeg_tree), image_size=32, batch_size=8, num_workers=0, shuffle=False)
+    dm = ImageFolderDataModule(str(jpeg_tree), image_size=32, batch_size=8, num_workers=0, shuffle=False,
+                               normalize=None)  # fmt: skip
     images, labels = next(iter(dm.train_dataloader()))
     assert images.dtype == torch.uint8 and tuple(images.shape) == (8, 3, 32, 32)
     assert labels.dtype == torch.int64 and labels.tolist() == [0] * 8
     assert dm.num_classes == 3
+
+
+def test_a_loader_passed_straight_to_fit_hands_normalized_floats(jpeg_tree, trainer_kwargs):
+    """Made outside a Trainer, a loader's workers normalize (no callback of ours, no ``datamodule=``): the model
+    gets the floats a ``datamodule=`` run gets."""
+    from lightning_gpu_boost.core.prefetch import GPUNormalize
+    from lightning_gpu_boost.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
+
+    # the validation loader (no random crop) as the training loader: the same images every time
+    raw = ImageFolderDataModule(str(jpeg_tree), image_size=32, batch_size=4, num_workers=0, val_split=0.25,
+                                normalize=None)  # fmt: skip
+    dm = ImageFolderDataModule(str(jpeg_tree), image_size=32, batch_size=4, num_workers=1, val_split=0.25)
+    expected = GPUNormalize(IMAGENET_MEAN, IMAGENET_STD)(next(iter(raw.val_dataloader()))[0])
+    seen = []
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3 * 32 * 32, 3)
+
+        def training_step(self, batch, i):
+            seen.append(batch[0])
+            return torch.nn.functional.cross_entropy(self.layer(batch[0].flatten(1)), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    pl.Trainer(max_steps=1, **trainer_kwargs).fit(Model(), dm.val_dataloader())
+    assert seen[0].dtype == torch.float32
+    torch.testing.assert_close(seen[0], expected)
+    with dm.loaders_as_in_a_trainer():  # what the doctor and the benchmarks measure: the loader a Trainer gets
+        assert next(iter(dm.val_dataloader()))[0].dtype == torch.uint8
 
 
 def test_fit_with_val_split_in_a_trainer(jpeg_tree, trainer_kwargs):
