@@ -321,9 +321,10 @@ def _loader_advice(f: RunFacts, e: Evidence | None = None) -> list[str]:
             )
         elif probe is not None and probe.num_workers == workers:
             table = ", ".join(f"{w}: {r:.1f}" for w, r in sorted(probe.table.items()))
+            how = (f"was chosen for this loader alone ({probe.reason}; batches/s by workers: {table})" if probe.reason
+                   else f"was measured as the fastest count for this loader alone (batches/s by workers: {table})")
             advice.append(
-                f"num_workers={workers} was measured as the fastest count for this loader alone (batches/s by "
-                f"workers: {table}); more workers do not load faster, so each sample's cost is the ceiling: "
+                f"num_workers={workers} {how}; more workers do not load faster, so each sample's cost is the ceiling: "
                 + _join(sample_cost_fixes(f))
                 + "."
             )

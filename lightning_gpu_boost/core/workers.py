@@ -394,6 +394,15 @@ def _decide(
             )
             return probe
     probe.num_workers = choice
+    fastest = max(timed, key=timed.__getitem__)
+    if fastest != choice:  # a rule chose, not the table alone: the probe says which
+        figures = f"{timed[fastest]:.1f} against {timed[choice]:.1f} batches/s"
+        probe.reason = (
+            f"0 workers loaded faster alone ({figures}) but not {ZERO_WORKERS_MARGIN:g}x faster, and loading in the "
+            f"training process stalls every step: num_workers={choice}" if fastest == 0 else
+            f"num_workers={choice} is the smallest count within {100 * tolerance:.0f} % of the fastest "
+            f"(num_workers={fastest}: {figures})"
+        )  # fmt: skip
     return probe
 
 

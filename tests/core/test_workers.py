@@ -315,3 +315,14 @@ def test_a_decisive_zero_gets_no_extra_windows():
     assert workers._decisive_zero({0: 1950.0, 2: 760.0}) and not workers._decisive_zero({0: 1800.0, 2: 760.0})
     workers._confirm({0: 1800.0, 1: 640.0, 2: 760.0}, 0.03, lambda w: calls.append(w) or True, quick=lambda w: True)
     assert calls and calls[0] == 2  # 2.4x: the contenders get their windows
+
+
+def test_a_count_chosen_by_a_rule_says_so():
+    """The message matches the table: where 0 workers or a larger count measured faster, the reason names the rule
+    (issue 65: "num_workers=1 was measured as the fastest count ... (0: 32.9, 1: 29.4)")."""
+    zero = workers._decide({0: 14.0, 1: 11.9}, {}, 0.03, 0, 2, None, None, 1.0)
+    assert zero.num_workers == 1 and "0 workers loaded faster alone (14.0 against 11.9" in zero.reason
+    close = workers._decide({0: 1.0, 2: 19.0, 4: 19.5}, {}, 0.05, 0, 4, None, None, 1.0)
+    assert close.num_workers == 2 and "within 5 % of the fastest (num_workers=4: 19.5 against 19.0" in close.reason
+    plain = workers._decide({0: 1.0, 2: 19.0}, {}, 0.05, 0, 2, None, None, 1.0)
+    assert plain.num_workers == 2 and plain.reason == ""
