@@ -1,7 +1,9 @@
-"""Train the same model with plain Lightning defaults and with lightning-gpu-boost; print the speed-up.
+"""Train the same model on the same ``DataLoader`` with plain Lightning defaults and with the README's one line,
+``GPUBoost()``; print the speed-up.
 
-The data is a generated ImageNet-like JPEG tree (cached). On a GPU with torchvision the model is ResNet-50
-(batch 256, 224 px); on a CPU a small CNN (batch 32, 128 px) keeps the demo short.
+The data is a generated ImageNet-like JPEG tree (cached), read by torchvision's ``ImageFolder`` with Lightning's
+ImageNet example's transforms. On a GPU with torchvision the model is ResNet-50 (batch 256, 224 px); on a CPU a small
+CNN (batch 32, 128 px) keeps the demo short.
 """
 
 from __future__ import annotations
@@ -67,10 +69,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from lightning_gpu_boost._imports import module_available
     from lightning_gpu_boost.baselines import plain_image_folder
-    from lightning_gpu_boost.callbacks import GPUUtilWatchdog, StreamPrefetch
-    from lightning_gpu_boost.core.cpus import usable_cpus
+    from lightning_gpu_boost.callbacks import GPUBoost, GPUUtilWatchdog
     from lightning_gpu_boost.core.images import make_jpeg_folder
-    from lightning_gpu_boost.datamodules import ImageFolderDataModule
     from lightning_gpu_boost.models import ImageClassifier
 
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -93,36 +93,24 @@ def _run(args: argparse.Namespace) -> int:
     print(f"demo: {cfg['arch']} on {device}, batch {cfg['batch_size']}, {cfg['image_size']} px, "
           f"{cfg['steps']} timed steps after {cfg['warmup']} warm-up, data {root}")  # fmt: skip
 
+    def user_loader() -> DataLoader:  # the user's own loader, as written: both runs get a fresh one
+        return DataLoader(plain_image_folder(root, cfg["image_size"]), batch_size=cfg["batch_size"], shuffle=True)
+
     torch.manual_seed(0)
-    plain_loader = DataLoader(
-        plain_image_folder(root, cfg["image_size"]), batch_size=cfg["batch_size"], shuffle=True
-    )
     plain_watchdog = GPUUtilWatchdog(window=10, warmup_steps=cfg["warmup"], on_starvation="ignore", summary=False)
     plain = _fit(
-        ImageClassifier(cfg["arch"], args.classes), plain_loader, "32-true", cfg["steps"], cfg["warmup"],
+        ImageClassifier(cfg["arch"], args.classes), user_loader(), "32-true", cfg["steps"], cfg["warmup"],
         (plain_watchdog,),
     )
 
     torch.manual_seed(0)
-    boosted_dm = ImageFolderDataModule(
-        str(root), image_size=cfg["image_size"], batch_size=cfg["batch_size"],
-        num_workers="auto", workers_budget_s=20,
-    )  # fmt: skip
+    # the README's one line (its watchdog reports here, under the table), with recommended_precision()
     precision = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
-    workers = boosted_dm.resolve_num_workers(
-        boosted_dm.train_dataset(), "train"
-    )  # measured once, reused by fit
-    if not gpu:  # the step runs on the CPUs the workers use: keep its threads off theirs
-        torch.set_num_threads(max(1, usable_cpus() - workers))
-    watchdog = GPUUtilWatchdog(window=10, warmup_steps=cfg["warmup"], on_starvation="ignore", summary=False)
-    boosted = _fit(
-        ImageClassifier(cfg["arch"], args.classes, channels_last=gpu),
-        boosted_dm,
-        precision,
-        cfg["steps"],
-        cfg["warmup"],
-        (watchdog, StreamPrefetch()),
-    )
+    boost = GPUBoost(workers_budget_s=20, on_starvation="ignore")
+    watchdog = boost.parts["watchdog"]
+    boosted = _fit(ImageClassifier(cfg["arch"], args.classes), user_loader(), precision, cfg["steps"], cfg["warmup"],
+                   (boost,))  # fmt: skip
+    workers = boost.parts["auto_workers"].chosen.get("train", 0)
     speedup = boosted["samples_per_s"] / plain["samples_per_s"]
     # one voice: the data wait and utilization columns are each run's GPUUtilWatchdog summary, the figures the
     # watchdog's line below judges by (the meter's samples/s is its steady window)
@@ -131,8 +119,7 @@ def _run(args: argparse.Namespace) -> int:
             s = dog.summaries[0]
             r["data_wait_frac"] = s["data_wait_frac"]
             r["gpu_util"] = None if math.isnan(s["gpu_util"]) else s["gpu_util"]
-    rows = [("plain Lightning defaults", "32-true", 0, plain), (
-        "lightning-gpu-boost", precision, workers, boosted)]  # fmt: skip
+    rows = [("plain Lightning defaults", "32-true", 0, plain), ("GPUBoost(), the one line", precision, workers, boosted)]
 
     def util(r: dict[str, Any]) -> str:
         return "n/a" if r["gpu_util"] is None else f"{r['gpu_util']:.0f} %"
@@ -148,17 +135,17 @@ def _run(args: argparse.Namespace) -> int:
         )
     print(f"\nspeed-up: {speedup:.2f}x")
     if not gpu:
-        print("No CUDA GPU: the step and the loaders share this machine's CPUs, so the speed-up moves with whatever "
-              "else runs on it (on a 2-CPU machine 1.8-1.9x alone, 3.5-15x beside two busy processes, which slow the "
-              "plain run's single process most); on a GPU machine it measures what the package does.")  # fmt: skip
+        print("No CUDA GPU: the one line keeps a GPU busy, and here there is none; the step and the loaders share this "
+              "machine's CPUs, so the figure moves with whatever else runs on it. On a GPU machine it measures what "
+              "the package does.")  # fmt: skip
     if watchdog.warnings:
         print(f"\nGPUUtilWatchdog on the boosted run says:\n{watchdog.warnings[-1]['message']}")
     if args.out:
         from lightning_gpu_boost.core.results import bar, write_result
         from lightning_gpu_boost.core.steady import worst_halves_diff
 
-        probe = boosted_dm.auto_probes["train"]
-        boosted.update(precision=precision, num_workers=workers, num_workers_probe=probe.as_dict())
+        probe = boost.parts["auto_workers"].probes.get("train")
+        boosted.update(precision=precision, num_workers=workers, num_workers_probe=probe.as_dict() if probe else None)
         figures = {"config": cfg, "plain": plain, "boosted": boosted, "speedup": speedup}
         bars = {
             "speedup_vs_plain": bar(speedup, 1.0, "x"),

@@ -15,7 +15,7 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path, capsys):
     )  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0
-    assert "| plain Lightning defaults |" in out and "| lightning-gpu-boost |" in out and "speed-up:" in out
+    assert "| plain Lightning defaults |" in out and "| GPUBoost(), the one line |" in out and "speed-up:" in out
     # run in-process, it leaves Lightning's logging as it was (it once left it at WARNING: later tests in the same
     # process lost Lightning's INFO lines, the ones some read through caplog)
     assert logging.getLogger("lightning.pytorch").level == level
