@@ -55,7 +55,8 @@ def open_engines(device: torch.device) -> tuple[JpegEngines | None, str]:
     try:
         from nvidia import nvimgcodec
     except ImportError:
-        return None, "nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu13, or -cu12 for CUDA 12)"
+        return None, ("nvImageCodec is not installed (pip install 'lightning-gpu-boost[gpu-decode-cuda13]', or "
+                      "[gpu-decode] for CUDA 12)")
     try:
         return JpegEngines(nvimgcodec, device), ""
     except Exception as e:

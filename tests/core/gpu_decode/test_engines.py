@@ -17,4 +17,4 @@ def test_no_engines_off_cuda():
 def test_a_missing_nvimagecodec_names_its_wheel(monkeypatch):
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails
     engines, why = open_engines(torch.device("cuda", 0))
-    assert engines is None and "pip install nvidia-nvimgcodec-cu13" in why
+    assert engines is None and "pip install 'lightning-gpu-boost[gpu-decode-cuda13]'" in why
