@@ -243,11 +243,12 @@ def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         train(15)
         steps = 60 if arch == "resnet50" else 150
         res: dict[str, Any] = {"model_alone_img_s": train(steps)}
-        for name, fn in paths.items():
+        runs = [(f"{name}{'_high_priority' if p else ''}", fn, p) for name, fn in paths.items() for p in (0, -1)]
+        for name, fn, priority in runs:  # the prefetcher decodes on a stream of the highest priority (-1)
             stop, done = threading.Event(), [0]
 
-            def loop(fn=fn, stop=stop, done=done) -> None:
-                s = torch.cuda.Stream()
+            def loop(fn=fn, stop=stop, done=done, priority=priority) -> None:
+                s = torch.cuda.Stream(priority=priority)
                 with torch.cuda.stream(s):
                     k = 0
                     while not stop.is_set():
