@@ -380,7 +380,7 @@ class StreamPrefetcher:
         if self._stream is None:
             # a batch decoded on the GPU runs its many small kernels beside the step's large ones: at the highest
             # priority they take the multiprocessors as the step's blocks free them, instead of queueing behind it
-            # (issue 63: beside ResNet-50 a decode ran 10x slower than alone, at equal priority)
+            # (issue 63: beside ResNet-50 a decode ran 8-9x slower than alone, at equal priority)
             priority = -1 if self._decode is not None else 0
             object.__setattr__(self, "_stream", torch.cuda.Stream(device=device, priority=priority))
         side: torch.cuda.Stream = self._stream
