@@ -3,6 +3,7 @@ configuration in one run, ResNet-50 bf16 on the generated demo JPEGs (issue 20).
 
     python benchmarks/scale.py --data /tmp/demo                 # the 2 x H200 machine: 1 GPU vs 2
     python benchmarks/scale.py --size cpu --data /tmp/scale     # a smoke run: 1 vs 2 gloo processes on CPU
+    python benchmarks/scale.py --only ceiling --devices 4 --independent   # 4 one-GPU processes at once, no DDP
 
 Each configuration runs in its own process, and Lightning launches the ranks (``strategy="ddp_boost"`` on several
 devices); every rank times its own steady window (``ThroughputMeter``: the loader's queue skipped, halves compared)
@@ -118,7 +119,7 @@ def child(args: argparse.Namespace) -> None:
         summary["num_workers"] = {stage: probe.num_workers for stage, probe in probes.items()}
     if hasattr(data, "decoder_in_use"):
         summary["decoder"] = data.decoder_in_use
-    out = Path(args.rank_dir, f"{args.run}-{args.devices}-rank{trainer.global_rank}.json")
+    out = Path(args.rank_dir, f"{args.run}-{args.devices}-{args.tag}rank{trainer.global_rank}.json")
     out.write_text(json.dumps(summary, default=str))
 
 
@@ -147,7 +148,13 @@ def main() -> None:
         "--strategy", default="ddp_boost", help="the several-device strategy (ddp, ddp_boost, ddp_boost_bf16, ...)"
     )
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
+    parser.add_argument(
+        "--independent", action="store_true",
+        help="the several-device figure from that many one-GPU processes at once, without DDP (each its own GPU): "
+        "what the host gives its GPUs working together, apart from what DDP costs",
+    )
     parser.add_argument("--run", choices=CASES, help=argparse.SUPPRESS)
+    parser.add_argument("--tag", default="", help=argparse.SUPPRESS)
     parser.add_argument("--rank-dir", default="/tmp/scale-bench", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.size is None:
@@ -189,18 +196,22 @@ def main() -> None:
     for name in cases:
         results[name] = {"git_commit": commit}
         for devices in (1, args.devices):
-            for old in Path(args.rank_dir).glob(f"{name}-{devices}-rank*.json"):
+            for old in Path(args.rank_dir).glob(f"{name}-*.json"):
                 old.unlink()
-            cmd = [sys.executable, __file__, "--run", name, "--size", args.size, "--devices", str(devices),
+            alone = args.independent and devices > 1  # N one-GPU processes at once
+            cmd = [sys.executable, __file__, "--run", name, "--size", args.size, "--devices", "1" if alone else str(devices),
                    "--data", args.data, "--rank-dir", args.rank_dir, "--strategy", args.strategy, "--workers-budget", str(args.workers_budget),
                    *sum(([f"--{k.replace('_', '-')}", str(getattr(args, k))] for k in ("images", "steps", "batch_size")
                          if getattr(args, k) is not None), [])]  # fmt: skip
-            print(f"scale: {name} on {devices} ...", flush=True)
-            subprocess.run(cmd, check=True)
-            ranks = [
-                json.loads(p.read_text())
-                for p in sorted(Path(args.rank_dir).glob(f"{name}-{devices}-rank*.json"))
-            ]
+            print(f"scale: {name} on {devices}{' (independent processes)' if alone else ''} ...", flush=True)
+            if alone:
+                procs = [subprocess.Popen([*cmd, "--tag", f"gpu{i}-"], env={**os.environ, "CUDA_VISIBLE_DEVICES": str(i)}
+                                          if args.size == "gpu" else None) for i in range(devices)]  # fmt: skip
+                if any(p.wait() for p in procs):
+                    raise SystemExit(f"scale: an independent {name} process failed")
+            else:
+                subprocess.run(cmd, check=True)
+            ranks = [json.loads(p.read_text()) for p in sorted(Path(args.rank_dir).glob(f"{name}-*.json"))]
             results[name][str(devices)] = {
                 "img_s": sum(r["samples_per_s"] for r in ranks),
                 "step_ms": max(r["step_ms"] for r in ranks),
@@ -226,7 +237,8 @@ def main() -> None:
         if name in results:
             bars[f"{name}_scaling"] = bar(results[name]["scaling"], 0.9 * args.devices, "x")
     if "ceiling" in results:
-        bars["ddp_boost_resident_scaling"] = bar(results["ceiling"]["scaling"], 0.965 * args.devices, "x")
+        key = "independent_resident_scaling" if args.independent else f"{args.strategy}_resident_scaling"
+        bars[key] = bar(results["ceiling"]["scaling"], 0.965 * args.devices, "x")
     bars["steady_state_halves_max_diff"] = bar(
         worst_halves_diff({f"{c}-{d}": results[c][d]["ranks"] for c in results for d in ("1", n)}), 0.05, "ratio",
         higher_is_better=False,
@@ -242,7 +254,8 @@ def main() -> None:
         )
     for key, b in bars.items():
         print(f"{key}: {b['value']} (target {b['target']}, pass={b['pass']})")
-    figures = {"config": {**cfg, "size": args.size, "devices": args.devices, "strategy": args.strategy}, "usable_cpus": usable_cpus(),
+    figures = {"config": {**cfg, "size": args.size, "devices": args.devices, "strategy": args.strategy,
+                          "independent": args.independent}, "usable_cpus": usable_cpus(),
                "cases": results, "skipped": skipped}  # fmt: skip
     print(f"wrote {write_result('scale', figures, bars, args.out)}")
 
