@@ -145,7 +145,6 @@ def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     from lightning_gpu_boost.baselines import plain_image_folder
     from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, take_over
-    from lightning_gpu_boost.core.gpu_decode.decode import _axis_weights
     from lightning_gpu_boost.core.gpu_decode.plan import geometry
 
     try:
@@ -170,23 +169,6 @@ def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     def decoder_for(kind: str) -> Any:
         return nic.Decoder(backends=[nic.Backend(getattr(nic.BackendKind, kind))])
 
-    def hw_images(dec: Any, k: int, stream: torch.cuda.Stream) -> torch.Tensor:
-        """One batch: the crop windows decoded as regions, then the package's resize and flip (two products)."""
-        imgs = dec.decode(rois[k], params=params, cuda_stream=stream.cuda_stream)
-        gs = geos[k]
-        rows = torch.tensor([g[0][:4] for g in gs], dtype=torch.float32)
-        cols = torch.tensor([g[1][:4] for g in gs], dtype=torch.float32)
-        flips = torch.tensor([g[2] for g in gs], dtype=torch.bool)
-        tall, wide = int(rows[:, 1].max()), int(cols[:, 1].max())
-        windows = torch.zeros((len(gs), 3, tall, wide), dtype=torch.uint8, device="cuda")
-        for j, im in enumerate(imgs):
-            t = torch.as_tensor(im, device="cuda")
-            windows[j, :, : t.shape[-2], : t.shape[-1]].copy_(t)
-        rows, cols, flips = (t.pin_memory().cuda(non_blocking=True) for t in (rows, cols, flips))
-        wy = _axis_weights(rows[:, 1], rows[:, 2], rows[:, 3], 224, tall).half()
-        wx = _axis_weights(cols[:, 1], cols[:, 2], cols[:, 3], 224, wide, flips).half()
-        return torch.matmul(torch.matmul(wy[:, None], windows.half()), wx[:, None].transpose(-1, -2))
-
     def timed(fn, rounds: int = 2) -> dict[str, float]:
         fn(0)
         torch.cuda.synchronize()
@@ -209,16 +191,17 @@ def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                 continue
             full = timed(lambda k, d=dec: d.decode(streams[k], params=params, cuda_stream=side.cuda_stream))
             roi = timed(lambda k, d=dec: d.decode(rois[k], params=params, cuda_stream=side.cuda_stream))
-            path = timed(lambda k, d=dec: hw_images(d, k, side))
-            out[kind] = {"full_decode": full, "region_decode": roi, "gpu_path": path}
+            out[kind] = {"full_decode": full, "region_decode": roi}
         except Exception as e:
             out[kind] = {"error": f"{type(e).__name__}: {e}"[:300]}
         print(f"engines: {kind}: {out[kind]}", flush=True)
-    tv = BatchDecoder((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), device="cuda", dtype="bfloat16")
-    paths = {"torchvision_nvjpeg": lambda k: tv.images(batches[k])}
-    if "error" not in out.get("HW_GPU_ONLY", {"error": ""}):
-        hw = decoder_for("HW_GPU_ONLY")
-        paths["hw_engines"] = lambda k: hw_images(hw, k, torch.cuda.current_stream())
+    # the package's GPU path (decode, crop, resize, flip, normalize) with each decoder
+    decoders = {name: BatchDecoder((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), device="cuda", dtype="bfloat16",
+                                   engines=name == "hw_engines") for name in ("torchvision_nvjpeg", "hw_engines")}  # fmt: skip
+    paths = {name: (lambda k, d=d: d.images(batches[k])) for name, d in decoders.items()}
+    for name, fn in paths.items():
+        with torch.cuda.stream(side):
+            out[f"gpu_path_{name}"] = {**timed(fn), "decoder": decoders[name].decoder_name}
     import torchvision
 
     for arch in ("resnet50", "resnet18"):
@@ -283,9 +266,8 @@ def engine_threads(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     from lightning_gpu_boost.baselines import plain_image_folder
     from lightning_gpu_boost.core.gpu_decode import Share, take_over
-    from lightning_gpu_boost.core.gpu_decode.engines import JpegEngines
+    from lightning_gpu_boost.core.gpu_decode.engines import code_stream
 
-    dec_ns = type("M", (), {"_nic": nic})()  # JpegEngines._stream's view-or-bytes CodeStream, without a decoder
     dataset = plain_image_folder(root, 224)
     take_over(dataset, Share(1.0))
     step = max(1, len(dataset) // 1024)
@@ -297,7 +279,7 @@ def engine_threads(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     def rate(threads: int) -> dict[str, float]:
         dec = nic.Decoder(max_num_cpu_threads=threads, backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
-        run = lambda: [dec.decode([JpegEngines._stream(dec_ns, t) for t in b], params=params) for b in jpegs]  # noqa: E731
+        run = lambda: [dec.decode([code_stream(nic, t) for t in b], params=params) for b in jpegs]  # noqa: E731
         run()
         torch.cuda.synchronize()
         t0, c0 = time.perf_counter(), _cpu_seconds()

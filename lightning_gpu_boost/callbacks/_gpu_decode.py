@@ -20,6 +20,7 @@ from lightning_gpu_boost.core.gpu_decode import (
     give_back,
     take_over,
 )
+from lightning_gpu_boost.core.steady import queue_batches
 
 __all__ = ["DecodeMode", "GPUDecodeStage"]
 
@@ -79,9 +80,7 @@ class GPUDecodeStage:
             return None
         plan = taken[2]
         if self.search is not None and taken[1] in _TRAIN:  # the batches the loader holds ahead are not timed
-            workers = getattr(loader, "num_workers", 0)
-            held = workers * (getattr(loader, "prefetch_factor", None) or 2) if workers else 0
-            self.search.settle = max(self.search.settle, held + 3)
+            self.search.settle = max(self.search.settle, queue_batches(loader) + 3)
         decoder = BatchDecoder(plan.mean, plan.std, device=device, dtype=dtype, channels_last=channels_last)
         self._decoders[loader] = decoder
         return decoder

@@ -58,6 +58,7 @@ class BatchDecoder:
         dtype: the images' dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
         channels_last: return the images in ``channels_last`` memory format.
         key: the records' position in the batch (``(images, targets)``: 0).
+        engines: decode on the GPU's JPEG engines where nvImageCodec has them (else, or ``False``: nvJPEG).
 
     Attributes:
         decoded_on_gpu, decoded_by_workers, decoded_on_cpu_here: sample counts so far (the last: JPEGs nvJPEG
@@ -68,9 +69,11 @@ class BatchDecoder:
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], device: torch.device | str = "cpu",
-                 dtype: str = "float32", channels_last: bool = False, key: int = 0) -> None:  # fmt: skip
+                 dtype: str = "float32", channels_last: bool = False, key: int = 0, engines: bool = True) -> None:  # fmt: skip
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}.")
+        if not isinstance(engines, bool):
+            raise ValueError(f"engines must be True or False, got {engines!r}.")
         self.device = torch.device(device)
         self.dtype, self.channels_last, self.key = _DTYPES[dtype], channels_last, key
         std64 = torch.tensor(std, dtype=torch.float64)
@@ -78,8 +81,8 @@ class BatchDecoder:
         self._shift = (-torch.tensor(mean, dtype=torch.float64) / std64).float().view(1, -1, 1, 1).to(self.device)
         self.decoded_on_gpu = self.decoded_by_workers = self.decoded_on_cpu_here = 0
         self.last_share: float | None = None  # None: the last batch's samples were made under several shares
-        self._engines: Any = None  # None: not opened yet; False: none here
-        self.decoder_name = "not used yet"
+        self._engines: Any = None if engines else False  # None: not opened yet; False: none here, or not wanted
+        self.decoder_name = "not used yet" if engines else "nvJPEG (torchvision): engines=False"
 
     def __call__(self, batch: Any) -> Any:
         if isinstance(batch, (list, tuple)) and len(batch) > self.key and is_records(batch[self.key]):
@@ -152,8 +155,9 @@ class BatchDecoder:
         return 3, h, w
 
     def _decode(self, jpegs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each JPEG (a CPU uint8 tensor of its bytes) decoded to CHW uint8 RGB on the device: nvJPEG for the
-        batch; a JPEG it refuses, on the CPU."""
+        """Each JPEG (a CPU uint8 tensor of its bytes) decoded to CHW uint8 RGB on the device: the JPEG engines for
+        the batch where there are any, else nvJPEG; a JPEG the engines refuse, by nvJPEG; one nvJPEG refuses, on the
+        CPU."""
         if self.device.type != "cuda":
             self.decoded_on_cpu_here += len(jpegs)
             return [_decode_on_cpu(d) for d in jpegs]

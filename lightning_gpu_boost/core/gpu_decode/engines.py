@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["JpegEngines", "open_engines"]
+__all__ = ["JpegEngines", "code_stream", "open_engines"]
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +34,20 @@ class JpegEngines:
                                        backends=[module.Backend(module.BackendKind.HW_GPU_ONLY)])  # fmt: skip
         self._params = module.DecodeParams(color_spec=module.ColorSpec.SRGB, sample_format=module.SampleFormat.P_RGB)
 
-    def _stream(self, data: torch.Tensor) -> Any:
-        try:
-            return self._nic.CodeStream(data.numpy())  # a view: no copy
-        except TypeError:  # a build that takes bytes only
-            return self._nic.CodeStream(data.numpy().tobytes())
-
     def decode(self, jpegs: list[torch.Tensor]) -> list[torch.Tensor | None]:
         """The images, on the current CUDA stream; ``None`` where the engines refused a JPEG."""
-        streams = [self._stream(t) for t in jpegs]
+        streams = [code_stream(self._nic, t) for t in jpegs]
         stream = torch.cuda.current_stream(self.device).cuda_stream
         images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
         return [None if im is None else torch.as_tensor(im, device=self.device) for im in images]
+
+
+def code_stream(module: Any, data: torch.Tensor) -> Any:
+    """nvImageCodec's ``CodeStream`` of one JPEG's bytes (a CPU uint8 tensor): a view where the build takes one."""
+    try:
+        return module.CodeStream(data.numpy())
+    except TypeError:  # a build that takes bytes only
+        return module.CodeStream(data.numpy().tobytes())
 
 
 def open_engines(device: torch.device) -> tuple[JpegEngines | None, str]:

@@ -45,6 +45,8 @@ class SplitSearch:
                  max_breaks: int = 40) -> None:
         if window < 2 or settle < 0 or not 0 <= margin < 1:
             raise ValueError(f"window must be >= 2, settle >= 0 and margin in [0, 1), got {window}, {settle}, {margin}.")
+        if max_breaks < 0:
+            raise ValueError(f"max_breaks must be >= 0, got {max_breaks}.")
         self.window, self.settle, self.margin, self.tolerance = window, settle, margin, tolerance
         self.max_breaks = max_breaks
         self.rates: dict[float, float] = {}

@@ -46,9 +46,7 @@ def test_gpu_values_within_the_stated_tolerance_of_the_cpu_transform(tmp_path, g
         taken = datasets.ImageFolder(str(root), transform=transform())
         take_over(taken, Share(1.0))
         torch.manual_seed(0)
-        decoder = BatchDecoder(MEAN, STD, device="cuda")
-        if gpu_decoder == "nvjpeg":
-            decoder._engines = False  # nvJPEG through torchvision, as where nvImageCodec is missing
+        decoder = BatchDecoder(MEAN, STD, device="cuda", engines=gpu_decoder == "engines")
         got = decoder.images(default_collate([taken[i][0] for i in range(len(taken))])).cpu()
         assert decoder.decoded_on_gpu == len(taken)
         assert ("engines" in decoder.decoder_name) == (gpu_decoder == "engines"), decoder.decoder_name
