@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._lightning import batches_done_in_epoch
@@ -74,9 +75,9 @@ class StreamPrefetch(Callback):
         decode: where the JPEGs of a recognized torchvision pipeline (an ``ImageFolder``/``DatasetFolder`` with
             the default loader and a ``Compose`` of ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``Resize``,
             ``CenterCrop``, then ``ToTensor`` and ``Normalize``) are decoded on CUDA: ``"cpu"`` (the workers, as
-            written), ``"gpu"`` (the workers send the file's bytes and each sample's drawn parameters; nvJPEG
-            decodes and the crop, resize, flip and normalize run on the GPU, one batch ahead), or ``"auto"``
-            (training is timed with the CPU decode, the GPU decode and a split of each batch; the fastest is kept,
+            written), ``"gpu"`` (the workers send the file's bytes and each sample's drawn parameters; the GPU's
+            JPEG engines or nvJPEG decode, and the crop, resize, flip and normalize run on the GPU, one batch
+            ahead), or ``"auto"`` (training is timed with the CPU decode, the GPU decode and a split of each batch; the fastest is kept,
             the CPU decode unless another is more than 3 % faster). ``GPUBoost`` says ``"auto"``. See
             ``docs/gpu_decode.md``.
 
@@ -158,6 +159,7 @@ class StreamPrefetch(Callback):
             ]
         return found
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._trainer is not None:
             return
@@ -245,6 +247,7 @@ class StreamPrefetch(Callback):
         self._trainer = trainer
         self.active = True
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the epoch the loop goes on with is known now (a checkpoint saved at an epoch's last batch resumes with the
         # next epoch, and Lightning calls no on_train_epoch_start for it)
@@ -252,21 +255,30 @@ class StreamPrefetch(Callback):
             resumes = callable(getattr(prefetcher, "state_dict", None))
             prefetcher.set_epoch(trainer.current_epoch, batches_done_in_epoch(trainer) if resumes else 0)
 
+    @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:  # fmt: skip
         if self.gpu_decode is not None:
             self.gpu_decode.on_train_batch_end(trainer)
 
+    @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.gpu_decode is not None:
             self.gpu_decode.restart_window()
 
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.gpu_decode is not None:
             self.gpu_decode.restart_window()
         for prefetcher in list(self._train_prefetchers):  # the epoch seeds the transform's draws
             prefetcher.set_epoch(trainer.current_epoch)
 
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Lightning calls no teardown after a failed or interrupted fit: the datasets taken over go back here
+        self.teardown(trainer, pl_module, "fit")
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         owner, self._trainer = self._trainer, None
         self.active = False

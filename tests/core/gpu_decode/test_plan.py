@@ -178,3 +178,35 @@ def test_auto_measures_in_training_and_records_its_placement(folder):
     labels = sorted(datasets.ImageFolder(str(folder)).targets)
     assert all(sorted(epoch) == labels for epoch in seen), "every sample once per epoch"
     assert isinstance(loader.dataset.transform, T.Compose)
+
+
+def test_a_failed_fit_gives_the_dataset_back(folder):
+    """Lightning calls no teardown after a failed fit: StreamPrefetch's on_exception hands the taken-over dataset
+    back, so the user's dataset makes images again, not records."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.callbacks import StreamPrefetch
+
+    class Fails(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, i):
+            if i == 2:
+                raise RuntimeError("the user's step fails")
+            return self.layer(batch[0].mean().view(1, 1)).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    dataset = datasets.ImageFolder(str(folder), transform=_train())
+    loader = DataLoader(dataset, batch_size=2, num_workers=0)
+    with pytest.raises(RuntimeError, match="the user's step fails"):
+        pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, callbacks=[StreamPrefetch(decode="gpu", cpu_lookahead=True)],
+                   ).fit(Fails(), loader)  # fmt: skip
+    assert isinstance(dataset.transform, T.Compose)
+    image, _ = dataset[0]
+    assert isinstance(image, torch.Tensor) and image.dtype == torch.float32
