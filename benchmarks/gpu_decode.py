@@ -305,6 +305,147 @@ def engine_threads(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def profile(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Where the GPU path's CPU time goes: each stage of ``BatchDecoder.images`` timed on its own thread's CPU
+    clock (the engines), cProfile's top functions, and the path in a thread beside a training loop in the main
+    thread by the interpreter's switch interval (the two threads share the GIL) and inline between steps."""
+    import cProfile
+    import io
+    import pstats
+    import threading
+
+    from nvidia import nvimgcodec as nic
+    from torch.utils.data import default_collate
+
+    from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, take_over
+    from lightning_gpu_boost.core.gpu_decode.engines import code_stream
+    from lightning_gpu_boost.core.gpu_decode.plan import geometry
+
+    dataset = plain_image_folder(root, 224)
+    take_over(dataset, Share(1.0))
+    step = max(1, len(dataset) // 2048)
+    records = [dataset[i * step][0] for i in range(2048)]
+    bs = args.batch_size
+    batches = [default_collate(records[k * bs: (k + 1) * bs]).pin_memory() for k in range(len(records) // bs)]
+    dec = BatchDecoder((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), device="cuda", dtype="bfloat16")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for b in batches[:2]:
+            dec.images(b)
+    torch.cuda.synchronize()
+    engine = dec._engines._decoder
+    params = nic.DecodeParams(color_spec=nic.ColorSpec.SRGB, sample_format=nic.SampleFormat.P_RGB)
+    stages: dict[str, float] = {}
+
+    def clock(name: str, fn: Any) -> Any:
+        c0 = time.thread_time()
+        out = fn()
+        stages[name] = stages.get(name, 0.0) + (time.thread_time() - c0) / len(batches)
+        return out
+
+    kept = None
+    with torch.cuda.stream(side):
+        for b in batches:
+            jpegs = clock("jpeg_views", b.jpegs)
+            streams = clock("code_streams", lambda j=jpegs: [code_stream(nic, t) for t in j])
+            imgs = clock("engines_decode", lambda s=streams: engine.decode(s, params=params,
+                                                                           cuda_stream=side.cuda_stream))
+            torch.cuda.synchronize()
+            try:
+                kept = clock("engines_decode_reusing_images", lambda s=streams, k=kept: engine.decode(
+                    s, images=k if k is not None else None, params=params, cuda_stream=side.cuda_stream))
+            except Exception as e:
+                stages["reuse_error"] = f"{type(e).__name__}: {e}"[:200]  # type: ignore[assignment]
+            ts = clock("as_tensor", lambda i=imgs: [torch.as_tensor(im, device="cuda") for im in i])
+            clock("from_dlpack", lambda i=imgs: [torch.from_dlpack(im) for im in i])
+            clock("geometry", lambda t=ts, b=b: [geometry(int(x.shape[-2]), int(x.shape[-1]), o)
+                                                  for x, o in zip(t, b.ops, strict=True)])
+            clock("resample", lambda t=ts, b=b: dec._resample(t, b.ops, (224, 224)))
+            clock("images_whole", lambda b=b: dec.images(b))
+            torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for b in batches:
+            dec.images(b)
+        prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    out: dict[str, Any] = {"thread_cpu_s_per_batch": stages, "cprofile_top": text.getvalue()[-6000:]}
+    print(f"profile: {stages}", flush=True)
+    print(text.getvalue()[-6000:], flush=True)
+
+    import torchvision
+
+    model = torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(bs, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 100, (bs,), device="cuda")
+    torch.backends.cudnn.benchmark = True
+
+    def one_step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def train(steps: int, between: Any = None) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for k in range(steps):
+            if between is not None:
+                between(k)
+            one_step()
+        torch.cuda.synchronize()
+        return steps * bs / (time.perf_counter() - t0)
+
+    train(15)
+    alone = train(150)
+    res: dict[str, Any] = {"model_alone_img_s": alone}
+    default_interval = sys.getswitchinterval()
+    for interval in (default_interval, 0.001, 0.0002):
+        sys.setswitchinterval(interval)
+        stop, done = threading.Event(), [0]
+
+        def loop(stop=stop, done=done) -> None:
+            s = torch.cuda.Stream(priority=-1)
+            with torch.cuda.stream(s):
+                k = 0
+                while not stop.is_set():
+                    dec.images(batches[k % len(batches)])
+                    s.synchronize()
+                    done[0] += 1
+                    k += 1
+
+        th = threading.Thread(target=loop, daemon=True)
+        th.start()
+        time.sleep(1.0)
+        d0, t0 = done[0], time.perf_counter()
+        rate = train(150)
+        dec_rate = (done[0] - d0) * bs / (time.perf_counter() - t0)
+        stop.set()
+        th.join()
+        sys.setswitchinterval(default_interval)
+        res[f"thread_switch_{interval * 1000:g}ms"] = {"model_img_s": rate, "model_vs_alone": rate / alone,
+                                                      "decode_img_s": dec_rate}  # fmt: skip
+        print(f"profile: beside resnet18: {res}", flush=True)
+    s = torch.cuda.Stream(priority=-1)
+
+    def inline(k: int) -> None:  # a batch decoded on the side stream before each step, as the prefetcher inline
+        with torch.cuda.stream(s):
+            images = dec.images(batches[k % len(batches)])
+        torch.cuda.current_stream().wait_stream(s)
+        images.record_stream(torch.cuda.current_stream())
+
+    res["inline"] = {"model_img_s": train(150, inline)}
+    res["inline"]["model_vs_alone"] = res["inline"]["model_img_s"] / alone
+    out["beside_resnet18"] = res
+    print(f"profile: beside resnet18: {res}", flush=True)
+    return out
+
+
 def _spin() -> None:
     while True:
         pass
@@ -376,6 +517,8 @@ def main() -> int:
             print(f"decoders: {parts[part]}", flush=True)
         elif part == "engine_threads":
             parts[part] = engine_threads(root, args)
+        elif part == "profile":
+            parts[part] = profile(root, args)
         elif part == "engines":
             parts[part] = engines(root, args)
         elif part == "resnet50_4cpus":
