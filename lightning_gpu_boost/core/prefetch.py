@@ -161,6 +161,15 @@ def batch_seed(seed: int, rank: int, epoch: int, index: int) -> int:
 MAX_DEPTH = 16
 
 
+class _Begun:
+    """A batch handed to the decoder at the fetch: its :meth:`begin` token, for :meth:`end` at the hand-out."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: Any) -> None:
+        self.token = token
+
+
 class StreamPrefetcher:
     """Wrap an iterable of batches; iterate it to get the batches on ``device``, copied ``depth`` batches ahead.
 
@@ -183,7 +192,9 @@ class StreamPrefetcher:
         rank: this process's rank (another rank draws other numbers).
         decode: a callable on the copied batch that decodes what the workers left encoded (a
             :class:`~lightning_gpu_boost.core.gpu_decode.BatchDecoder`), run first after the copy, on the side
-            stream; ``None``: nothing to decode.
+            stream; ``None``: nothing to decode. A decoder whose ``asynchronous`` is true is handed each batch
+            when it is fetched (``begin``) and gives it decoded when it is handed out (``end``), two batches
+            ahead at least; ``discard`` drops what a loop stopped early left.
 
     Attribute access and assignment fall through to ``loader`` (``sampler``, ``batch_sampler``, ``dataset``,
     ``worker_init_fn`` ...), ``len()`` is the loader's, and ``state_dict()``/``load_state_dict()`` exist when the
@@ -389,10 +400,14 @@ class StreamPrefetcher:
         it = iter(self._loader)
         fetched = self._take_start()  # the next batch's index in the epoch
 
-        # the decode (nvJPEG's Huffman stage runs on a CPU) in a thread of its own, on the side stream: the training
-        # loop launches the step meanwhile; with a transform (its seeded draws fork torch's global generators) inline
+        # a decoder that begins at the fetch (DALI's pipelines, in threads of their own) is handed each batch when it
+        # is fetched and gives the images when it is handed out; two batches ahead keep its two pipelines busy.
+        # Otherwise the decode runs in a thread of its own, on the side stream: the training loop launches the step
+        # meanwhile; with a transform (its seeded draws fork torch's global generators) inline
+        begins = self._decode is not None and self._transform is None and getattr(self._decode, "asynchronous", False)
+        ahead = max(self._depth, 2) if begins else self._depth
         thread = ThreadPoolExecutor(1, thread_name_prefix="lgb-decode") if (
-            self._decode is not None and self._transform is None) else None  # fmt: skip
+            self._decode is not None and self._transform is None and not begins) else None  # fmt: skip
 
         def copy_and_decode(batch: Any) -> tuple[Any, torch.cuda.Event]:
             with torch.cuda.device(device), torch.cuda.stream(side):
@@ -410,6 +425,12 @@ class StreamPrefetcher:
                 kind, batch, state = queue.pop()
                 consumer = torch.cuda.current_stream(device)
                 side.wait_stream(consumer)
+                if begins:
+                    with torch.cuda.stream(side):
+                        batch = self._copy(batch)
+                    fetched += 1
+                    queue.append((kind, _Begun(self._decode.begin(batch)), state, None))
+                    return alive
                 if thread is not None:
                     fetched += 1
                     queue.append((kind, thread.submit(copy_and_decode, batch), state, None))
@@ -431,14 +452,21 @@ class StreamPrefetcher:
         object.__setattr__(self, "_iterating", True)
         try:
             alive = True
-            while alive and len(queue) < self._depth:
+            while alive and len(queue) < ahead:
                 alive = fetch_and_copy()
             while queue:
                 item = queue.popleft()
                 if item[0] == "error":
                     raise item[1]
                 kind, batch, state, ready = item
-                if ready is None:  # decoded in the thread
+                if isinstance(batch, _Begun):  # the decoder's images now, on the side stream
+                    with torch.cuda.stream(side):
+                        batch = self._decode.end(batch.token)
+                        if self._normalize is not None:
+                            batch = self._normalize(batch)
+                        ready = torch.cuda.Event()
+                        ready.record(side)
+                elif ready is None:  # decoded in the thread
                     batch, ready = batch.result()
                 consumer = torch.cuda.current_stream(device)
                 consumer.wait_event(ready)
@@ -452,6 +480,9 @@ class StreamPrefetcher:
             object.__setattr__(self, "_state", None)
             if thread is not None:
                 thread.shutdown(wait=True, cancel_futures=True)
+            for item in queue:  # batches begun and not handed out (a loop stopped early): the decoder drops them
+                if isinstance(item[1], _Begun):
+                    self._decode.discard(item[1].token)
 
 
 class _StatefulStreamPrefetcher(StreamPrefetcher):

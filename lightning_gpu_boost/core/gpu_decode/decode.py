@@ -1,8 +1,12 @@
 """The GPU's side of the GPU decode: a batch of records (:mod:`~lightning_gpu_boost.core.gpu_decode.plan`) becomes
 the normalized float images the CPU transform would have made.
 
-JPEGs are decoded together on the GPU's JPEG engines where nvImageCodec is installed
-(:mod:`~lightning_gpu_boost.core.gpu_decode.engines`), else by nvJPEG (``torchvision.io.decode_jpeg`` on a list); each one's crop,
+Where DALI is installed, the prefetcher hands each batch over when it fetches it (:meth:`BatchDecoder.begin`) and
+takes the images when it hands the batch out (:meth:`BatchDecoder.end`): DALI pipelines decode each JPEG's crop
+window meanwhile, in threads that do not need the training process's GIL
+(:mod:`~lightning_gpu_boost.core.gpu_decode.dali_windows`). Otherwise JPEGs are decoded together on the GPU's JPEG
+engines where nvImageCodec is installed (:mod:`~lightning_gpu_boost.core.gpu_decode.engines`), else by nvJPEG
+(``torchvision.io.decode_jpeg`` on a list); each one's crop,
 resize (bilinear with antialiasing: PIL's weights) and flip are one resampling per axis, done for the whole batch as
 two batched matrix products; the result is rounded to 8-bit values as PIL's images are; the samples the workers
 decoded are copied in; the batch is normalized in one pass. Without CUDA the same steps run on the CPU (libjpeg through torchvision, else PIL): the values a CPU run
@@ -21,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliFailed, DaliWindows, open_dali
 from lightning_gpu_boost.core.gpu_decode.engines import open_engines
 from lightning_gpu_boost.core.gpu_decode.plan import geometry
 from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
@@ -59,6 +64,7 @@ class BatchDecoder:
         channels_last: return the images in ``channels_last`` memory format.
         key: the records' position in the batch (``(images, targets)``: 0).
         engines: decode on the GPU's JPEG engines where nvImageCodec has them (else, or ``False``: nvJPEG).
+        dali: decode through DALI pipelines between :meth:`begin` and :meth:`end` where DALI is installed.
 
     Attributes:
         decoded_on_gpu, decoded_by_workers, decoded_on_cpu_here: sample counts so far (the last: JPEGs nvJPEG
@@ -69,11 +75,13 @@ class BatchDecoder:
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], device: torch.device | str = "cpu",
-                 dtype: str = "float32", channels_last: bool = False, key: int = 0, engines: bool = True) -> None:  # fmt: skip
+                 dtype: str = "float32", channels_last: bool = False, key: int = 0, engines: bool = True,
+                 dali: bool = True) -> None:  # fmt: skip
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}.")
-        if not isinstance(engines, bool):
-            raise ValueError(f"engines must be True or False, got {engines!r}.")
+        for name, value in (("engines", engines), ("dali", dali)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}.")
         self.device = torch.device(device)
         self.dtype, self.channels_last, self.key = _DTYPES[dtype], channels_last, key
         std64 = torch.tensor(std, dtype=torch.float64)
@@ -83,6 +91,67 @@ class BatchDecoder:
         self.last_share: float | None = None  # None: the last batch's samples were made under several shares
         self._engines: Any = None if engines else False  # None: not opened yet; False: none here, or not wanted
         self.decoder_name = "not used yet" if engines else "nvJPEG (torchvision): engines=False"
+        self._dali: Any = None if dali else False  # None: not opened yet; False: not installed, or not wanted
+        self.dali_failures = 0  # batches DALI failed on (decoded another way)
+        self.dali_unavailable = "" if dali else "dali=False"
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether :meth:`begin` hands batches to DALI (opened here at the first call)."""
+        if self._dali is None:
+            module, why = open_dali()
+            self._dali = DaliWindows(self.device) if module is not None else False
+            if module is None:
+                self.dali_unavailable = why
+        return bool(self._dali)
+
+    def begin(self, batch: Any) -> Any:
+        """Hand the batch's JPEGs to DALI, if :attr:`asynchronous`; the token :meth:`end` takes. Call :meth:`end`
+        for every token, in order."""
+        records = batch[self.key] if isinstance(batch, (list, tuple)) and len(batch) > self.key else None
+        if not is_records(records) or not records.jpeg_index or records.geometry is None or not self.asynchronous:
+            return batch, None
+        g = records.geometry.numpy()
+        data = records.jpeg.numpy()
+        jpegs = [data[a:b] for a, b in zip(records.offsets[:-1], records.offsets[1:], strict=True)]
+        try:  # each window: (top, left, height, width)
+            ticket = self._dali.submit(jpegs, g[:, [0, 5, 1, 6]], capacity=records.size)
+        except DaliFailed:
+            return batch, None
+        return batch, ticket
+
+    def end(self, token: Any) -> Any:
+        """The batch of a :meth:`begin` token with its images decoded (as :meth:`__call__` returns it)."""
+        batch, ticket = token
+        if ticket is None:
+            return self(batch)
+        records = batch[self.key]
+        try:
+            windows = self._dali.collect(ticket)
+        except DaliFailed:
+            self.dali_failures += 1
+            return self(batch)
+        self.decoded_on_gpu += len(records.jpeg_index)
+        if self.device.type == "cuda":
+            self.decoder_name = "DALI (the JPEG engines and nvJPEG, in DALI's own threads)"
+        images = self._assemble(records, lambda shape: self._resample_windows(windows, records.geometry, shape))
+        items = list(batch)
+        items[self.key] = images
+        return type(batch)(items) if not hasattr(batch, "_fields") else type(batch)(*items)
+
+    def discard(self, token: Any) -> None:
+        """Drop a :meth:`begin` token's batch (a loop stopped before handing it out)."""
+        if token[1] is not None and self._dali:
+            try:
+                self._dali.collect(token[1])
+            except DaliFailed:
+                pass
+
+    def close(self) -> None:
+        """Drop DALI's pipelines (their threads and memory)."""
+        if self._dali:
+            self._dali.close()
+            self._dali = None
 
     def __call__(self, batch: Any) -> Any:
         if isinstance(batch, (list, tuple)) and len(batch) > self.key and is_records(batch[self.key]):
@@ -93,6 +162,12 @@ class BatchDecoder:
 
     def images(self, records: RecordBatch) -> torch.Tensor:
         """The normalized images of one batch's records."""
+        return self._assemble(records, lambda shape: self._resample(self._decode(records.jpegs()), records.ops,
+                                                                    shape))  # fmt: skip
+
+    def _assemble(self, records: RecordBatch, jpeg_images: Any) -> torch.Tensor:
+        """The batch's normalized images: the workers' pixels and ``jpeg_images(shape)`` (the JPEGs' resampled
+        images, float) at their positions."""
         # the share its workers were set to (the placement's search), else the share of JPEGs in it
         share = records.share
         if share is None:
@@ -106,9 +181,8 @@ class BatchDecoder:
             out[self._to_device(torch.tensor(records.pixel_index))] = pixels.float()
             self.decoded_by_workers += len(records.pixel_index)
         if records.jpeg_index:
-            images = self._decode(records.jpegs())
             index = self._to_device(torch.tensor(records.jpeg_index))
-            out[index] = self._resample(images, records.ops, shape[1:]).float()
+            out[index] = jpeg_images(shape[1:]).float()
         out.round_().clamp_(0, 255)  # PIL's images hold 8-bit values
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         images = torch.empty(out.shape, dtype=self.dtype, device=self.device, memory_format=memory_format)
@@ -134,11 +208,25 @@ class BatchDecoder:
         pairs = [(windows[k, :, : r[1], : c[1]], img[:, r[0]: r[0] + r[1], c[0]: c[0] + c[1]])
                  for k, (img, (r, c, _)) in enumerate(zip(images, shapes, strict=True))]  # type: ignore[misc]  # fmt: skip
         torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])  # one call for the batch's windows
-        rows, cols, flips = (self._to_device(t) for t in (rows, cols, flips))
+        return self._products(windows, *(self._to_device(t) for t in (rows, cols, flips)), size)
+
+    def _resample_windows(self, windows: torch.Tensor, geometry: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """:meth:`_resample` of windows decoded already (``(n, H, W, 3)``, each at the top left) with the records'
+        ``geometry``."""
+        g = self._to_device(geometry)
+        return self._products(windows.permute(0, 3, 1, 2), g[:, 1:4].float(), g[:, 6:9].float(), g[:, 10].bool(),
+                              size)  # fmt: skip
+
+    def _products(self, windows: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, flips: torch.Tensor,
+                  size: tuple[int, int]) -> torch.Tensor:  # fmt: skip
+        """The two batched products; ``rows``/``cols``: ``(length, resized, offset)`` per sample (or with the start
+        first: the last three columns are read)."""
+        rows, cols = rows[:, -3:], cols[:, -3:]
+        tall, wide = int(windows.shape[-2]), int(windows.shape[-1])
         # half precision holds every 8-bit value exactly and the products accumulate in float32; on a CPU, float32
         precision = torch.float16 if self.device.type == "cuda" else torch.float32
-        wy = _axis_weights(rows[:, 1], rows[:, 2], rows[:, 3], size[0], tall).to(precision)
-        wx = _axis_weights(cols[:, 1], cols[:, 2], cols[:, 3], size[1], wide, flips).to(precision)
+        wy = _axis_weights(rows[:, 0], rows[:, 1], rows[:, 2], size[0], tall).to(precision)
+        wx = _axis_weights(cols[:, 0], cols[:, 1], cols[:, 2], size[1], wide, flips).to(precision)
         tall_out = torch.matmul(wy[:, None], windows.to(precision))  # (n, 3, out_h, wide)
         return torch.matmul(tall_out, wx[:, None].transpose(-1, -2))  # (n, 3, out_h, out_w)
 

@@ -263,7 +263,9 @@ class EncodedTransform:
         self._credit += share
         if gpu_can and jpeg and self._credit >= 1.0 - 1e-9:
             self._credit -= 1.0
-            return Record(jpeg=sample.data, ops=ops, share=share)
+            g = geometry(h, w, ops)
+            flat = None if g is None else (*g[0], *g[1], int(g[2]))
+            return Record(jpeg=sample.data, ops=ops, share=share, geometry=flat)
         return Record(pixels=_run_on_cpu(self.plan, sample.decoded(), ops), share=share)
 
     def fingerprint(self) -> str:

@@ -23,21 +23,26 @@ __all__ = ["Record", "RecordBatch", "collate_records"]
 
 class Record:
     """One sample's image: ``pixels`` (CHW uint8, the worker decoded it) or ``jpeg`` bytes and ``ops``; ``share``:
-    the GPU share its worker read when it made it (the placement's search tells old batches from new by it)."""
+    the GPU share its worker read when it made it (the placement's search tells old batches from new by it);
+    ``geometry``: the ops as one resampling per axis (:func:`~lightning_gpu_boost.core.gpu_decode.plan.geometry`,
+    flattened to 11 ints: rows' start, length, resized, offset, out, the same for the columns, flip), where the
+    worker knew the image's size."""
 
-    __slots__ = ("jpeg", "ops", "pixels", "share")
+    __slots__ = ("geometry", "jpeg", "ops", "pixels", "share")
 
     def __init__(self, pixels: torch.Tensor | None = None, jpeg: bytes | None = None, ops: list | None = None,
-                 share: float | None = None) -> None:  # fmt: skip
+                 share: float | None = None, geometry: tuple[int, ...] | None = None) -> None:  # fmt: skip
         if (pixels is None) == (jpeg is None):
             raise ValueError("a Record holds either pixels or a JPEG")
-        self.pixels, self.jpeg, self.ops, self.share = pixels, jpeg, ops or [], share
+        if geometry is not None and len(geometry) != 11:
+            raise ValueError(f"a Record's geometry is 11 ints, got {geometry!r}")
+        self.pixels, self.jpeg, self.ops, self.share, self.geometry = pixels, jpeg, ops or [], share, geometry
 
     def __getstate__(self) -> tuple:
-        return self.pixels, self.jpeg, self.ops, self.share
+        return self.pixels, self.jpeg, self.ops, self.share, self.geometry
 
     def __setstate__(self, state: tuple) -> None:
-        self.pixels, self.jpeg, self.ops, self.share = state
+        self.pixels, self.jpeg, self.ops, self.share, self.geometry = state
 
 
 def _shared(shape: tuple[int, ...]) -> torch.Tensor:
@@ -53,12 +58,15 @@ class RecordBatch:
     """A batch of :class:`Record`\\ s: ``pixels`` (n, C, H, W) at the batch positions ``pixel_index``, the JPEGs'
     bytes concatenated in ``jpeg`` (cut at ``offsets``) with their ``ops`` at ``jpeg_index``; ``shape[0]`` is the
     batch's size; ``share``: the GPU share all its samples were made under (NaN where they differ, ``None`` where
-    the records do not say)."""
+    the records do not say); ``geometry``: the JPEGs' geometries, ``(len(jpeg_index), 11)`` int64, where every
+    JPEG record has one, else ``None``."""
 
     def __init__(self, size: int, pixels: torch.Tensor | None, pixel_index: list[int], jpeg: torch.Tensor | None,
-                 offsets: list[int], ops: list[list], jpeg_index: list[int], share: float | None = None) -> None:  # fmt: skip
+                 offsets: list[int], ops: list[list], jpeg_index: list[int], share: float | None = None,
+                 geometry: torch.Tensor | None = None) -> None:  # fmt: skip
         self.size, self.pixels, self.pixel_index, self.share = size, pixels, pixel_index, share
         self.jpeg, self.offsets, self.ops, self.jpeg_index = jpeg, offsets, ops, jpeg_index
+        self.geometry = geometry
 
     @property
     def shape(self) -> tuple[int]:
@@ -77,7 +85,7 @@ class RecordBatch:
         """Pinned copies of the tensors (the DataLoader's pin-memory thread calls it)."""
         pin = (lambda t: t.pin_memory() if t is not None else None)  # noqa: E731
         return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.offsets, self.ops,
-                           self.jpeg_index, self.share)  # fmt: skip
+                           self.jpeg_index, self.share, self.geometry)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"RecordBatch({self.size} samples: {len(self.jpeg_index)} JPEGs, {len(self.pixel_index)} decoded)"
@@ -100,8 +108,11 @@ def collate_records(batch: list[Record], *, collate_fn_map: Any = None) -> Recor
         for (_, r), a, b in zip(jpegs, offsets[:-1], offsets[1:], strict=True):
             view[a:b] = np.frombuffer(r.jpeg, dtype=np.uint8)
     shares = {r.share for r in batch}
+    geometry = None
+    if jpegs and all(r.geometry is not None for _, r in jpegs):
+        geometry = torch.tensor([r.geometry for _, r in jpegs], dtype=torch.int64)
     return RecordBatch(len(batch), stacked, [k for k, _ in pixels], joined, offsets, [r.ops for _, r in jpegs],
-                       [k for k, _ in jpegs], shares.pop() if len(shares) == 1 else math.nan)  # fmt: skip
+                       [k for k, _ in jpegs], shares.pop() if len(shares) == 1 else math.nan, geometry)  # fmt: skip
 
 
 default_collate_fn_map[Record] = collate_records

@@ -21,11 +21,13 @@ def _need_cuda():
     return pytest.importorskip("torchvision")
 
 
-@pytest.mark.parametrize("gpu_decoder", ["engines", "nvjpeg"])
+@pytest.mark.parametrize("gpu_decoder", ["engines", "nvjpeg", "dali"])
 def test_gpu_values_within_the_stated_tolerance_of_the_cpu_transform(tmp_path, gpu_decoder):
     tv = _need_cuda()
     if gpu_decoder == "engines":
         pytest.importorskip("nvidia.nvimgcodec", reason="nvImageCodec is not installed")
+    if gpu_decoder == "dali":
+        pytest.importorskip("nvidia.dali", reason="DALI is not installed")
     from torch.utils.data import default_collate
     from torchvision import datasets
     from torchvision import transforms as T
@@ -46,10 +48,16 @@ def test_gpu_values_within_the_stated_tolerance_of_the_cpu_transform(tmp_path, g
         taken = datasets.ImageFolder(str(root), transform=transform())
         take_over(taken, Share(1.0))
         torch.manual_seed(0)
-        decoder = BatchDecoder(MEAN, STD, device="cuda", engines=gpu_decoder == "engines")
-        got = decoder.images(default_collate([taken[i][0] for i in range(len(taken))])).cpu()
+        decoder = BatchDecoder(MEAN, STD, device="cuda", engines=gpu_decoder == "engines",
+                               dali=gpu_decoder == "dali")  # fmt: skip
+        records = default_collate([taken[i][0] for i in range(len(taken))])
+        if gpu_decoder == "dali":  # handed over at the fetch, taken at the hand-out: as the prefetcher does
+            got = decoder.end(decoder.begin([records]))[0].cpu()
+        else:
+            got = decoder.images(records).cpu()
         assert decoder.decoded_on_gpu == len(taken)
         assert ("engines" in decoder.decoder_name) == (gpu_decoder == "engines"), decoder.decoder_name
+        assert ("DALI" in decoder.decoder_name) == (gpu_decoder == "dali"), decoder.decoder_name
         levels = ((got - expected) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
         stats[name] = {"mean_levels": float(levels.mean()), "max_levels": float(levels.max()),
                        "p999_levels": float(levels.flatten().kthvalue(int(0.999 * levels.numel())).values)}  # fmt: skip
@@ -157,3 +165,38 @@ def test_auto_decides_and_says_why(tmp_path):
     assert search.decision.share in search.decision.rates and search.decision.why
     assert search.decision.rates[search.decision.share] >= search.decision.rates[0.0]
     assert isinstance(loader.dataset.transform, T.Compose)
+
+
+def test_the_prefetcher_hands_batches_to_dali_at_the_fetch(tmp_path):
+    """On CUDA with DALI: each batch is begun when fetched and ended when handed out, two ahead; the batches come
+    in order with the values of the per-image path; a loop stopped early leaves nothing in flight."""
+    _need_cuda()
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    from torch.utils.data import DataLoader
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, take_over
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+    from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+
+    root = make_jpeg_folder(tmp_path / "tree", n=96, num_classes=4, progress=False)
+    transform = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+    dataset = datasets.ImageFolder(str(root), transform=transform)
+    take_over(dataset, Share(1.0))
+    loader = DataLoader(dataset, batch_size=16, num_workers=2)
+    per_image = StreamPrefetcher(loader, decode=BatchDecoder(MEAN, STD, device="cuda", dali=False))
+    expected = [(x.cpu(), y.cpu()) for x, y in per_image]
+    decoder = BatchDecoder(MEAN, STD, device="cuda")
+    got = [(x.cpu(), y.cpu()) for x, y in StreamPrefetcher(loader, decode=decoder)]
+    assert "DALI" in decoder.decoder_name and len(got) == len(expected) == 6
+    for (x, y), (ex, ey) in zip(got, expected, strict=True):
+        assert torch.equal(y, ey)
+        levels = ((x - ex) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
+        assert levels.mean() <= 1.5 and levels.max() <= 32.0
+    for k, _ in enumerate(StreamPrefetcher(loader, decode=decoder)):
+        if k == 1:
+            break
+    assert not decoder._dali._fed and not decoder._dali._waiting
+    again = [y.cpu() for _, y in StreamPrefetcher(loader, decode=decoder)]
+    assert [y.tolist() for y in again] == [ey.tolist() for _, ey in expected]

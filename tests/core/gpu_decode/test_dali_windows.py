@@ -1,0 +1,106 @@
+"""The GPU decode through DALI pipelines (``core/gpu_decode/dali_windows.py``), run with DALI's CPU decoder: the
+same pipelines and hand-over as on a GPU, with its "mixed" decoder swapped for the CPU one."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import default_collate
+
+from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Record
+from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliFailed, DaliWindows
+from lightning_gpu_boost.core.gpu_decode.plan import geometry
+
+pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _jpeg(w: int, h: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _record(seed: int, ops: list[tuple], w: int = 96, h: int = 80) -> Record:
+    g = geometry(h, w, ops)
+    return Record(jpeg=_jpeg(w, h, seed), ops=ops, geometry=(*g[0], *g[1], int(g[2])))
+
+
+OPS = [[("crop", 3, 5, 60, 70), ("resize", 32, 32), ("flip",)], [("crop", 10, 20, 20, 24), ("resize", 32, 32)],
+       [("resize", 40, 48), ("crop", 4, 8, 32, 32)], [("crop", 0, 0, 80, 96), ("resize", 32, 32)]]  # fmt: skip
+
+
+def test_windows_are_the_decoded_crops_padded_to_the_largest():
+    dali = DaliWindows("cpu", threads=1)
+    data = [_jpeg(96, 80, s) for s in range(3)]
+    windows = np.array([[3, 5, 60, 70], [10, 20, 20, 24], [0, 0, 80, 96]])
+    ticket = dali.submit([np.frombuffer(d, np.uint8) for d in data], windows)
+    got = dali.collect(ticket)
+    assert got.shape == (3, 80, 96, 3) and got.dtype == torch.uint8
+    for k, (d, (top, left, h, w)) in enumerate(zip(data, windows, strict=True)):
+        full = np.asarray(Image.open(io.BytesIO(d)).convert("RGB"))
+        assert np.array_equal(got[k, :h, :w].numpy(), full[top: top + h, left: left + w])
+        assert not got[k, h:].any() and not got[k, :, w:].any()
+
+
+def test_batches_in_flight_beyond_the_pipelines_come_back_in_order():
+    dali = DaliWindows("cpu", threads=1)
+    tickets = []
+    for s in range(5):  # more than the two pipelines: the later ones wait for a free one
+        d = np.frombuffer(_jpeg(40 + s, 30, s), np.uint8)
+        tickets.append(dali.submit([d], np.array([[0, 0, 30, 40 + s]]), capacity=4))
+    assert [tuple(dali.collect(t).shape) for t in tickets] == [(1, 30, 40 + s, 3) for s in range(5)]
+    with pytest.raises(DaliFailed, match="more than the 4"):
+        dali.submit([np.frombuffer(_jpeg(8, 8, 0), np.uint8)] * 5, np.array([[0, 0, 8, 8]] * 5))
+
+
+def test_begin_and_end_give_the_values_of_the_synchronous_path():
+    """The prefetcher hands a batch over at the fetch (begin) and takes it at the hand-out (end): the images are
+    those the per-image path computes; a batch of worker-decoded samples and JPEGs keeps its order."""
+    pixels = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
+    records = [_record(s, ops) for s, ops in enumerate(OPS)]
+    records.insert(2, Record(pixels=pixels))
+    batch = default_collate([(r, k) for k, r in enumerate(records)])
+    assert batch[0].geometry.shape == (4, 11)
+    sync = BatchDecoder(MEAN, STD, device="cpu", dali=False)
+    expected = sync(batch)[0]
+    decoder = BatchDecoder(MEAN, STD, device="cpu")
+    tokens = [decoder.begin(batch), decoder.begin(batch), decoder.begin(batch)]
+    assert all(t[1] is not None for t in tokens) and decoder.asynchronous
+    for token in tokens:
+        images, labels = decoder.end(token)
+        assert torch.equal(images, expected) and labels.tolist() == list(range(5))
+    assert decoder.decoded_on_gpu == 12 and decoder.decoded_by_workers == 3 and decoder.last_share == 0.8
+    decoder.close()
+
+
+def test_a_batch_dali_fails_on_is_decoded_another_way(monkeypatch):
+    batch = default_collate([(_record(s, ops), s) for s, ops in enumerate(OPS)])
+    decoder = BatchDecoder(MEAN, STD, device="cpu")
+    expected = BatchDecoder(MEAN, STD, device="cpu", dali=False)(batch)[0]
+    token = decoder.begin(batch)
+
+    def refuse(ticket):
+        raise DaliFailed("a JPEG DALI refuses")
+
+    monkeypatch.setattr(decoder._dali, "collect", refuse)
+    images, _ = decoder.end(token)
+    assert torch.equal(images, expected) and decoder.dali_failures == 1
+
+
+def test_without_dali_or_geometry_begin_defers_to_the_synchronous_path():
+    plain = default_collate([(Record(jpeg=_jpeg(96, 80, 0), ops=OPS[0]), 0)])  # no geometry: an older worker
+    decoder = BatchDecoder(MEAN, STD, device="cpu")
+    assert decoder.begin(plain)[1] is None
+    off = BatchDecoder(MEAN, STD, device="cpu", dali=False)
+    assert not off.asynchronous and off.begin(plain)[1] is None
+    assert off.end(off.begin(plain))[0].shape == (1, 3, 32, 32)
+    with pytest.raises(ValueError, match="dali must be True or False"):
+        BatchDecoder(MEAN, STD, dali="yes")
