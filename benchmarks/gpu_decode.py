@@ -141,10 +141,15 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             if len(held) > 2:
                 through.end(held.popleft())
 
-        rate, thread_cpu = timed(begun)
-        while held:
-            through.end(held.popleft())
-        dali = {"dali_path_img_s": rate, "dali_path_thread_cpu_s_per_batch": thread_cpu}
+        from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
+
+        for load, threads in ((0.9, 4), (1.0, 4), (1.0, 8), (0.75, 8)):  # DALI's settings, side by side
+            through._dali = DaliWindows("cuda", threads=threads, hw_decoder_load=load)
+            rate, thread_cpu = timed(begun)
+            while held:
+                through.end(held.popleft())
+            dali[f"dali_path_hw_load_{load}_threads_{threads}"] = {"img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
+            print(f"decoders: {dali}", flush=True)
     else:
         dali = {"dali_path": through.dali_unavailable}
     return {**dali, "cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),
