@@ -58,7 +58,7 @@ class DaliWindows:
     waits until a pipeline is free, and is decoded at the latest when it is collected.
     """
 
-    def __init__(self, device: torch.device | str, threads: int = 4, hw_decoder_load: float = 0.9) -> None:
+    def __init__(self, device: torch.device | str, threads: int = 8, hw_decoder_load: float = 1.0) -> None:
         self.dali, why = open_dali()
         if self.dali is None:
             raise ImportError(why)
