@@ -474,20 +474,32 @@ def _spin() -> None:
         pass
 
 
-def merge(parts: list[str], out: str) -> Path:
+def merge(parts: list[str], out: str, probes: list[str] | None = None) -> Path:
     """One result file from part files (each one call of the machine): a later file's part replaces an earlier
     one's; every ratio is taken inside one run (a part's ceiling is its own run's ResNet-50 or ResNet-18 ceiling),
-    and each part names its run."""
+    and each part names its run. A part whose run measured no ceiling (``resnet50_4cpus`` alone) takes the ceiling
+    of the latest earlier run of the same commit on the same machine, and names that run (``ceiling_run``).
+    ``probes``: the probes' JSON files (``gpu_decode_probe.py``, ``gpu_decode_dali_probe.py``), kept whole."""
     figures: dict[str, Any] = {"parts": {}, "runs": []}
+    ceilings: dict[str, tuple[float, int, str]] = {}  # arch -> (img/s, run, commit)
     for path in parts:
         found = json.loads(Path(path).read_text())
         run = {**found["run"], "config": found["config"], "file": Path(path).name}
         figures["runs"].append(run)
+        commit = found["run"]["environment"].get("git_commit")
         for name, part in found["parts"].items():
             arch = part.get("arch")
             base = found["parts"].get(arch, {}).get("cases", {}).get("ceiling") if arch else None
-            figures["parts"][name] = {**part, "run": len(figures["runs"]) - 1,
-                                      "ceiling_samples_per_s": base["samples_per_s"] if base else None}  # fmt: skip
+            extra: dict[str, Any] = {}
+            ceiling = base["samples_per_s"] if base else None
+            if base:
+                ceilings[arch] = (ceiling, len(figures["runs"]) - 1, commit)
+            elif arch in ceilings and ceilings[arch][2] == commit:
+                ceiling, extra["ceiling_run"] = ceilings[arch][0], ceilings[arch][1]
+            figures["parts"][name] = {**part, "run": len(figures["runs"]) - 1, "ceiling_samples_per_s": ceiling,
+                                      **extra}  # fmt: skip
+    if probes:
+        figures["probes"] = {Path(p).name: json.loads(Path(p).read_text()) for p in probes}
     bars: dict[str, Any] = {}
     p = figures["parts"]
     for name, part in p.items():
@@ -522,9 +534,10 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES), help="decode settings to run, of cpu,gpu,auto")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="leave the ceiling out")
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
+    parser.add_argument("--probes", nargs="+", help="with --merge: the probes' JSON files, kept in the result")
     args = parser.parse_args()
     if args.merge:
-        print(f"wrote {merge(args.merge, args.out)}")
+        print(f"wrote {merge(args.merge, args.out, args.probes)}")
         return 0
     t0 = time.perf_counter()
     root = demo_tree(args)

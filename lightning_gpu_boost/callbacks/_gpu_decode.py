@@ -95,17 +95,22 @@ class GPUDecodeStage:
 
     def batch_share(self) -> float | None:
         """The GPU share of the last training batch decoded."""
+        return self._last_batch()[0]
+
+    def _last_batch(self) -> tuple[float | None, float | None]:
+        """The GPU share of the last training batch decoded, and when its worker made it."""
         for loader, (_, stage, _) in list(self._taken.items()):
             decoder = self._decoders.get(loader)
             if stage in _TRAIN and decoder is not None:
-                return decoder.last_share
-        return None
+                return decoder.last_share, decoder.last_made_at
+        return None, None
 
     def on_train_batch_end(self, trainer: Any) -> None:
         """``"auto"``: time this batch for the split search; rank 0 decides, every rank follows."""
         if self.search is None or self.search.decision is not None or not self._taken:
             return
-        proposal = self.search.step(time.perf_counter(), self.batch_share()) if trainer.global_rank == 0 else None
+        # time.monotonic: the clock the workers stamp their batches with
+        proposal = self.search.step(time.monotonic(), *self._last_batch()) if trainer.global_rank == 0 else None
         decided = self.search.decision
         if trainer.world_size > 1:
             message = (proposal, decided) if trainer.global_rank == 0 else None

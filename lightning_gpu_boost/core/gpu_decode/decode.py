@@ -72,6 +72,7 @@ class BatchDecoder:
         decoder_name: what decodes the JPEGs on the GPU (the JPEG engines or nvJPEG, and why not the engines).
         last_share: the GPU share the last batch's samples were made under (where its records say), else the share
             of its samples the workers sent as JPEGs.
+        last_made_at: when its worker collated the last batch (``time.monotonic()``), where its records say.
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], device: torch.device | str = "cpu",
@@ -89,6 +90,7 @@ class BatchDecoder:
         self._shift = (-torch.tensor(mean, dtype=torch.float64) / std64).float().view(1, -1, 1, 1).to(self.device)
         self.decoded_on_gpu = self.decoded_by_workers = self.decoded_on_cpu_here = 0
         self.last_share: float | None = None  # None: the last batch's samples were made under several shares
+        self.last_made_at: float | None = None  # when its worker collated the last batch (time.monotonic())
         self._engines: Any = None if engines else False  # None: not opened yet; False: none here, or not wanted
         self.decoder_name = "not used yet" if engines else "nvJPEG (torchvision): engines=False"
         self._dali: Any = None if dali else False  # None: not opened yet; False: not installed, or not wanted
@@ -168,6 +170,7 @@ class BatchDecoder:
     def _assemble(self, records: RecordBatch, jpeg_images: Any) -> torch.Tensor:
         """The batch's normalized images: the workers' pixels and ``jpeg_images(shape)`` (the JPEGs' resampled
         images, float) at their positions."""
+        self.last_made_at = records.made_at
         # the share its workers were set to (the placement's search), else the share of JPEGs in it
         share = records.share
         if share is None:

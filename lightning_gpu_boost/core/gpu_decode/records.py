@@ -11,6 +11,7 @@ a pipe, and is pinned by the DataLoader's pin-memory thread. Framework-free.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -59,14 +60,15 @@ class RecordBatch:
     bytes concatenated in ``jpeg`` (cut at ``offsets``) with their ``ops`` at ``jpeg_index``; ``shape[0]`` is the
     batch's size; ``share``: the GPU share all its samples were made under (NaN where they differ, ``None`` where
     the records do not say); ``geometry``: the JPEGs' geometries, ``(len(jpeg_index), 11)`` int64, where every
-    JPEG record has one, else ``None``."""
+    JPEG record has one, else ``None``; ``made_at``: when it was collated (``time.monotonic()``, one clock for
+    every process of the machine: the placement's search reads how fast the workers make batches from it)."""
 
     def __init__(self, size: int, pixels: torch.Tensor | None, pixel_index: list[int], jpeg: torch.Tensor | None,
                  offsets: list[int], ops: list[list], jpeg_index: list[int], share: float | None = None,
-                 geometry: torch.Tensor | None = None) -> None:  # fmt: skip
+                 geometry: torch.Tensor | None = None, made_at: float | None = None) -> None:  # fmt: skip
         self.size, self.pixels, self.pixel_index, self.share = size, pixels, pixel_index, share
         self.jpeg, self.offsets, self.ops, self.jpeg_index = jpeg, offsets, ops, jpeg_index
-        self.geometry = geometry
+        self.geometry, self.made_at = geometry, made_at
 
     @property
     def shape(self) -> tuple[int]:
@@ -85,7 +87,7 @@ class RecordBatch:
         """Pinned copies of the tensors (the DataLoader's pin-memory thread calls it)."""
         pin = (lambda t: t.pin_memory() if t is not None else None)  # noqa: E731
         return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.offsets, self.ops,
-                           self.jpeg_index, self.share, self.geometry)  # fmt: skip
+                           self.jpeg_index, self.share, self.geometry, self.made_at)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"RecordBatch({self.size} samples: {len(self.jpeg_index)} JPEGs, {len(self.pixel_index)} decoded)"
@@ -112,7 +114,8 @@ def collate_records(batch: list[Record], *, collate_fn_map: Any = None) -> Recor
     if jpegs and all(r.geometry is not None for _, r in jpegs):
         geometry = torch.tensor([r.geometry for _, r in jpegs], dtype=torch.int64)
     return RecordBatch(len(batch), stacked, [k for k, _ in pixels], joined, offsets, [r.ops for _, r in jpegs],
-                       [k for k, _ in jpegs], shares.pop() if len(shares) == 1 else math.nan, geometry)  # fmt: skip
+                       [k for k, _ in jpegs], shares.pop() if len(shares) == 1 else math.nan, geometry,
+                       time.monotonic())  # fmt: skip
 
 
 default_collate_fn_map[Record] = collate_records

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import time
 
 import numpy as np
 import pytest
@@ -196,6 +197,49 @@ def test_the_batches_held_ahead_are_not_timed():
     for t in range(5):
         search.step(101.02 + t, 0.0)  # then one a second
     assert search.rates[0.0] == pytest.approx(1.0)
+
+
+def _run_with_a_queue(search: SplitSearch, make, take, held: int = 32, stamped: bool = True) -> SplitSearch:
+    """A loader that holds ``held`` batches ahead: batch k is made (at ``make(share)`` batches/s, once batch
+    ``k - held`` was taken) under the share set when its task was sent, and taken at ``take(share)`` batches/s
+    once made; the search sees each batch's end, share and (``stamped``) when it was made."""
+    made, taken, shares = [], [], []
+    current = search.share
+    for k in range(6000):
+        share = current if k >= held else search.share
+        shares.append(share)
+        start = taken[k - held] if k >= held else -held / make(share)
+        made.append(max((made[-1] if made else start) + 1.0 / make(share), start))
+        taken.append(max((taken[-1] if taken else 0.0) + 1.0 / take(share), made[k]))
+        new = search.step(taken[k], share, made[k] if stamped else None)
+        if search.decision is not None:
+            return search
+        if new is not None:
+            current = new
+    raise AssertionError("no decision")
+
+
+def test_a_queue_that_outlasts_the_settle_is_not_timed():
+    """The workers make 15 batches/s under the CPU decode, the step takes 18 (H200, ResNet-50): the queue drains for
+    ~190 batches, longer than the settle. The window's rate is the workers' (from when the batches were made), and
+    the GPU decode (16.4 batches/s, its workers keep up) wins."""
+    make = lambda s: 15.0 if s == 0.0 else 100.0  # noqa: E731
+    take = lambda s: 18.0 if s == 0.0 else 16.4  # noqa: E731
+    search = _run_with_a_queue(SplitSearch(window=24, settle=35), make, take)
+    assert search.decision.rates[0.0] == pytest.approx(15.0, rel=0.02)
+    assert search.decision.rates[1.0] == pytest.approx(16.4, rel=0.02) and search.decision.share > 0
+    unstamped = _run_with_a_queue(SplitSearch(window=24, settle=35), make, take, stamped=False)
+    assert unstamped.decision.share == 0.0  # the old reading: the draining queue, 18 batches/s
+
+
+def test_batches_say_when_their_worker_made_them():
+    loader = DataLoader(_Samples(), batch_size=4, num_workers=2)
+    before = time.monotonic()
+    stamps = [images.made_at for images, _ in loader]
+    assert all(before < t < time.monotonic() for t in stamps)
+    decoder = BatchDecoder(MEAN, STD, device="cpu")
+    decoder.images(default_collate([Record(pixels=torch.zeros(3, 4, 4, dtype=torch.uint8))]))
+    assert decoder.last_made_at is not None
 
 
 def test_epochs_too_short_to_time_keep_the_cpu_decode():
