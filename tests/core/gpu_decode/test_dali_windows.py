@@ -104,3 +104,30 @@ def test_without_dali_or_geometry_begin_defers_to_the_synchronous_path():
     assert off.end(off.begin(plain))[0].shape == (1, 3, 32, 32)
     with pytest.raises(ValueError, match="dali must be True or False"):
         BatchDecoder(MEAN, STD, dali="yes")
+
+
+def test_a_torchvision_image_folder_through_dali_matches_its_cpu_transform(tmp_path):
+    """The user's shape: torchvision's ImageFolder with RandomResizedCrop and flip, taken over; its workers' records
+    carry each sample's geometry; DALI's windows give the per-image path's values, within the stated tolerance of
+    the CPU transform with the same draws."""
+    pytest.importorskip("torchvision")
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    from lightning_gpu_boost.core.gpu_decode import Share, take_over
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+
+    root = make_jpeg_folder(tmp_path / "tree", n=24, num_classes=2, progress=False)
+    transform = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    plain, taken = datasets.ImageFolder(str(root), transform=transform), datasets.ImageFolder(str(root), transform=transform)
+    take_over(taken, Share(1.0))
+    torch.manual_seed(0)
+    expected = torch.stack([plain[i][0] for i in range(len(plain))])
+    torch.manual_seed(0)
+    batch = default_collate([taken[i] for i in range(len(taken))])
+    assert batch[0].geometry is not None and len(batch[0].jpeg_index) == len(taken)
+    decoder = BatchDecoder(MEAN, STD, device="cpu")
+    images = decoder.end(decoder.begin(batch))[0]
+    assert torch.equal(images, BatchDecoder(MEAN, STD, device="cpu", dali=False)(batch)[0])
+    levels = ((images - expected) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
+    assert levels.mean() <= 1.5 and levels.max() <= 32.0
