@@ -119,3 +119,93 @@ def drop_cache(paths: list[str]) -> str:
             finally:
                 os.close(fd)
         return "posix_fadvise"
+
+
+def resident_training(arch: str, batch_size: int, device: str = "cuda") -> Any:
+    """A torchvision ``arch`` (100 classes, channels_last, SGD, bf16 autocast) training on one batch held on
+    ``device``; returns ``train(steps, before=None) -> img/s``: ``before(k)``, where given, runs before step ``k``
+    and returns the step's input (``None``: the resident batch). The GPU decode's probes time decoders beside it."""
+    import time
+
+    import torch
+    import torchvision
+
+    model = getattr(torchvision.models, arch)(num_classes=100).to(device).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch_size, 3, 224, 224, device=device).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 100, (batch_size,), device=device)
+    torch.backends.cudnn.benchmark = True
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def train(steps: int, before: Any = None) -> float:
+        sync()
+        t0 = time.perf_counter()
+        for k in range(steps):
+            given = before(k) if before is not None else None
+            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x if given is None else given), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        return steps * batch_size / (time.perf_counter() - t0)
+
+    return train
+
+
+def beside_training(train: Any, decode: Any, batches: int, batch_size: int, steps: int, alone: float,
+                    threads: int = 1, priority: int = -1) -> dict[str, float]:  # fmt: skip
+    """``decode(k)`` run in a loop (batch ``k`` of ``batches``, each waited for) in ``threads`` threads, each on a CUDA
+    stream of ``priority``, while ``train(steps)`` (:func:`resident_training`) runs in this thread: the model's
+    img/s, its ratio to ``alone`` and the decode's img/s meanwhile."""
+    import threading
+    import time
+
+    import torch
+
+    stop, done = threading.Event(), [0]
+
+    def loop(first: int) -> None:
+        s = torch.cuda.Stream(priority=priority)
+        with torch.cuda.stream(s):
+            k = first
+            while not stop.is_set():
+                decode(k % batches)
+                s.synchronize()
+                done[0] += 1
+                k += threads
+
+    workers = [threading.Thread(target=loop, args=(j,), daemon=True) for j in range(threads)]
+    for w in workers:
+        w.start()
+    time.sleep(1.0)
+    d0, t0 = done[0], time.perf_counter()
+    rate = train(steps)
+    decoded = (done[0] - d0) * batch_size / (time.perf_counter() - t0)
+    stop.set()
+    for w in workers:
+        w.join()
+    return {"model_img_s": rate, "model_vs_alone": rate / alone, "decode_img_s": decoded}
+
+
+def record_batches(root: Path, batch_size: int, n: int = 2048) -> list[Any]:
+    """Batches of ``n`` GPU-decode records (the JPEGs and drawn parameters the workers send), spread over the tree
+    of ``root`` read as the user's ``ImageFolder`` with Lightning's ImageNet example's transforms, taken over."""
+    from torch.utils.data import default_collate
+
+    from lightning_gpu_boost.baselines import plain_image_folder
+    from lightning_gpu_boost.core.gpu_decode import Share, take_over
+
+    dataset = plain_image_folder(root, 224)
+    take_over(dataset, Share(1.0))
+    step = max(1, len(dataset) // n)
+    records = [dataset[i * step][0] for i in range(n)]
+    return [default_collate(records[k * batch_size: (k + 1) * batch_size]) for k in range(n // batch_size)]
+
+
+def write_probe(result: dict[str, Any], path: Path) -> None:
+    """A probe's figures with the host's CPU model, as JSON (printed too)."""
+    with open("/proc/cpuinfo") as f:
+        result["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    path.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2), flush=True)

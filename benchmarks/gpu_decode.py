@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import demo_tree, parser_for
+from _common import beside_training, demo_tree, parser_for, record_batches, resident_training
 
 from lightning_gpu_boost.core.results import bar, write_result
 
@@ -162,24 +162,17 @@ def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """nvImageCodec's decoders (the GPU's JPEG engines, its CUDA decoder, the hybrid one) alone, with the crop
     decoded as a region where the engine allows, and each GPU path beside a training loop on resident batches:
     what a decoder costs the model is the model's rate beside it over its rate alone (one run, side by side)."""
-    import threading
 
-    from torch.utils.data import default_collate
 
-    from lightning_gpu_boost.baselines import plain_image_folder
-    from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, take_over
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder
     from lightning_gpu_boost.core.gpu_decode.plan import geometry
 
     try:
         from nvidia import nvimgcodec as nic
     except ImportError as e:
         return {"skipped": f"nvImageCodec is not installed ({e})"}
-    dataset = plain_image_folder(root, 224)
-    take_over(dataset, Share(1.0))
-    step = max(1, len(dataset) // 2048)
-    records = [dataset[i * step][0] for i in range(2048)]
     bs = args.batch_size
-    batches = [default_collate(records[k * bs: (k + 1) * bs]) for k in range(len(records) // bs)]
+    batches = record_batches(root, bs)
     datas = [[bytes(t.numpy()) for t in b.jpegs()] for b in batches]
     streams = [[nic.CodeStream(d) for d in ds] for ds in datas]
     geos = [[geometry(cs.height, cs.width, o) for cs, o in zip(ss, b.ops, strict=True)]
@@ -225,54 +218,15 @@ def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     for name, fn in paths.items():
         with torch.cuda.stream(side):
             out[f"gpu_path_{name}"] = {**timed(fn), "decoder": decoders[name].decoder_name}
-    import torchvision
-
     for arch in ("resnet50", "resnet18"):
-        model = getattr(torchvision.models, arch)(num_classes=100).cuda().to(memory_format=torch.channels_last)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        x = torch.randn(bs, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-        y = torch.randint(0, 100, (bs,), device="cuda")
-
-        def train(steps: int, model=model, opt=opt, x=x, y=y) -> float:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            return steps * bs / (time.perf_counter() - t0)
-
-        torch.backends.cudnn.benchmark = True
+        train = resident_training(arch, bs)
         train(15)
         steps = 60 if arch == "resnet50" else 150
         res: dict[str, Any] = {"model_alone_img_s": train(steps)}
         runs = [(f"{name}{'_high_priority' if p else ''}", fn, p) for name, fn in paths.items() for p in (0, -1)]
         for name, fn, priority in runs:  # the prefetcher decodes on a stream of the highest priority (-1)
-            stop, done = threading.Event(), [0]
-
-            def loop(fn=fn, stop=stop, done=done, priority=priority) -> None:
-                s = torch.cuda.Stream(priority=priority)
-                with torch.cuda.stream(s):
-                    k = 0
-                    while not stop.is_set():
-                        fn(k % len(batches))
-                        s.synchronize()
-                        done[0] += 1
-                        k += 1
-
-            th = threading.Thread(target=loop, daemon=True)
-            th.start()
-            time.sleep(1.0)
-            d0, t0 = done[0], time.perf_counter()
-            rate = train(steps)
-            dec_rate = (done[0] - d0) * bs / (time.perf_counter() - t0)
-            stop.set()
-            th.join()
-            res[name] = {"model_img_s": rate, "model_vs_alone": rate / res["model_alone_img_s"],
-                         "decode_img_s": dec_rate}  # fmt: skip
+            res[name] = beside_training(train, fn, len(batches), bs, steps, res["model_alone_img_s"],
+                                        priority=priority)  # fmt: skip
         res["model_alone_again_img_s"] = train(steps)
         out[f"beside_{arch}"] = res
         print(f"engines: beside {arch}: {res}", flush=True)
@@ -285,18 +239,11 @@ def engine_threads(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     import multiprocessing as mp
 
     from nvidia import nvimgcodec as nic
-    from torch.utils.data import default_collate
 
-    from lightning_gpu_boost.baselines import plain_image_folder
-    from lightning_gpu_boost.core.gpu_decode import Share, take_over
     from lightning_gpu_boost.core.gpu_decode.engines import code_stream
 
-    dataset = plain_image_folder(root, 224)
-    take_over(dataset, Share(1.0))
-    step = max(1, len(dataset) // 1024)
-    records = [dataset[i * step][0] for i in range(1024)]
     bs = args.batch_size
-    jpegs = [default_collate(records[k * bs: (k + 1) * bs]).jpegs() for k in range(len(records) // bs)]
+    jpegs = [b.jpegs() for b in record_batches(root, bs, 1024)]
     params = nic.DecodeParams(color_spec=nic.ColorSpec.SRGB, sample_format=nic.SampleFormat.P_RGB)
     out: dict[str, Any] = {}
 
@@ -335,22 +282,15 @@ def profile(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     import cProfile
     import io
     import pstats
-    import threading
 
     from nvidia import nvimgcodec as nic
-    from torch.utils.data import default_collate
 
-    from lightning_gpu_boost.baselines import plain_image_folder
-    from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, take_over
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder
     from lightning_gpu_boost.core.gpu_decode.engines import code_stream
     from lightning_gpu_boost.core.gpu_decode.plan import geometry
 
-    dataset = plain_image_folder(root, 224)
-    take_over(dataset, Share(1.0))
-    step = max(1, len(dataset) // 2048)
-    records = [dataset[i * step][0] for i in range(2048)]
     bs = args.batch_size
-    batches = [default_collate(records[k * bs: (k + 1) * bs]).pin_memory() for k in range(len(records) // bs)]
+    batches = [b.pin_memory() for b in record_batches(root, bs)]
     dec = BatchDecoder((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), device="cuda", dtype="bfloat16")
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
@@ -399,60 +339,18 @@ def profile(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     print(f"profile: {stages}", flush=True)
     print(text.getvalue()[-6000:], flush=True)
 
-    import torchvision
-
-    model = torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(bs, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    y = torch.randint(0, 100, (bs,), device="cuda")
-    torch.backends.cudnn.benchmark = True
-
-    def one_step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    def train(steps: int, between: Any = None) -> float:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for k in range(steps):
-            if between is not None:
-                between(k)
-            one_step()
-        torch.cuda.synchronize()
-        return steps * bs / (time.perf_counter() - t0)
-
+    train = resident_training("resnet18", bs)
     train(15)
     alone = train(150)
     res: dict[str, Any] = {"model_alone_img_s": alone}
     default_interval = sys.getswitchinterval()
     for interval in (default_interval, 0.001, 0.0002):
         sys.setswitchinterval(interval)
-        stop, done = threading.Event(), [0]
-
-        def loop(stop=stop, done=done) -> None:
-            s = torch.cuda.Stream(priority=-1)
-            with torch.cuda.stream(s):
-                k = 0
-                while not stop.is_set():
-                    dec.images(batches[k % len(batches)])
-                    s.synchronize()
-                    done[0] += 1
-                    k += 1
-
-        th = threading.Thread(target=loop, daemon=True)
-        th.start()
-        time.sleep(1.0)
-        d0, t0 = done[0], time.perf_counter()
-        rate = train(150)
-        dec_rate = (done[0] - d0) * bs / (time.perf_counter() - t0)
-        stop.set()
-        th.join()
-        sys.setswitchinterval(default_interval)
-        res[f"thread_switch_{interval * 1000:g}ms"] = {"model_img_s": rate, "model_vs_alone": rate / alone,
-                                                      "decode_img_s": dec_rate}  # fmt: skip
+        try:
+            res[f"thread_switch_{interval * 1000:g}ms"] = beside_training(
+                train, lambda k: dec.images(batches[k]), len(batches), bs, 150, alone)
+        finally:
+            sys.setswitchinterval(default_interval)
         print(f"profile: beside resnet18: {res}", flush=True)
     s = torch.cuda.Stream(priority=-1)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import demo_tree, parser_for
+from _common import demo_tree, parser_for, resident_training, write_probe
 from gpu_decode_probe import setup
 
 
@@ -93,33 +93,20 @@ def main() -> int:
     take(steps % n_b)
     print(json.dumps(result), flush=True)
 
-    import torchvision
+    resident = resident_training("resnet18", bs)
 
-    model = torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(bs, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    y = torch.randint(0, 100, (bs,), device="cuda")
-    torch.backends.cudnn.benchmark = True
+    def next_batch(k: int) -> torch.Tensor:  # take batch k, hand over batch k + 1
+        images = take(k % n_b)
+        feed((k + 1) % n_b)
+        return images
 
     def train(steps: int, fed: bool) -> float:
-        if fed:
-            feed(0)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for k in range(steps):
-            inp = x
-            if fed:
-                inp = take(k % n_b)
-                feed((k + 1) % n_b)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = torch.nn.functional.cross_entropy(model(inp), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        if fed:
-            take(steps % n_b)
-        return steps * bs / (time.perf_counter() - t0)
+        if not fed:
+            return resident(steps)
+        feed(0)
+        rate = resident(steps, next_batch)
+        take(steps % n_b)
+        return rate
 
     train(15, False)
     alone = train(200, False)
@@ -129,9 +116,7 @@ def main() -> int:
     result["model_fed_by_dali_img_s"] = fed
     result["fed_vs_alone"] = fed / alone
     result["model_alone_again_img_s"] = train(200, False)
-    result["cpu"] = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), None)
-    (out_dir / "dali.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2), flush=True)
+    write_probe(result, out_dir / "dali.json")
     return 0
 
 

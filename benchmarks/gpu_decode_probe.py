@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import demo_tree, parser_for
+from _common import beside_training, demo_tree, parser_for, record_batches, resident_training, write_probe
 
 
 class _Cai:
@@ -49,18 +49,12 @@ def _cudart() -> Any:
 def setup(root: Path, bs: int) -> tuple[list, dict[str, Any], dict[str, Any]]:
     """The batches and each variant's function ``fn(k) -> images of batch k`` (on the current stream)."""
     from nvidia import nvimgcodec as nic
-    from torch.utils.data import default_collate
 
-    from lightning_gpu_boost.baselines import plain_image_folder
-    from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, take_over
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder
     from lightning_gpu_boost.core.gpu_decode.decode import _axis_weights
     from lightning_gpu_boost.core.gpu_decode.plan import geometry
 
-    dataset = plain_image_folder(root, 224)
-    take_over(dataset, Share(1.0))
-    step = max(1, len(dataset) // 2048)
-    records = [dataset[i * step][0] for i in range(2048)]
-    batches = [default_collate(records[k * bs: (k + 1) * bs]).pin_memory() for k in range(len(records) // bs)]
+    batches = [b.pin_memory() for b in record_batches(root, bs)]
     # what the workers would send: each sample's geometry (they know the size from the header)
     geos = []
     for b in batches:
@@ -189,59 +183,15 @@ def main() -> int:
             variants.pop(name)
         print(json.dumps(result), flush=True)
 
-    import torchvision
-
-    model = torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(bs, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    y = torch.randint(0, 100, (bs,), device="cuda")
-    torch.backends.cudnn.benchmark = True
-
-    def train(steps: int) -> float:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        return steps * bs / (time.perf_counter() - t0)
-
+    train = resident_training("resnet18", bs)
     train(15)
     alone = train(200)
     result["model_alone_img_s"] = alone
     for name, fn in variants.items():
         if name != "memcpy":  # measured in the previous run: every thread variant starves beside the training loop
             continue
-        for threads in (1,):
-            stop, done = threading.Event(), [0]
-
-            def loop(j: int, fn=fn, stop=stop, done=done, threads=threads) -> None:
-                s = torch.cuda.Stream(priority=-1)
-                with torch.cuda.stream(s):
-                    k = j
-                    while not stop.is_set():
-                        fn(k % len(batches))
-                        s.synchronize()
-                        done[0] += 1
-                        k += threads
-
-            ths = [threading.Thread(target=loop, args=(j,), daemon=True) for j in range(threads)]
-            if name != "current" or threads == 1:
-                for th in ths:
-                    th.start()
-                time.sleep(1.0)
-                d0, t0 = done[0], time.perf_counter()
-                rate = train(200)
-                dec_rate = (done[0] - d0) * bs / (time.perf_counter() - t0)
-                stop.set()
-                for th in ths:
-                    th.join()
-                result[f"{name}_beside_resnet18_threads_{threads}"] = {
-                    "model_img_s": rate, "model_vs_alone": rate / alone, "decode_img_s": dec_rate}  # fmt: skip
-                print(json.dumps(result), flush=True)
+        result[f"{name}_beside_resnet18_threads_1"] = beside_training(train, fn, len(batches), bs, 200, alone)
+        print(json.dumps(result), flush=True)
     import torch.multiprocessing as tmp
 
     ctx = tmp.get_context("spawn")
@@ -252,21 +202,18 @@ def main() -> int:
     first = done_q.get(timeout=120)
     latest = [first]
 
+    fed_input = torch.empty((bs, 3, 224, 224), device="cuda").to(memory_format=torch.channels_last)
+    got = [0]
+
+    def latest_batch(k: int) -> torch.Tensor:  # the step's input: the decode process's latest batch
+        while not done_q.empty():
+            latest[0] = done_q.get_nowait()
+            got[0] += 1
+        return fed_input.copy_(ring[0][latest[0] % 3])
+
     def train_fed(steps: int) -> tuple[float, int]:
-        torch.cuda.synchronize()
-        t0, got = time.perf_counter(), 0
-        for _ in range(steps):
-            while not done_q.empty():
-                latest[0] = done_q.get_nowait()
-                got += 1
-            x.copy_(ring[0][latest[0] % 3])  # the step's input: the decode process's latest batch
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        return steps * bs / (time.perf_counter() - t0), got
+        got[0] = 0
+        return train(steps, latest_batch), got[0]
 
     train_fed(20)
     t0 = time.perf_counter()
@@ -279,9 +226,7 @@ def main() -> int:
     proc.join(timeout=30)
     print(json.dumps(result), flush=True)
     result["model_alone_again_img_s"] = train(200)
-    result["cpu"] = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), None)
-    (out_dir / "probe.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2), flush=True)
+    write_probe(result, out_dir / "probe.json")
     return 0
 
 
