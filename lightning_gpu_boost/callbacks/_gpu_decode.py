@@ -139,6 +139,8 @@ class GPUDecodeStage:
                 iterator._shutdown_workers()
                 loader._iterator = None
         self._taken.clear()
+        for decoder in list(self._decoders.values()):  # DALI's pipelines: their threads and GPU memory
+            decoder.close()
         if self._trainer is not None:
             remove_stage(self._trainer, f"GPUDecode-{id(self)}")
         self._trainer = None

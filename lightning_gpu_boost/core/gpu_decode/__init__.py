@@ -4,6 +4,8 @@ flips and normalizes (``StreamPrefetch(decode=...)``, ``GPUBoost``'s default ``d
 - :mod:`.plan`: which pipelines are taken over, and the workers' side;
 - :mod:`.records`: a sample and a batch on their way from the workers (collated in shared memory);
 - :mod:`.decode`: the GPU's side (:class:`BatchDecoder`);
+- :mod:`.dali_windows`: the crop windows decoded by DALI's pipelines, off the training thread's GIL;
+- :mod:`.engines`: the GPU's JPEG engines through nvImageCodec;
 - :mod:`.placement`: where to decode, by measurement (:class:`SplitSearch`).
 """
 

@@ -131,3 +131,20 @@ def test_a_torchvision_image_folder_through_dali_matches_its_cpu_transform(tmp_p
     assert torch.equal(images, BatchDecoder(MEAN, STD, device="cpu", dali=False)(batch)[0])
     levels = ((images - expected) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
     assert levels.mean() <= 1.5 and levels.max() <= 32.0
+
+
+def test_the_fits_end_drops_dalis_pipelines():
+    """The decode stage's detach (the fit's end, or a failed fit) closes its decoders: DALI's threads and memory go."""
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.callbacks._gpu_decode import GPUDecodeStage
+
+    stage = GPUDecodeStage("gpu")
+    loader = DataLoader(list(range(4)), batch_size=2)
+    decoder = BatchDecoder(MEAN, STD, device="cpu")
+    batch = default_collate([(_record(0, OPS[0]), 0)])
+    decoder.end(decoder.begin(batch))
+    assert decoder._dali
+    stage._decoders[loader] = decoder
+    stage.detach()
+    assert decoder._dali is None
