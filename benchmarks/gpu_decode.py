@@ -141,15 +141,23 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             if len(held) > 2:
                 through.end(held.popleft())
 
+        import types
+
         from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
-        for load, threads in ((0.9, 4), (1.0, 4), (1.0, 8), (0.75, 8)):  # DALI's settings, side by side
+        first = {}
+        for load, threads, handover in ((1.0, 8, "copy"), (1.0, 8, "dlpack"), (0.9, 4, "copy")):  # side by side
             through._dali = DaliWindows("cuda", threads=threads, hw_decoder_load=load)
+            if handover == "dlpack":
+                through._dali._to_torch = types.MethodType(dlpack_to_torch, through._dali)
+            first.setdefault(handover, through.end(through.begin([default_collate(records[:bs])]))[0].float())
             rate, thread_cpu = timed(begun)
             while held:
                 through.end(held.popleft())
-            dali[f"dali_path_hw_load_{load}_threads_{threads}"] = {"img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
+            dali[f"dali_path_hw_load_{load}_threads_{threads}_{handover}"] = {"img_s": rate,
+                                                                              "thread_cpu_s_per_batch": thread_cpu}  # fmt: skip
             print(f"decoders: {dali}", flush=True)
+        dali["dali_dlpack_vs_copy_max_abs"] = float((first["dlpack"] - first["copy"]).abs().max())
     else:
         dali = {"dali_path": through.dali_unavailable}
     return {**dali, "cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),
@@ -372,6 +380,15 @@ def _spin() -> None:
         pass
 
 
+def dlpack_to_torch(self: Any, dense: Any) -> torch.Tensor:
+    """``DaliWindows._to_torch`` the way DALI's own PyTorch plugin takes outputs under the dynamic executor: no copy,
+    no wait; ``torch.from_dlpack`` orders the tensor on the current stream and keeps DALI's buffer alive. Timed
+    against the package's copy (``--dali-handover dlpack``), not used by the package until measured."""
+    if self._stream is None:
+        return torch.from_numpy(__import__("numpy").array(dense))
+    return torch.from_dlpack(dense)
+
+
 def merge(parts: list[str], out: str, probes: list[str] | None = None) -> Path:
     """One result file from part files (each one call of the machine): a later file's part replaces an earlier
     one's; every ratio is taken inside one run (a part's ceiling is its own run's ResNet-50 or ResNet-18 ceiling),
@@ -431,6 +448,8 @@ def main() -> int:
     parser.add_argument("--parts", default="decoders,resnet50,resnet50_4cpus,resnet18")
     parser.add_argument("--cases", default=",".join(CASES), help="decode settings to run, of cpu,gpu,auto")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="leave the ceiling out")
+    parser.add_argument("--dali-handover", choices=["copy", "dlpack"], default="copy", help="how the model cases "
+                        "take DALI's windows: the package's copy, or DLPack without a copy (dlpack_to_torch)")
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
     parser.add_argument("--probes", nargs="+", help="with --merge: the probes' JSON files, kept in the result")
     args = parser.parse_args()
@@ -443,7 +462,11 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup")}
+    config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "dali_handover")}
+    if args.dali_handover == "dlpack":
+        from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
+
+        DaliWindows._to_torch = dlpack_to_torch
     parts: dict[str, Any] = {}
     for part in args.parts.split(","):
         if part == "decoders":

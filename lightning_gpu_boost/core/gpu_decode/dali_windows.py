@@ -146,18 +146,7 @@ class DaliWindows:
         pipe = self._pipes[k]
         try:
             (out,) = pipe.share_outputs()
-            dense = out.as_tensor()
-            shape = tuple(dense.shape())
-            if self._stream is None:
-                windows = torch.from_numpy(np.array(dense))
-            else:
-                windows = torch.empty(shape, dtype=torch.uint8, device=self.device)
-                from nvidia.dali.plugin.pytorch import feed_ndarray
-
-                with torch.cuda.stream(self._stream):  # waits for DALI's work, then copies; the buffer is then free
-                    feed_ndarray(dense, windows, cuda_stream=self._stream.cuda_stream)
-                self._stream.synchronize()
-                windows.record_stream(torch.cuda.current_stream(self.device))
+            windows = self._to_torch(out.as_tensor())
             pipe.release_outputs()
         except Exception as e:
             log.debug("DALI failed on a batch: %s", e)
@@ -166,6 +155,20 @@ class DaliWindows:
         finally:
             self._fed.pop(ticket, None)
             self._feed()
+        return windows
+
+    def _to_torch(self, dense: Any) -> torch.Tensor:
+        """The batch's dense DALI tensor as a torch tensor DALI no longer needs: copied on a stream of our own,
+        waited for (DALI's buffer is free once the copy is done), then ordered on the current stream."""
+        if self._stream is None:
+            return torch.from_numpy(np.array(dense))
+        windows = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        with torch.cuda.stream(self._stream):  # waits for DALI's work, then copies
+            feed_ndarray(dense, windows, cuda_stream=self._stream.cuda_stream)
+        self._stream.synchronize()
+        windows.record_stream(torch.cuda.current_stream(self.device))
         return windows
 
     def close(self) -> None:
