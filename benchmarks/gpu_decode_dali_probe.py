@@ -28,9 +28,7 @@ def main() -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     bs = args.batch_size
-    batches, variants, result = setup(root, bs)
-    geos = result.pop("_geos")
-    finish = result.pop("_finish")
+    batches, geos, finish, variants, result = setup(root, bs)
     from nvidia import dali
     from nvidia.dali import fn, types
     from nvidia.dali.plugin.pytorch import feed_ndarray

@@ -46,8 +46,9 @@ def _cudart() -> Any:
     return None
 
 
-def setup(root: Path, bs: int) -> tuple[list, dict[str, Any], dict[str, Any]]:
-    """The batches and each variant's function ``fn(k) -> images of batch k`` (on the current stream)."""
+def setup(root: Path, bs: int) -> tuple[list, list, Any, dict[str, Any], dict[str, Any]]:
+    """The batches, their geometries (what the workers send), the windows' resample and normalize, each variant's
+    function ``fn(k) -> images of batch k`` (on the current stream), and the result so far."""
     from nvidia import nvimgcodec as nic
 
     from lightning_gpu_boost.core.gpu_decode import BatchDecoder
@@ -125,13 +126,12 @@ def setup(root: Path, bs: int) -> tuple[list, dict[str, Any], dict[str, Any]]:
                                      ctypes.c_size_t(r[1]), ctypes.c_int(3), ctypes.c_void_p(sp))  # fmt: skip
         return finish(windows, g, tall, wide)
 
-    result["_geos"], result["_finish"] = geos, finish
-    return batches, {"current": lambda k: dec.images(batches[k]), "external": external, "memcpy": memcpy}, result
+    return batches, geos, finish, {"current": lambda k: dec.images(batches[k]), "external": external, "memcpy": memcpy}, result
 
 
 def decode_process(root: str, bs: int, ring_q: Any, done_q: Any, stop: Any) -> None:
     """The memcpy variant in a process of its own: batches into a ring of 3 shared CUDA buffers, in a loop."""
-    batches, fns, _ = setup(Path(root), bs)
+    batches, _, _, fns, _ = setup(Path(root), bs)
     fn = fns["memcpy"]
     ring = torch.empty((3, bs, 3, 224, 224), dtype=torch.bfloat16, device="cuda")
     ring_q.put(ring)
@@ -155,8 +155,7 @@ def main() -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     bs = args.batch_size
-    batches, variants, result = setup(root, bs)
-    result.pop("_geos"), result.pop("_finish")
+    batches, _, _, variants, result = setup(root, bs)
     side = torch.cuda.Stream()
     ref = None
     for name, fn in list(variants.items()):

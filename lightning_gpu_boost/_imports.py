@@ -17,6 +17,7 @@ _EXTRAS: dict[str, tuple[str, str]] = {
     "lmdb": ("lmdb", "LMDB datasets"),
     "msgpack": ("lmdb", "LMDB sample encoding"),
     "nvidia.dali": ("dali", "decoding with NVIDIA DALI"),
+    "nvidia.nvimgcodec": ("gpu-decode", "decoding on the GPU's JPEG engines (nvImageCodec)"),
     "litdata": ("stream", "streaming data from object storage (litdata)"),
     "boto3": ("stream", "checking an S3 stream before training"),
     "botocore": ("stream", "checking an S3 stream before training"),
@@ -41,22 +42,26 @@ def require(name: str) -> ModuleType:
     except ImportError as err:
         extra, purpose = _EXTRAS.get(name, ("", name))
         hint = f"pip install 'lightning-gpu-boost[{extra}]'" if extra else f"pip install {name}"
-        if name == "nvidia.dali":
-            hint = _dali_hint()
+        if extra in _CUDA13_TWINS:
+            hint = _cuda_hint(extra)
         raise ImportError(
             f"`{name}` is needed for {purpose} but is not installed. Install it with: {hint}"
         ) from err
 
 
-def _dali_hint() -> str:
-    """DALI wheels are built per CUDA major version: name the extra that matches this torch."""
+#: extras built per CUDA major version: ``<extra>`` for CUDA 12, ``<extra>-cuda13`` for CUDA 13
+_CUDA13_TWINS = ("dali", "gpu-decode")
+
+
+def _cuda_hint(extra: str) -> str:
+    """The extra's wheels are built per CUDA major version: name the one that matches this torch."""
     import sys
 
     torch = sys.modules.get("torch")
     cuda = getattr(getattr(torch, "version", None), "cuda", None)
-    cu13 = "pip install 'lightning-gpu-boost[dali-cuda13]'"
-    cu12 = "pip install 'lightning-gpu-boost[dali]'"
+    cu13 = f"pip install 'lightning-gpu-boost[{extra}-cuda13]'"
+    cu12 = f"pip install 'lightning-gpu-boost[{extra}]'"
     if cuda and cuda.startswith("13"):
-        return f"{cu13} (this torch is built for CUDA {cuda}; CUDA 12 builds use the extra `dali`)"
+        return f"{cu13} (this torch is built for CUDA {cuda}; CUDA 12 builds use the extra `{extra}`)"
     mine = f" (this torch is built for CUDA {cuda})" if cuda else ""
     return f"{cu12} for CUDA 12 torch builds{mine}, or {cu13} for CUDA 13 builds"

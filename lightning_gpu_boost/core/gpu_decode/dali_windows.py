@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DaliFailed", "DaliWindows", "open_dali"]
+from lightning_gpu_boost._imports import require
+
+__all__ = ["DaliFailed", "DaliWindows"]
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +34,6 @@ PIPES = 2
 
 class DaliFailed(RuntimeError):
     """DALI could not decode a batch (a JPEG it refuses); the batch is to be decoded another way."""
-
-
-def open_dali() -> tuple[Any, str]:
-    """DALI's module and ``""``, or ``None`` and why not."""
-    try:
-        import nvidia.dali as dali
-    except ImportError:
-        return None, ("DALI is not installed (pip install 'lightning-gpu-boost[dali-cuda13]', or [dali] for "
-                      "CUDA 12)")  # fmt: skip
-    return dali, ""
 
 
 class DaliWindows:
@@ -56,12 +48,19 @@ class DaliWindows:
 
     Tickets are collected in the order they were submitted; more batches than pipelines may be submitted: a batch
     waits until a pipeline is free, and is decoded at the latest when it is collected.
+
+    Raises:
+        ImportError: DALI is not installed (the message names the extra).
+        ValueError: ``threads`` not an int ``>= 1``, or ``hw_decoder_load`` outside ``[0, 1]``.
     """
 
     def __init__(self, device: torch.device | str, threads: int = 8, hw_decoder_load: float = 1.0) -> None:
-        self.dali, why = open_dali()
-        if self.dali is None:
-            raise ImportError(why)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}.")
+        if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, (int, float)) or not (
+                0.0 <= hw_decoder_load <= 1.0):  # fmt: skip
+            raise ValueError(f"hw_decoder_load must be a number in [0, 1], got {hw_decoder_load!r}.")
+        self.dali = require("nvidia.dali")  # an ImportError naming the extra for this torch's CUDA
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())

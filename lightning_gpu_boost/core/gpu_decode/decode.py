@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliFailed, DaliWindows, open_dali
+from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliFailed, DaliWindows
 from lightning_gpu_boost.core.gpu_decode.engines import open_engines
 from lightning_gpu_boost.core.gpu_decode.plan import geometry
 from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
@@ -101,10 +101,10 @@ class BatchDecoder:
     def asynchronous(self) -> bool:
         """Whether :meth:`begin` hands batches to DALI (opened here at the first call)."""
         if self._dali is None:
-            module, why = open_dali()
-            self._dali = DaliWindows(self.device) if module is not None else False
-            if module is None:
-                self.dali_unavailable = why
+            try:
+                self._dali = DaliWindows(self.device)
+            except ImportError as e:  # DALI is not installed: the message names its extra
+                self._dali, self.dali_unavailable = False, str(e)
         return bool(self._dali)
 
     def begin(self, batch: Any) -> Any:
@@ -136,10 +136,8 @@ class BatchDecoder:
         self.decoded_on_gpu += len(records.jpeg_index)
         if self.device.type == "cuda":
             self.decoder_name = "DALI (the JPEG engines and nvJPEG, in DALI's own threads)"
-        images = self._assemble(records, lambda shape: self._resample_windows(windows, records.geometry, shape))
-        items = list(batch)
-        items[self.key] = images
-        return type(batch)(items) if not hasattr(batch, "_fields") else type(batch)(*items)
+        return self._with_images(batch, self._assemble(
+            records, lambda shape: self._resample_windows(windows, records.geometry, shape)))
 
     def discard(self, token: Any) -> None:
         """Drop a :meth:`begin` token's batch (a loop stopped before handing it out)."""
@@ -157,10 +155,14 @@ class BatchDecoder:
 
     def __call__(self, batch: Any) -> Any:
         if isinstance(batch, (list, tuple)) and len(batch) > self.key and is_records(batch[self.key]):
-            items = list(batch)
-            items[self.key] = self.images(batch[self.key])
-            return type(batch)(items) if not hasattr(batch, "_fields") else type(batch)(*items)
+            return self._with_images(batch, self.images(batch[self.key]))
         return batch
+
+    def _with_images(self, batch: Any, images: torch.Tensor) -> Any:
+        """``batch`` (a list, tuple or named tuple) with ``images`` in place of its records."""
+        items = list(batch)
+        items[self.key] = images
+        return type(batch)(items) if not hasattr(batch, "_fields") else type(batch)(*items)
 
     def images(self, records: RecordBatch) -> torch.Tensor:
         """The normalized images of one batch's records."""

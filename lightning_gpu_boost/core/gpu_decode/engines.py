@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from lightning_gpu_boost._imports import require
+
 __all__ = ["JpegEngines", "code_stream", "open_engines"]
 
 log = logging.getLogger(__name__)
@@ -55,10 +57,9 @@ def open_engines(device: torch.device) -> tuple[JpegEngines | None, str]:
     if device.type != "cuda":
         return None, "not a CUDA device"
     try:
-        from nvidia import nvimgcodec
-    except ImportError:
-        return None, ("nvImageCodec is not installed (pip install 'lightning-gpu-boost[gpu-decode-cuda13]', or "
-                      "[gpu-decode] for CUDA 12)")
+        nvimgcodec = require("nvidia.nvimgcodec")
+    except ImportError as e:  # the message names the extra for this torch's CUDA
+        return None, str(e)
     try:
         return JpegEngines(nvimgcodec, device), ""
     except Exception as e:

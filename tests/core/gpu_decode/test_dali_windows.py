@@ -61,6 +61,13 @@ def test_batches_in_flight_beyond_the_pipelines_come_back_in_order():
         dali.submit([np.frombuffer(_jpeg(8, 8, 0), np.uint8)] * 5, np.array([[0, 0, 8, 8]] * 5))
 
 
+def test_dali_windows_arguments_are_checked():
+    with pytest.raises(ValueError, match="threads must be an int >= 1, got 0"):
+        DaliWindows("cpu", threads=0)
+    with pytest.raises(ValueError, match=r"hw_decoder_load must be a number in \[0, 1\], got 1.5"):
+        DaliWindows("cpu", hw_decoder_load=1.5)
+
+
 def test_begin_and_end_give_the_values_of_the_synchronous_path():
     """The prefetcher hands a batch over at the fetch (begin) and takes it at the hand-out (end): the images are
     those the per-image path computes; a batch of worker-decoded samples and JPEGs keeps its order."""
