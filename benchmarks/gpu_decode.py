@@ -10,7 +10,9 @@ Normalize``, ``DataLoader(batch_size=256, shuffle=True)``; bf16, channels_last, 
 resident ceiling (the same batches in GPU memory), the one line ``GPUBoost()`` with ``decode="cpu"``, ``"gpu"`` and
 ``"auto"`` (its default). ``resnet50_4cpus``: the same ResNet-50 cases with the process held to 5 CPUs (the
 training process and 4 for the workers). ``decoders``: each decoder alone (nvJPEG through the package's
-``BatchDecoder``, with crop, resize, flip and normalize; the CPU path per core, times the usable CPUs).
+``BatchDecoder``, with crop, resize, flip and normalize; DALI's windows each way; the CPU path per core, times the
+usable CPUs). ``handover_resnet18``/``handover_resnet50``: the ``gpu`` case with DALI's windows taken each way
+(``--variants``), the training thread's time in DALI's calls per batch.
 
 Steady state (``core/steady.py``, ``docs/method.md``): ThroughputMeter times ``--steps`` steps after the warm-up and
 the loader's queue; the ``auto`` cases warm up through the placement's measurement first (``--auto-warmup``).
@@ -141,21 +143,19 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             if len(held) > 2:
                 through.end(held.popleft())
 
-        import types
-
         from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
         first = {}
-        for load, threads, handover in ((1.0, 8, "copy"), (1.0, 8, "dlpack"), (0.9, 4, "copy")):  # side by side
-            through._dali = DaliWindows("cuda", threads=threads, hw_decoder_load=load)
-            if handover == "dlpack":
-                through._dali._to_torch = types.MethodType(dlpack_to_torch, through._dali)
-            first.setdefault(handover, through.end(through.begin([default_collate(records[:bs])]))[0].float())
+        for load, threads, how, pipes in ((1.0, 8, "copy", 2), (1.0, 8, "dlpack", 2), (1.0, 8, "dlpack", 3),
+                                          (0.9, 4, "dlpack", 2)):  # side by side  # fmt: skip
+            through._dali = DaliWindows("cuda", threads=threads, hw_decoder_load=load, pipes=pipes, handover=how)
+            first.setdefault(how, through.end(through.begin([default_collate(records[:bs])]))[0].float())
             rate, thread_cpu = timed(begun)
             while held:
                 through.end(held.popleft())
-            dali[f"dali_path_hw_load_{load}_threads_{threads}_{handover}"] = {"img_s": rate,
-                                                                              "thread_cpu_s_per_batch": thread_cpu}  # fmt: skip
+            dali[f"dali_path_hw_load_{load}_threads_{threads}_{how}_pipes_{pipes}"] = {
+                "img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
+            through._dali.close()
             print(f"decoders: {dali}", flush=True)
         dali["dali_dlpack_vs_copy_max_abs"] = float((first["dlpack"] - first["copy"]).abs().max())
     else:
@@ -380,13 +380,65 @@ def _spin() -> None:
         pass
 
 
-def dlpack_to_torch(self: Any, dense: Any) -> torch.Tensor:
-    """``DaliWindows._to_torch`` the way DALI's own PyTorch plugin takes outputs under the dynamic executor: no copy,
-    no wait; ``torch.from_dlpack`` orders the tensor on the current stream and keeps DALI's buffer alive. Timed
-    against the package's copy (``--dali-handover dlpack``), not used by the package until measured."""
-    if self._stream is None:
-        return torch.from_numpy(__import__("numpy").array(dense))
-    return torch.from_dlpack(dense)
+def copy_and_wait(self: Any, dense: Any) -> torch.Tensor:
+    """``DaliWindows._to_torch`` as it was before the hand-over stopped waiting: a copy on a stream of its own that
+    the training thread waits for (the ``copy_wait`` variant of the ``handover`` part)."""
+    from nvidia.dali.plugin.pytorch import feed_ndarray
+
+    windows = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
+    stream = self._stream or torch.cuda.Stream(self.device)
+    with torch.cuda.stream(stream):
+        feed_ndarray(dense, windows, cuda_stream=stream.cuda_stream)
+    stream.synchronize()
+    return windows
+
+
+#: the ``handover`` part's variants: (pipes, hand-over, what else changes)
+VARIANTS = {"copy_wait_2": (2, "copy", "wait"), "copy_2": (2, "copy", ""), "dlpack_2": (2, "dlpack", ""),
+            "dlpack_3": (3, "dlpack", ""), "dlpack_3_no_resample": (3, "dlpack", "no_resample")}  # fmt: skip
+
+
+def handover(root: Path, arch: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The ``gpu`` case of ``arch`` with DALI's windows taken each way (:data:`VARIANTS`), side by side with the
+    ceiling: how many pipelines take turns, the hand-over (DLPack, a copy, a copy waited for), and, as a diagnosis,
+    the batch's resampling left out (its images are zeros: what the resampling costs the step). Each case records
+    the training thread's time per batch in DALI's calls (``DaliWindows.timings``)."""
+    from unittest import mock
+
+    from lightning_gpu_boost.core.gpu_decode import decode as decode_module
+    from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
+
+    cases: dict[str, Any] = {"ceiling": fit_case(root, arch, None, args)}
+    print(f"handover {arch}: ceiling {cases['ceiling']['samples_per_s']:,.0f} img/s", flush=True)
+    for name in args.variants.split(","):
+        pipes, how, extra = VARIANTS[name]
+        made: list[DaliWindows] = []
+
+        def windows(device: Any, made=made, pipes=pipes, how=how) -> DaliWindows:
+            made.append(DaliWindows(device, pipes=pipes, handover=how))
+            return made[-1]
+
+        patches = [mock.patch.object(decode_module, "DaliWindows", windows)]
+        if extra == "wait":
+            patches.append(mock.patch.object(DaliWindows, "_to_torch", copy_and_wait))
+        if extra == "no_resample":
+            patches.append(mock.patch.object(decode_module.BatchDecoder, "_resample_windows", lambda self, w, g, size:
+                                             torch.zeros((w.shape[0], 3, *size), device=w.device)))  # fmt: skip
+        for patch in patches:
+            patch.start()
+        try:
+            result = fit_case(root, arch, "gpu", args)
+        finally:
+            for patch in reversed(patches):
+                patch.stop()
+        t = {k: sum(d.timings[k] for d in made) for k in ("batches", "submit_s", "wait_s", "handover_s")}
+        n = max(1, t["batches"])
+        result["thread_ms_per_batch"] = {k[:-2]: 1000 * t[k] / n for k in ("submit_s", "wait_s", "handover_s")}
+        result["of_ceiling"] = result["samples_per_s"] / cases["ceiling"]["samples_per_s"]
+        cases[name] = result
+        print(f"handover {arch}: {name} {result['samples_per_s']:,.0f} img/s ({result['of_ceiling']:.3f}), "
+              f"wait {result['data_wait_frac']:.3f}, thread ms/batch {result['thread_ms_per_batch']}", flush=True)
+    return {"arch": arch, "worker_cpus": len(os.sched_getaffinity(0)), "cases": cases}
 
 
 def merge(parts: list[str], out: str, probes: list[str] | None = None) -> Path:
@@ -404,7 +456,8 @@ def merge(parts: list[str], out: str, probes: list[str] | None = None) -> Path:
         commit = found["run"]["environment"].get("git_commit")
         for name, part in found["parts"].items():
             arch = part.get("arch")
-            base = found["parts"].get(arch, {}).get("cases", {}).get("ceiling") if arch else None
+            base = part.get("cases", {}).get("ceiling") or (
+                found["parts"].get(arch, {}).get("cases", {}).get("ceiling") if arch else None)
             extra: dict[str, Any] = {}
             ceiling = base["samples_per_s"] if base else None
             if base:
@@ -448,8 +501,8 @@ def main() -> int:
     parser.add_argument("--parts", default="decoders,resnet50,resnet50_4cpus,resnet18")
     parser.add_argument("--cases", default=",".join(CASES), help="decode settings to run, of cpu,gpu,auto")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="leave the ceiling out")
-    parser.add_argument("--dali-handover", choices=["copy", "dlpack"], default="copy", help="how the model cases "
-                        "take DALI's windows: the package's copy, or DLPack without a copy (dlpack_to_torch)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="the handover part's variants, of "
+                        + ",".join(VARIANTS))  # fmt: skip
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
     parser.add_argument("--probes", nargs="+", help="with --merge: the probes' JSON files, kept in the result")
     args = parser.parse_args()
@@ -462,11 +515,7 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "dali_handover")}
-    if args.dali_handover == "dlpack":
-        from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
-
-        DaliWindows._to_torch = dlpack_to_torch
+    config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants")}
     parts: dict[str, Any] = {}
     for part in args.parts.split(","):
         if part == "decoders":
@@ -478,6 +527,8 @@ def main() -> int:
             parts[part] = profile(root, args)
         elif part == "engines":
             parts[part] = engines(root, args)
+        elif part in ("handover_resnet18", "handover_resnet50"):
+            parts[part] = handover(root, part.split("_")[1], args)
         elif part == "resnet50_4cpus":
             parts[part] = model_part(root, "resnet50", args, cpus=4)
         elif part in ("resnet50", "resnet18"):

@@ -401,11 +401,11 @@ class StreamPrefetcher:
         fetched = self._take_start()  # the next batch's index in the epoch
 
         # a decoder that begins at the fetch (DALI's pipelines, in threads of their own) is handed each batch when it
-        # is fetched and gives the images when it is handed out; two batches ahead keep its two pipelines busy.
+        # is fetched and gives the images when it is handed out; a batch ahead per pipeline keeps them all busy.
         # Otherwise the decode runs in a thread of its own, on the side stream: the training loop launches the step
         # meanwhile; with a transform (its seeded draws fork torch's global generators) inline
         begins = self._decode is not None and self._transform is None and getattr(self._decode, "asynchronous", False)
-        ahead = max(self._depth, 2) if begins else self._depth
+        ahead = max(self._depth, getattr(self._decode, "ahead", 2)) if begins else self._depth
         thread = ThreadPoolExecutor(1, thread_name_prefix="lgb-decode") if (
             self._decode is not None and self._transform is None and not begins) else None  # fmt: skip
 

@@ -8,16 +8,21 @@ in C++ threads of its own: the training thread only hands over each batch's byte
 (:meth:`DaliWindows.collect`). Two pipelines take turns, so that two batches are decoded at once.
 
 On a GPU the pipelines decode with DALI's ``mixed`` decoder (the JPEG engines for a share ``hw_decoder_load``,
-nvJPEG's CUDA decoder for the rest); on a CPU device with DALI's CPU decoder (the same steps, for tests). A batch
-DALI fails on raises :class:`DaliFailed` (the caller decodes it another way) and its pipeline is built again.
-EXIF orientation is not applied, as PIL's ``ImageFolder`` loader does not apply it. Framework-free.
+nvJPEG's CUDA decoder for the rest); on a CPU device with DALI's CPU decoder (the same steps, for tests). The windows
+are handed to torch without the training thread waiting for the GPU: through DLPack, DALI's own buffer ordered on
+the current stream (``handover="dlpack"``, as DALI's PyTorch plugin does under its dynamic executor), or copied on a
+stream of ours (``"copy"``); either way DALI's buffer is kept until the work launched on it before the next
+:meth:`DaliWindows.collect` is done. A batch DALI fails on raises :class:`DaliFailed` (the caller decodes it another
+way) and its pipeline is built again. EXIF orientation is not applied, as PIL's ``ImageFolder`` loader does not apply
+it. Framework-free.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -28,16 +33,13 @@ __all__ = ["DaliFailed", "DaliWindows"]
 
 log = logging.getLogger(__name__)
 
-#: pipelines that take turns: two batches decoded at once
-PIPES = 2
-
 
 class DaliFailed(RuntimeError):
     """DALI could not decode a batch (a JPEG it refuses); the batch is to be decoded another way."""
 
 
 class DaliWindows:
-    """Decode batches of JPEG windows through :data:`PIPES` DALI pipelines that take turns.
+    """Decode batches of JPEG windows through DALI pipelines that take turns.
 
     Args:
         device: where the windows are decoded (``cuda:N``: DALI's mixed decoder on GPU ``N``; ``cpu``: its CPU
@@ -45,18 +47,31 @@ class DaliWindows:
         threads: CPU threads of each pipeline (parsing, and the share nvJPEG decodes in part on a CPU).
         hw_decoder_load: the share of each batch for the JPEG engines (DALI's setting; the rest: nvJPEG's CUDA
             decoder).
+        pipes: pipelines that take turns (batches decoded at once).
+        handover: how a batch's windows become a torch tensor on a GPU: ``"dlpack"`` (DALI's buffer, no copy) or
+            ``"copy"`` (a copy on a stream of ours).
+
+    Attributes:
+        timings: seconds the calling thread spent, summed over ``batches``: handing batches over (``submit_s``),
+            waiting for DALI's outputs (``wait_s``), taking them into torch (``handover_s``).
 
     Tickets are collected in the order they were submitted; more batches than pipelines may be submitted: a batch
-    waits until a pipeline is free, and is decoded at the latest when it is collected.
+    waits until a pipeline is free, and is decoded at the latest when it is collected. The windows :meth:`collect`
+    returns are read on the stream that was current there, by work launched before the next :meth:`collect`.
 
     Raises:
         ImportError: DALI is not installed (the message names the extra).
-        ValueError: ``threads`` not an int ``>= 1``, or ``hw_decoder_load`` outside ``[0, 1]``.
+        ValueError: ``threads`` or ``pipes`` not an int ``>= 1``, ``hw_decoder_load`` outside ``[0, 1]``, or
+            ``handover`` not ``"dlpack"`` or ``"copy"``.
     """
 
-    def __init__(self, device: torch.device | str, threads: int = 8, hw_decoder_load: float = 1.0) -> None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be an int >= 1, got {threads!r}.")
+    def __init__(self, device: torch.device | str, threads: int = 8, hw_decoder_load: float = 1.0, pipes: int = 2,
+                 handover: Literal["dlpack", "copy"] = "dlpack") -> None:  # fmt: skip
+        for name, value in (("threads", threads), ("pipes", pipes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+        if handover not in ("dlpack", "copy"):
+            raise ValueError(f"handover must be 'dlpack' or 'copy', got {handover!r}.")
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, (int, float)) or not (
                 0.0 <= hw_decoder_load <= 1.0):  # fmt: skip
             raise ValueError(f"hw_decoder_load must be a number in [0, 1], got {hw_decoder_load!r}.")
@@ -64,13 +79,17 @@ class DaliWindows:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.threads, self.hw_decoder_load = threads, hw_decoder_load
-        self._pipes: list[Any] = [None] * PIPES
+        self.threads, self.hw_decoder_load, self.pipes, self.handover = threads, hw_decoder_load, pipes, handover
+        self._pipes: list[Any] = [None] * pipes
         self._capacity = 0  # the batch size the pipelines were built for
         self._next = 0  # the next ticket
         self._fed: dict[int, Any] = {}  # ticket -> what the pipeline holds (kept alive until it is collected)
         self._waiting: deque = deque()  # (ticket, jpegs, windows) not handed to a pipeline yet
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and handover == "copy" else None
+        # DALI's buffers handed out, each kept until an event after the work launched on it is done: [buffer, the
+        # stream it is read on, that event (recorded at the next collect)]
+        self._held: deque = deque()
+        self.timings = {"batches": 0, "submit_s": 0.0, "wait_s": 0.0, "handover_s": 0.0}
 
     def _build(self, k: int) -> Any:
         from nvidia.dali import fn, types
@@ -109,18 +128,20 @@ class DaliWindows:
             self._capacity = max(n, capacity)
         if n > self._capacity:
             raise DaliFailed(f"a batch of {n} JPEGs, more than the {self._capacity} the pipelines were built for")
+        t0 = time.perf_counter()
         ticket = self._next
         self._next += 1
         self._waiting.append((ticket, jpegs, np.ascontiguousarray(windows, dtype=np.int32)))
         self._feed()
+        self.timings["submit_s"] += time.perf_counter() - t0
         return ticket
 
     def _feed(self) -> None:
-        """Hand waiting batches to free pipelines, in order (ticket ``t`` goes to pipeline ``t % PIPES``)."""
+        """Hand waiting batches to free pipelines, in order (ticket ``t`` goes to pipeline ``t % pipes``)."""
         while self._waiting:
             ticket, jpegs, windows = self._waiting[0]
-            k = ticket % PIPES
-            if any(t % PIPES == k for t in self._fed):
+            k = ticket % self.pipes
+            if any(t % self.pipes == k for t in self._fed):
                 return
             self._waiting.popleft()
             pipe = self._pipes[k] or self._build(k)
@@ -141,12 +162,18 @@ class DaliWindows:
             self._feed()
         if ticket not in self._fed:
             raise ValueError(f"ticket {ticket} is not the next to collect")
-        k = ticket % PIPES
+        k = ticket % self.pipes
         pipe = self._pipes[k]
+        self._release_read()
         try:
+            t0 = time.perf_counter()
             (out,) = pipe.share_outputs()
+            t1 = time.perf_counter()
             windows = self._to_torch(out.as_tensor())
             pipe.release_outputs()
+            self.timings["wait_s"] += t1 - t0
+            self.timings["handover_s"] += time.perf_counter() - t1
+            self.timings["batches"] += 1
         except Exception as e:
             log.debug("DALI failed on a batch: %s", e)
             self._pipes[k] = None  # a pipeline that raised is no longer valid
@@ -157,21 +184,42 @@ class DaliWindows:
         return windows
 
     def _to_torch(self, dense: Any) -> torch.Tensor:
-        """The batch's dense DALI tensor as a torch tensor DALI no longer needs: copied on a stream of our own,
-        waited for (DALI's buffer is free once the copy is done), then ordered on the current stream."""
-        if self._stream is None:
+        """The batch's dense DALI tensor as a torch tensor ordered on the current stream, without waiting for the
+        GPU: DALI's buffer itself (DLPack) or a copy made on our stream; the buffer is held until the work launched
+        on it is done (:meth:`_release_read`)."""
+        if self.device.type != "cuda":
             return torch.from_numpy(np.array(dense))
+        current = torch.cuda.current_stream(self.device)
+        if self.handover == "dlpack":
+            with torch.cuda.device(self.device):
+                windows = torch.from_dlpack(dense)  # the current stream waits for DALI's work on the buffer
+            self._held.append([windows, current, None])
+            return windows
         windows = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         with torch.cuda.stream(self._stream):  # waits for DALI's work, then copies
             feed_ndarray(dense, windows, cuda_stream=self._stream.cuda_stream)
-        self._stream.synchronize()
-        windows.record_stream(torch.cuda.current_stream(self.device))
+        self._held.append([dense, self._stream, None])
+        current.wait_stream(self._stream)
+        windows.record_stream(current)
         return windows
+
+    def _release_read(self) -> None:
+        """Record an event after the work launched on the last buffer handed out (all of it is launched by the next
+        collect), and let go of the buffers whose events are done."""
+        if self._held and self._held[-1][2] is None:
+            event = torch.cuda.Event()
+            event.record(self._held[-1][1])
+            self._held[-1][2] = event
+        while self._held and self._held[0][2] is not None and self._held[0][2].query():
+            self._held.popleft()
 
     def close(self) -> None:
         """Drop the pipelines (their threads and memory) and whatever was in flight."""
+        self._release_read()
+        while self._held:  # work still reading DALI's buffers
+            self._held.popleft()[2].synchronize()
         self._fed.clear()
         self._waiting.clear()
-        self._pipes = [None] * PIPES
+        self._pipes = [None] * self.pipes

@@ -107,6 +107,11 @@ class BatchDecoder:
                 self._dali, self.dali_unavailable = False, str(e)
         return bool(self._dali)
 
+    @property
+    def ahead(self) -> int:
+        """How many batches to hand over before taking the first: one per DALI pipeline (else 1)."""
+        return self._dali.pipes if self.asynchronous else 1
+
     def begin(self, batch: Any) -> Any:
         """Hand the batch's JPEGs to DALI, if :attr:`asynchronous`; the token :meth:`end` takes. Call :meth:`end`
         for every token, in order."""

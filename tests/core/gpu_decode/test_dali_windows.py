@@ -50,13 +50,15 @@ def test_windows_are_the_decoded_crops_padded_to_the_largest():
         assert not got[k, h:].any() and not got[k, :, w:].any()
 
 
-def test_batches_in_flight_beyond_the_pipelines_come_back_in_order():
-    dali = DaliWindows("cpu", threads=1)
+@pytest.mark.parametrize("pipes", [1, 2, 3])
+def test_batches_in_flight_beyond_the_pipelines_come_back_in_order(pipes):
+    dali = DaliWindows("cpu", threads=1, pipes=pipes)
     tickets = []
-    for s in range(5):  # more than the two pipelines: the later ones wait for a free one
+    for s in range(5):  # more than the pipelines: the later ones wait for a free one
         d = np.frombuffer(_jpeg(40 + s, 30, s), np.uint8)
         tickets.append(dali.submit([d], np.array([[0, 0, 30, 40 + s]]), capacity=4))
     assert [tuple(dali.collect(t).shape) for t in tickets] == [(1, 30, 40 + s, 3) for s in range(5)]
+    assert dali.timings["batches"] == 5 and dali.timings["wait_s"] > 0
     with pytest.raises(DaliFailed, match="more than the 4"):
         dali.submit([np.frombuffer(_jpeg(8, 8, 0), np.uint8)] * 5, np.array([[0, 0, 8, 8]] * 5))
 
@@ -66,6 +68,10 @@ def test_dali_windows_arguments_are_checked():
         DaliWindows("cpu", threads=0)
     with pytest.raises(ValueError, match=r"hw_decoder_load must be a number in \[0, 1\], got 1.5"):
         DaliWindows("cpu", hw_decoder_load=1.5)
+    with pytest.raises(ValueError, match="pipes must be an int >= 1, got 0"):
+        DaliWindows("cpu", pipes=0)
+    with pytest.raises(ValueError, match="handover must be 'dlpack' or 'copy', got 'share'"):
+        DaliWindows("cpu", handover="share")
 
 
 def test_begin_and_end_give_the_values_of_the_synchronous_path():
