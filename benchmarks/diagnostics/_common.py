@@ -27,3 +27,5 @@ drop_cache = _shared.drop_cache
 parallel_read = _shared.parallel_read
 fit_resnet50 = _shared.fit_resnet50
 parser_for = _shared.parser_for
+record_batches = _shared.record_batches
+write_probe = _shared.write_probe
