@@ -80,6 +80,51 @@ def timed_pass(pipe: Any, feeds: list[tuple], rounds: int, counter: list[int] | 
     return sums
 
 
+def beside(batches: list[Any], bs: int) -> dict[str, Any]:
+    """The package's ``DaliWindows`` (two pipelines, DLPack) fed before each step of ResNet-18 training on resident
+    batches (the default stream), the JPEGs in pageable or in pinned memory (the DataLoader pins them): the
+    training thread's wall and CPU time per submit, split, and the model's rate."""
+    import torch
+    from _common import _shared
+
+    from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
+
+    train = _shared.resident_training("resnet18", bs)
+    train(15)
+    res: dict[str, Any] = {"model_alone_img_s": train(100)}
+    for pinned in (False, True):
+        use = [b.pin_memory() for b in batches] if pinned else batches
+        feeds = [(inputs(b)[0], b.geometry.numpy()[:, [0, 5, 1, 6]]) for b in use]
+        dali = DaliWindows("cuda")
+        tickets: list[int] = []
+        cpu = [0.0]
+
+        def before(k: int, dali=dali, feeds=feeds, tickets=tickets, cpu=cpu) -> None:
+            c0 = time.thread_time()
+            tickets.append(dali.submit(*feeds[k % len(feeds)]))
+            cpu[0] += time.thread_time() - c0
+            if len(tickets) > 2:
+                dali.collect(tickets.pop(0))
+            return None
+
+        train(10, before)
+        for key in dali.timings:
+            dali.timings[key] = 0
+        cpu[0] = 0.0
+        rate = train(100, before)
+        n = 100
+        res["pinned" if pinned else "pageable"] = {
+            "model_img_s": rate, "model_vs_alone": rate / res["model_alone_img_s"],
+            "submit_cpu_ms": 1000 * cpu[0] / n,
+            **{f"{k[:-2]}_ms": 1000 * v / n for k, v in dali.timings.items() if k.endswith("_s")}}
+        while tickets:
+            dali.collect(tickets.pop(0))
+        dali.close()
+        torch.cuda.synchronize()
+        print("beside resnet18", res, flush=True)
+    return res
+
+
 def main() -> int:
     parser = parser_for(__doc__)
     parser.set_defaults(images=64000)
@@ -119,6 +164,7 @@ def main() -> int:
 
     from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
+    out["beside_resnet18"] = beside(batches, args.batch_size)
     dali = DaliWindows("cuda")
     dali.collect(dali.submit(feeds[0][0], batches[0].geometry.numpy()[:, [0, 5, 1, 6]]))
     prof = cProfile.Profile()

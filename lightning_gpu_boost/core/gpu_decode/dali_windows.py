@@ -53,7 +53,9 @@ class DaliWindows:
 
     Attributes:
         timings: seconds the calling thread spent, summed over ``batches``: handing batches over (``submit_s``),
-            waiting for DALI's outputs (``wait_s``), taking them into torch (``handover_s``).
+            waiting for DALI's outputs (``wait_s``), taking them into torch (``handover_s``); of the first and of
+            feeding waiting batches at a collect, in ``feed_input`` (``feed_s``) and ``schedule_run``
+            (``schedule_s``).
 
     Tickets are collected in the order they were submitted; more batches than pipelines may be submitted: a batch
     waits until a pipeline is free, and is decoded at the latest when it is collected. The windows :meth:`collect`
@@ -89,7 +91,8 @@ class DaliWindows:
         # DALI's buffers handed out, each kept until an event after the work launched on it is done: [buffer, the
         # stream it is read on, that event (recorded at the next collect)]
         self._held: deque = deque()
-        self.timings = {"batches": 0, "submit_s": 0.0, "wait_s": 0.0, "handover_s": 0.0}
+        self.timings = {"batches": 0, "submit_s": 0.0, "wait_s": 0.0, "handover_s": 0.0, "feed_s": 0.0,
+                        "schedule_s": 0.0}
 
     def _build(self, k: int) -> Any:
         from nvidia.dali import fn, types
@@ -145,10 +148,14 @@ class DaliWindows:
                 return
             self._waiting.popleft()
             pipe = self._pipes[k] or self._build(k)
+            t0 = time.perf_counter()
             pipe.feed_input("jpegs", jpegs)
             pipe.feed_input("anchor", np.ascontiguousarray(windows[:, :2]))
             pipe.feed_input("shape", np.ascontiguousarray(windows[:, 2:]))
+            t1 = time.perf_counter()
             pipe.schedule_run()
+            self.timings["feed_s"] += t1 - t0
+            self.timings["schedule_s"] += time.perf_counter() - t1
             self._fed[ticket] = jpegs  # DALI reads them in place (no_copy)
 
     def collect(self, ticket: int) -> torch.Tensor:
