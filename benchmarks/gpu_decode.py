@@ -145,19 +145,15 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
         from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
-        first = {}
-        for load, threads, how, pipes in ((1.0, 8, "copy", 2), (1.0, 8, "dlpack", 2), (1.0, 8, "dlpack", 3),
-                                          (0.9, 4, "dlpack", 2)):  # side by side  # fmt: skip
-            through._dali = DaliWindows("cuda", threads=threads, hw_decoder_load=load, pipes=pipes, handover=how)
-            first.setdefault(how, through.end(through.begin([default_collate(records[:bs])]))[0].float())
+        for load, threads, pipes in ((1.0, 8, 2), (1.0, 8, 3), (0.9, 4, 2)):  # side by side
+            through._dali = DaliWindows("cuda", threads=threads, hw_decoder_load=load, pipes=pipes)
             rate, thread_cpu = timed(begun)
             while held:
                 through.end(held.popleft())
-            dali[f"dali_path_hw_load_{load}_threads_{threads}_{how}_pipes_{pipes}"] = {
+            dali[f"dali_path_hw_load_{load}_threads_{threads}_pipes_{pipes}"] = {
                 "img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
             through._dali.close()
             print(f"decoders: {dali}", flush=True)
-        dali["dali_dlpack_vs_copy_max_abs"] = float((first["dlpack"] - first["copy"]).abs().max())
     else:
         dali = {"dali_path": through.dali_unavailable}
     return {**dali, "cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),
@@ -380,28 +376,26 @@ def _spin() -> None:
         pass
 
 
-def copy_and_wait(self: Any, dense: Any) -> torch.Tensor:
+def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
     """``DaliWindows._to_torch`` as it was before the hand-over stopped waiting: a copy on a stream of its own that
     the training thread waits for (the ``copy_wait`` variant of the ``handover`` part)."""
     from nvidia.dali.plugin.pytorch import feed_ndarray
 
     windows = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
-    stream = self._stream or torch.cuda.Stream(self.device)
-    with torch.cuda.stream(stream):
-        feed_ndarray(dense, windows, cuda_stream=stream.cuda_stream)
-    stream.synchronize()
+    with torch.cuda.stream(self._stream):
+        feed_ndarray(dense, windows, cuda_stream=self._stream.cuda_stream)
+    self._stream.synchronize()
     return windows
 
 
-#: the ``handover`` part's variants: (pipes, hand-over, what else changes)
-VARIANTS = {"copy_wait_2": (2, "copy", "wait"), "copy_2": (2, "copy", ""), "dlpack_2": (2, "dlpack", ""),
-            "dlpack_3": (3, "dlpack", ""), "dlpack_3_no_resample": (3, "dlpack", "no_resample"),
-            "dlpack_2_pageable_jpegs": (2, "dlpack", "pageable")}  # fmt: skip
+#: the ``handover`` part's variants: (pipes, what else changes)
+VARIANTS = {"copy_wait_2": (2, "wait"), "copy_2": (2, ""), "copy_3": (3, ""), "copy_2_no_resample": (2, "no_resample"),
+            "copy_2_pageable_jpegs": (2, "pageable")}  # fmt: skip
 
 
 def handover(root: Path, arch: str, args: argparse.Namespace) -> dict[str, Any]:
     """The ``gpu`` case of ``arch`` with DALI's windows taken each way (:data:`VARIANTS`), side by side with the
-    ceiling: how many pipelines take turns, the hand-over (DLPack, a copy, a copy waited for), and, as a diagnosis,
+    ceiling: how many pipelines take turns, the copy waited for (as before) or not, the JPEGs left pageable, and, as a diagnosis,
     the batch's resampling left out (its images are zeros: what the resampling costs the step). Each case records
     the training thread's time per batch in DALI's calls (``DaliWindows.timings``)."""
     from unittest import mock
@@ -412,11 +406,11 @@ def handover(root: Path, arch: str, args: argparse.Namespace) -> dict[str, Any]:
     cases: dict[str, Any] = {"ceiling": fit_case(root, arch, None, args)}
     print(f"handover {arch}: ceiling {cases['ceiling']['samples_per_s']:,.0f} img/s", flush=True)
     for name in args.variants.split(","):
-        pipes, how, extra = VARIANTS[name]
+        pipes, extra = VARIANTS[name]
         made: list[DaliWindows] = []
 
-        def windows(device: Any, made=made, pipes=pipes, how=how) -> DaliWindows:
-            made.append(DaliWindows(device, pipes=pipes, handover=how))
+        def windows(device: Any, made=made, pipes=pipes) -> DaliWindows:
+            made.append(DaliWindows(device, pipes=pipes))
             return made[-1]
 
         patches = [mock.patch.object(decode_module, "DaliWindows", windows)]

@@ -9,12 +9,13 @@ in C++ threads of its own: the training thread only hands over each batch's byte
 
 On a GPU the pipelines decode with DALI's ``mixed`` decoder (the JPEG engines for a share ``hw_decoder_load``,
 nvJPEG's CUDA decoder for the rest); on a CPU device with DALI's CPU decoder (the same steps, for tests). The windows
-are handed to torch without the training thread waiting for the GPU: through DLPack, DALI's own buffer ordered on
-the current stream (``handover="dlpack"``, as DALI's PyTorch plugin does under its dynamic executor), or copied on a
-stream of ours (``"copy"``); either way DALI's buffer is kept until the work launched on it before the next
-:meth:`DaliWindows.collect` is done. A batch DALI fails on raises :class:`DaliFailed` (the caller decodes it another
-way) and its pipeline is built again. EXIF orientation is not applied, as PIL's ``ImageFolder`` loader does not apply
-it. Framework-free.
+are copied out of DALI's buffer on a stream of ours, ordered before the current stream's next work, without the
+training thread waiting for the GPU; a pipeline is fed again only once that copy is done (by then it long is), so
+DALI never writes a buffer that is still being read. Taking DALI's buffer itself through DLPack, as DALI's PyTorch
+plugin does, read wrong values on the H200 where the reading stream lagged (``tests/core/gpu_decode/test_on_gpu.py``
+keeps that case). A batch DALI fails on raises :class:`DaliFailed` (the caller decodes it another way) and its
+pipeline is built again. EXIF orientation is not applied, as PIL's ``ImageFolder`` loader does not apply it.
+Framework-free.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +49,6 @@ class DaliWindows:
         hw_decoder_load: the share of each batch for the JPEG engines (DALI's setting; the rest: nvJPEG's CUDA
             decoder).
         pipes: pipelines that take turns (batches decoded at once).
-        handover: how a batch's windows become a torch tensor on a GPU: ``"dlpack"`` (DALI's buffer, no copy) or
-            ``"copy"`` (a copy on a stream of ours).
 
     Attributes:
         timings: seconds the calling thread spent, summed over ``batches``: handing batches over (``submit_s``),
@@ -59,21 +58,18 @@ class DaliWindows:
 
     Tickets are collected in the order they were submitted; more batches than pipelines may be submitted: a batch
     waits until a pipeline is free, and is decoded at the latest when it is collected. The windows :meth:`collect`
-    returns are read on the stream that was current there, by work launched before the next :meth:`collect`.
+    returns are ordered on the stream that was current there.
 
     Raises:
         ImportError: DALI is not installed (the message names the extra).
-        ValueError: ``threads`` or ``pipes`` not an int ``>= 1``, ``hw_decoder_load`` outside ``[0, 1]``, or
-            ``handover`` not ``"dlpack"`` or ``"copy"``.
+        ValueError: ``threads`` or ``pipes`` not an int ``>= 1``, or ``hw_decoder_load`` outside ``[0, 1]``.
     """
 
-    def __init__(self, device: torch.device | str, threads: int = 8, hw_decoder_load: float = 1.0, pipes: int = 2,
-                 handover: Literal["dlpack", "copy"] = "dlpack") -> None:  # fmt: skip
+    def __init__(self, device: torch.device | str, threads: int = 8, hw_decoder_load: float = 1.0,
+                 pipes: int = 2) -> None:  # fmt: skip
         for name, value in (("threads", threads), ("pipes", pipes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
-        if handover not in ("dlpack", "copy"):
-            raise ValueError(f"handover must be 'dlpack' or 'copy', got {handover!r}.")
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, (int, float)) or not (
                 0.0 <= hw_decoder_load <= 1.0):  # fmt: skip
             raise ValueError(f"hw_decoder_load must be a number in [0, 1], got {hw_decoder_load!r}.")
@@ -81,16 +77,14 @@ class DaliWindows:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.threads, self.hw_decoder_load, self.pipes, self.handover = threads, hw_decoder_load, pipes, handover
+        self.threads, self.hw_decoder_load, self.pipes = threads, hw_decoder_load, pipes
         self._pipes: list[Any] = [None] * pipes
         self._capacity = 0  # the batch size the pipelines were built for
         self._next = 0  # the next ticket
         self._fed: dict[int, Any] = {}  # ticket -> what the pipeline holds (kept alive until it is collected)
         self._waiting: deque = deque()  # (ticket, jpegs, windows) not handed to a pipeline yet
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and handover == "copy" else None
-        # DALI's buffers handed out, each kept until an event after the work launched on it is done: [buffer, the
-        # stream it is read on, that event (recorded at the next collect)]
-        self._held: deque = deque()
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._copied: list[Any] = [None] * pipes  # per pipeline: (its last output, the event after its copy)
         self.timings = {"batches": 0, "submit_s": 0.0, "wait_s": 0.0, "handover_s": 0.0, "feed_s": 0.0,
                         "schedule_s": 0.0}
 
@@ -148,6 +142,9 @@ class DaliWindows:
                 return
             self._waiting.popleft()
             pipe = self._pipes[k] or self._build(k)
+            if self._copied[k] is not None:  # DALI may write where its last output was: the copy is done by now
+                self._copied[k][1].synchronize()
+                self._copied[k] = None
             t0 = time.perf_counter()
             pipe.feed_input("jpegs", jpegs)
             pipe.feed_input("anchor", np.ascontiguousarray(windows[:, :2]))
@@ -171,12 +168,11 @@ class DaliWindows:
             raise ValueError(f"ticket {ticket} is not the next to collect")
         k = ticket % self.pipes
         pipe = self._pipes[k]
-        self._release_read()
         try:
             t0 = time.perf_counter()
             (out,) = pipe.share_outputs()
             t1 = time.perf_counter()
-            windows = self._to_torch(out.as_tensor())
+            windows = self._to_torch(out.as_tensor(), k)
             pipe.release_outputs()
             self.timings["wait_s"] += t1 - t0
             self.timings["handover_s"] += time.perf_counter() - t1
@@ -190,43 +186,30 @@ class DaliWindows:
             self._feed()
         return windows
 
-    def _to_torch(self, dense: Any) -> torch.Tensor:
-        """The batch's dense DALI tensor as a torch tensor ordered on the current stream, without waiting for the
-        GPU: DALI's buffer itself (DLPack) or a copy made on our stream; the buffer is held until the work launched
-        on it is done (:meth:`_release_read`)."""
-        if self.device.type != "cuda":
+    def _to_torch(self, dense: Any, k: int) -> torch.Tensor:
+        """Pipeline ``k``'s dense output as a torch tensor, copied on our stream after DALI's work and ordered
+        before the current stream's next work; the output is kept until the copy is done."""
+        if self._stream is None:
             return torch.from_numpy(np.array(dense))
-        current = torch.cuda.current_stream(self.device)
-        if self.handover == "dlpack":
-            with torch.cuda.device(self.device):
-                windows = torch.from_dlpack(dense)  # the current stream waits for DALI's work on the buffer
-            self._held.append([windows, current, None])
-            return windows
-        windows = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        with torch.cuda.stream(self._stream):  # waits for DALI's work, then copies
-            feed_ndarray(dense, windows, cuda_stream=self._stream.cuda_stream)
-        self._held.append([dense, self._stream, None])
-        current.wait_stream(self._stream)
-        windows.record_stream(current)
+        current = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._stream):  # the memory is our stream's: the copy waits for nothing else
+            windows = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
+            feed_ndarray(dense, windows, cuda_stream=self._stream.cuda_stream)  # after DALI's work on it
+            copied = torch.cuda.Event()
+            copied.record(self._stream)
+        self._copied[k] = (dense, copied)
+        current.wait_event(copied)
+        windows.record_stream(current)  # not reused before the current stream's work on it is done
         return windows
-
-    def _release_read(self) -> None:
-        """Record an event after the work launched on the last buffer handed out (all of it is launched by the next
-        collect), and let go of the buffers whose events are done."""
-        if self._held and self._held[-1][2] is None:
-            event = torch.cuda.Event()
-            event.record(self._held[-1][1])
-            self._held[-1][2] = event
-        while self._held and self._held[0][2] is not None and self._held[0][2].query():
-            self._held.popleft()
 
     def close(self) -> None:
         """Drop the pipelines (their threads and memory) and whatever was in flight."""
-        self._release_read()
-        while self._held:  # work still reading DALI's buffers
-            self._held.popleft()[2].synchronize()
+        for held in self._copied:
+            if held is not None:  # a copy out of DALI's buffer may still run
+                held[1].synchronize()
+        self._copied = [None] * self.pipes
         self._fed.clear()
         self._waiting.clear()
         self._pipes = [None] * self.pipes

@@ -70,8 +70,6 @@ def test_dali_windows_arguments_are_checked():
         DaliWindows("cpu", hw_decoder_load=1.5)
     with pytest.raises(ValueError, match="pipes must be an int >= 1, got 0"):
         DaliWindows("cpu", pipes=0)
-    with pytest.raises(ValueError, match="handover must be 'dlpack' or 'copy', got 'share'"):
-        DaliWindows("cpu", handover="share")
 
 
 def test_begin_and_end_give_the_values_of_the_synchronous_path():

@@ -203,10 +203,11 @@ def test_the_prefetcher_hands_batches_to_dali_at_the_fetch(tmp_path):
 
 
 @pytest.mark.parametrize("pipes", [2, 3])
-def test_dalis_windows_by_dlpack_are_the_copied_ones_while_the_stream_is_busy(pipes):
-    """DALI's buffers handed over without a copy stay DALI's until the work launched on them is done: with the
-    consumer's stream held up before each read, and later batches decoded meanwhile, the windows read through DLPack
-    are those copied out, batch for batch, and the crops of the JPEGs."""
+def test_dalis_windows_are_right_while_the_reading_stream_lags(pipes):
+    """The windows are copied out of DALI's buffers and a pipeline is fed again only once the copy is done: with the
+    reading stream held up before each read, and later batches decoded meanwhile, every batch's windows are its own
+    JPEGs' crops. (DALI's buffers taken through DLPack, as its PyTorch plugin takes them, failed this on the H200
+    from the sixth batch: the reads came after DALI had written the next batch there.)"""
     _need_cuda()
     pytest.importorskip("nvidia.dali", reason="DALI is not installed")
     import io
@@ -225,26 +226,19 @@ def test_dalis_windows_by_dlpack_are_the_copied_ones_while_the_stream_is_busy(pi
 
     data = [[jpeg(10 * b + s) for s in range(4)] for b in range(8)]
     windows = np.array([[3, 5, 60, 70], [10, 20, 20, 24], [0, 0, 80, 96], [1, 2, 30, 40]])
-
-    def read(handover: str) -> list[torch.Tensor]:
-        dali = DaliWindows("cuda", threads=2, pipes=pipes, handover=handover)
-        side, out = torch.cuda.Stream(), []
-        with torch.cuda.stream(side):
-            tickets = [dali.submit([np.frombuffer(d, np.uint8) for d in data[b]], windows) for b in range(pipes)]
-            for b in range(len(data)):
-                torch.cuda._sleep(20_000_000)  # the reads below wait on the GPU while later batches are decoded
-                out.append(dali.collect(tickets[b]).clone())
-                if b + pipes < len(data):
-                    jpegs = [np.frombuffer(d, np.uint8) for d in data[b + pipes]]
-                    tickets.append(dali.submit(jpegs, windows))
-        torch.cuda.synchronize()
-        dali.close()
-        return [o.cpu() for o in out]
-
-    by_dlpack, copied = read("dlpack"), read("copy")
-    for b, (x, y) in enumerate(zip(by_dlpack, copied, strict=True)):
-        assert torch.equal(x, y), b
+    dali = DaliWindows("cuda", threads=2, pipes=pipes)
+    side, out = torch.cuda.Stream(), []
+    with torch.cuda.stream(side):
+        tickets = [dali.submit([np.frombuffer(d, np.uint8) for d in data[b]], windows) for b in range(pipes)]
+        for b in range(len(data)):
+            torch.cuda._sleep(20_000_000)  # the reads below wait on the GPU while later batches are decoded
+            out.append(dali.collect(tickets[b]).clone())
+            if b + pipes < len(data):
+                tickets.append(dali.submit([np.frombuffer(d, np.uint8) for d in data[b + pipes]], windows))
+    torch.cuda.synchronize()
+    dali.close()
+    for b, got in enumerate(out):
         for k, (top, left, h, w) in enumerate(windows):
             full = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data[b][k])).convert("RGB")).copy())
-            levels = (x[k, :h, :w].float() - full[top: top + h, left: left + w].float()).abs()
-            assert levels.mean() <= 3.0, (b, k)
+            levels = (got[k, :h, :w].cpu().float() - full[top: top + h, left: left + w].float()).abs()
+            assert levels.mean() <= 3.0, (b, k, float(levels.mean()))
