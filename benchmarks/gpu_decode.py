@@ -389,13 +389,14 @@ def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
 
 
 #: the ``handover`` part's variants: (pipes, what else changes)
-VARIANTS = {"copy_wait_2": (2, "wait"), "copy_2": (2, ""), "copy_3": (3, ""), "copy_2_no_resample": (2, "no_resample"),
-            "copy_2_pageable_jpegs": (2, "pageable")}  # fmt: skip
+VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""),
+            "copy_2_no_resample": (2, "no_resample"), "copy_2_pageable_jpegs": (2, "pageable")}  # fmt: skip
 
 
 def handover(root: Path, arch: str, args: argparse.Namespace) -> dict[str, Any]:
     """The ``gpu`` case of ``arch`` with DALI's windows taken each way (:data:`VARIANTS`), side by side with the
-    ceiling: how many pipelines take turns, the copy waited for (as before) or not, the JPEGs left pageable, and, as a diagnosis,
+    ceiling: how many pipelines take turns, DALI's outputs and the copy waited for by the training thread (as before)
+    or not, the JPEGs left pageable, and, as a diagnosis,
     the batch's resampling left out (its images are zeros: what the resampling costs the step). Each case records
     the training thread's time per batch in DALI's calls (``DaliWindows.timings``)."""
     from unittest import mock
@@ -409,8 +410,9 @@ def handover(root: Path, arch: str, args: argparse.Namespace) -> dict[str, Any]:
         pipes, extra = VARIANTS[name]
         made: list[DaliWindows] = []
 
-        def windows(device: Any, made=made, pipes=pipes) -> DaliWindows:
+        def windows(device: Any, made=made, pipes=pipes, extra=extra) -> DaliWindows:
             made.append(DaliWindows(device, pipes=pipes))
+            made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
             return made[-1]
 
         patches = [mock.patch.object(decode_module, "DaliWindows", windows)]

@@ -9,8 +9,8 @@ in C++ threads of its own: the training thread only hands over each batch's byte
 
 On a GPU the pipelines decode with DALI's ``mixed`` decoder (the JPEG engines for a share ``hw_decoder_load``,
 nvJPEG's CUDA decoder for the rest); on a CPU device with DALI's CPU decoder (the same steps, for tests). The windows
-are copied out of DALI's buffer on a stream of ours, ordered before the current stream's next work, without the
-training thread waiting for the GPU; a pipeline is fed again only once that copy is done (by then it long is), so
+are bound to a stream of ours (DALI's GPU work is waited for there) and copied out of DALI's buffer on it, ordered
+before the current stream's next work, without the training thread waiting for the GPU; a pipeline is fed again only once that copy is done (by then it long is), so
 DALI never writes a buffer that is still being read. Taking DALI's buffer itself through DLPack, as DALI's PyTorch
 plugin does, read wrong values on the H200 where the reading stream lagged (``tests/core/gpu_decode/test_on_gpu.py``
 keeps that case). A batch DALI fails on raises :class:`DaliFailed` (the caller decodes it another way) and its
@@ -85,6 +85,7 @@ class DaliWindows:
         self._waiting: deque = deque()  # (ticket, jpegs, windows) not handed to a pipeline yet
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._copied: list[Any] = [None] * pipes  # per pipeline: (its last output, the event after its copy)
+        self.bind_outputs = True  # False: DALI's outputs are waited for by this thread (as before; benchmarks)
         self.timings = {"batches": 0, "submit_s": 0.0, "wait_s": 0.0, "handover_s": 0.0, "feed_s": 0.0,
                         "schedule_s": 0.0}
 
@@ -170,7 +171,9 @@ class DaliWindows:
         pipe = self._pipes[k]
         try:
             t0 = time.perf_counter()
-            (out,) = pipe.share_outputs()
+            # bound to our stream: DALI's GPU work is waited for there, not by this thread
+            (out,) = pipe.share_outputs(self._stream) if self._stream is not None and self.bind_outputs else (
+                pipe.share_outputs())  # fmt: skip
             t1 = time.perf_counter()
             windows = self._to_torch(out.as_tensor(), k)
             pipe.release_outputs()
