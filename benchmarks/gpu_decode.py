@@ -448,7 +448,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"arch": arch, "worker_cpus": len(os.sched_getaffinity(0)), "cases": cases}
 
 
-def merge(parts: list[str], out: str, probes: list[str] | None = None) -> Path:
+def merge(parts: list[str], out: str, probes: list[str] | None = None, suffix: str = "") -> Path:
     """One result file from part files (each one call of the machine): a later file's part replaces an earlier
     one's; every ratio is taken inside one run (a part's ceiling is its own run's ResNet-50 or ResNet-18 ceiling),
     and each part names its run. A part whose run measured no ceiling (``resnet50_4cpus`` alone) takes the ceiling
@@ -483,6 +483,9 @@ def merge(parts: list[str], out: str, probes: list[str] | None = None) -> Path:
         for r in part["cases"].values():
             if part["ceiling_samples_per_s"]:
                 r["of_ceiling"] = r["samples_per_s"] / part["ceiling_samples_per_s"]
+        if isinstance(part["cases"].get("auto", {}).get("decode"), dict):  # the window opened after the decision
+            auto = part["cases"]["auto"]
+            auto["placement_decided"] = not str(auto["decode"].get("why", "")).startswith("measuring")
         if "auto" in part["cases"] and "cpu" in part["cases"]:
             part["auto_vs_cpu"] = part["cases"]["auto"]["samples_per_s"] / part["cases"]["cpu"]["samples_per_s"]
             bars[f"{name}_auto_vs_cpu_decode"] = bar(part["auto_vs_cpu"], 0.98, "x")
@@ -494,7 +497,8 @@ def merge(parts: list[str], out: str, probes: list[str] | None = None) -> Path:
     # the machine that measured: the last run's environment (each run keeps its own in figures.runs)
     env = {**figures["runs"][-1]["environment"], "merged_from": [r["file"] for r in figures["runs"]]}
     gpus = env.get("gpu_count") or 1
-    return write_result("gpu_decode", figures, bars, out, env=env, tag=f"{gpus}xh200" if gpus > 1 else "h200")
+    tag = (f"{gpus}xh200" if gpus > 1 else "h200") + (f"-{suffix}" if suffix else "")
+    return write_result("gpu_decode", figures, bars, out, env=env, tag=tag)
 
 
 def main() -> int:
@@ -512,9 +516,11 @@ def main() -> int:
                         + ",".join(VARIANTS))  # fmt: skip
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
     parser.add_argument("--probes", nargs="+", help="with --merge: the probes' JSON files, kept in the result")
+    parser.add_argument("--suffix", default="", help="with --merge: after the machine in the file's name (a second "
+                        "result of one day)")
     args = parser.parse_args()
     if args.merge:
-        print(f"wrote {merge(args.merge, args.out, args.probes)}")
+        print(f"wrote {merge(args.merge, args.out, args.probes, args.suffix)}")
         return 0
     t0 = time.perf_counter()
     root = demo_tree(args)
