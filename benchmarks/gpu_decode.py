@@ -15,7 +15,8 @@ usable CPUs). ``handover_resnet18``/``handover_resnet50``: the ``gpu`` case with
 (``--variants``), the training thread's time in DALI's calls per batch.
 
 Steady state (``core/steady.py``, ``docs/method.md``): ThroughputMeter times ``--steps`` steps after the warm-up and
-the loader's queue; the ``auto`` cases warm up through the placement's measurement first (``--auto-warmup``).
+the loader's queue; the ``auto`` cases open their window once the placement is decided (``--auto-warmup``: at the
+latest).
 CPU cores used: the process's and its workers' CPU time over the fit's wall time; per 1,000 img/s.
 """
 
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 from _common import beside_training, demo_tree, parser_for, record_batches, resident_training
+from lightning.pytorch import Callback
 
 from lightning_gpu_boost.core.results import bar, write_result
 
@@ -64,13 +66,74 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget)
     cpu0, wall0 = _cpu_seconds(), time.perf_counter()
     warmup = args.auto_warmup if decode == "auto" else args.warmup
-    result = measure_fit(model, loader, args.steps, warmup, (boost,), precision="bf16-mixed")
+    extra: list[Any] = []
+    if decode == "auto":  # the window opens after the placement is decided (at the latest after --auto-warmup)
+        extra.append(OpenAfterPlacement(boost))
+    if decode == "gpu" and args.profile_steps:
+        extra.append(MainThreadProfile(*args.profile_steps))
+    result = measure_fit(model, loader, args.steps, warmup, (boost, *extra), precision="bf16-mixed")
+    for callback in extra:
+        result.update(callback.figures())
     wall = time.perf_counter() - wall0
     result["cpu_cores_used"] = (_cpu_seconds() - cpu0) / wall
     result["cpu_cores_per_1000_img_s"] = result["cpu_cores_used"] / (result["samples_per_s"] / 1000)
     result["num_workers"] = boost.parts["auto_workers"].chosen.get("train")
     result["decode"] = boost.parts["prefetch"].decode_placement
     return result
+
+
+class OpenAfterPlacement(Callback):
+    """The ``auto`` cases: once the placement is decided, the throughput meter's warm-up (the most the case waits,
+    ``--auto-warmup``) comes down to that step plus the loader's queue (the batches made before the decision), so
+    the window times the decided placement on every host, however long the search took."""
+
+    def __init__(self, boost: Any) -> None:
+        self.boost, self.decided_at = boost, None
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+
+        placement = self.boost.parts["prefetch"].decode_placement or {}
+        if self.decided_at is None and not str(placement.get("why", "measuring")).startswith("measuring"):
+            self.decided_at = trainer.global_step
+            for meter in (c for c in trainer.callbacks if isinstance(c, ThroughputMeter)):
+                meter.warmup = min(meter.warmup, self.decided_at + meter.queue)
+
+    def figures(self) -> dict[str, Any]:
+        return {"placement_decided_at_step": self.decided_at}
+
+
+class MainThreadProfile(Callback):
+    """The ``gpu`` cases with ``--profile-steps``: cProfile on the training thread from step ``first`` to ``last``,
+    where its time goes beside the steps' own launches."""
+
+    def __init__(self, first: int, last: int) -> None:
+        import cProfile
+
+        self.first, self.last, self.prof, self.on = first, last, cProfile.Profile(), False
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.first:
+            self.prof.enable()
+            self.on = True
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if self.on and trainer.global_step >= self.last:
+            self.prof.disable()
+            self.on = False
+
+    def figures(self) -> dict[str, Any]:
+        import io
+        import pstats
+
+        if self.on:
+            self.prof.disable()
+        out: dict[str, Any] = {"main_thread_profiled_steps": [self.first, self.last]}
+        for key in ("tottime", "cumtime"):
+            text = io.StringIO()
+            pstats.Stats(self.prof, stream=text).sort_stats(key).print_stats(30)
+            out[f"main_thread_cprofile_{key}"] = text.getvalue()[-7000:]
+        return out
 
 
 def model_part(root: Path, arch: str, args: argparse.Namespace, cpus: int | None = None) -> dict[str, Any]:
@@ -506,7 +569,11 @@ def main() -> int:
     parser.set_defaults(images=64000)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--auto-warmup", type=int, default=400, help="untimed steps of the auto cases (the search: four windows of 24 batches, each after the batches the loader holds ahead)")
+    parser.add_argument("--auto-warmup", type=int, default=1200, help="the most untimed steps of the auto cases: "
+                        "their window opens once the placement is decided (its search: four windows of 24 batches, "
+                        "each after the batches the loader holds ahead), at the latest after these")
+    parser.add_argument("--profile-steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="cProfile the "
+                        "training thread of the gpu cases from step FIRST to LAST")
     parser.add_argument("--workers-budget", type=float, default=10.0, help="AutoNumWorkers' probe budget (5 s "
                         "could not rank the counts of the GPU decode's cheap workers: it kept 0)")
     parser.add_argument("--parts", default="decoders,resnet50,resnet50_4cpus,resnet18")
@@ -528,7 +595,8 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants")}
+    config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants",
+                                            "profile_steps")}  # fmt: skip
     parts: dict[str, Any] = {}
     for part in args.parts.split(","):
         if part == "decoders":
