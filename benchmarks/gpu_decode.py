@@ -489,7 +489,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace) -> dict[str, Any]:
 
             def pin_pixels(self: Any, device: Any = None) -> Any:
                 return RecordBatch(self.size, self.pixels.pin_memory() if self.pixels is not None else None,
-                                   self.pixel_index, self.jpeg, self.offsets, self.ops, self.jpeg_index, self.share,
+                                   self.pixel_index, self.jpeg, self.lengths, self.ops, self.jpeg_index, self.share,
                                    self.geometry, self.made_at)  # fmt: skip
 
             patches.append(mock.patch.object(RecordBatch, "pin_memory", pin_pixels))

@@ -51,8 +51,7 @@ def main() -> int:
 
     def feed(k: int) -> None:
         b, g = batches[k], geos[k].numpy()
-        js = b.jpeg.numpy()
-        pipe.feed_input("jpegs", [js[a:z] for a, z in zip(b.offsets[:-1], b.offsets[1:], strict=True)])
+        pipe.feed_input("jpegs", [jpeg.numpy() for jpeg in b.jpegs()])
         pipe.feed_input("anchor", np.ascontiguousarray(g[:, [0, 5]], dtype=np.int32))
         pipe.feed_input("shape", np.ascontiguousarray(g[:, [1, 6]], dtype=np.int32))
         pipe.schedule_run()

@@ -95,10 +95,10 @@ def setup(root: Path, bs: int) -> tuple[list, list, Any, dict[str, Any], dict[st
         tall = max(r[1] for r in gl)
         wide = max(r[6] for r in gl)
         windows = torch.empty((len(gl), tall, wide, 3), dtype=torch.uint8, device=dev)
-        base, js = windows.data_ptr(), b.jpeg.numpy()
+        base = windows.data_ptr()
         subs, outs = [], []
-        for i, (r, a, z) in enumerate(zip(gl, b.offsets[:-1], b.offsets[1:], strict=True)):
-            cs = nic.CodeStream(js[a:z])
+        for i, (r, jpeg) in enumerate(zip(gl, b.jpegs(), strict=True)):
+            cs = nic.CodeStream(jpeg.numpy())
             subs.append(cs.get_sub_code_stream(region=nic.Region(r[0], r[5], r[0] + r[1], r[5] + r[6])))
             outs.append(nic.as_image(_Cai(base + i * tall * wide * 3, (r[1], r[6], 3), (wide * 3, 3, 1))))
         s = torch.cuda.current_stream()
@@ -110,9 +110,8 @@ def setup(root: Path, bs: int) -> tuple[list, list, Any, dict[str, Any], dict[st
         gl = g.tolist()
         tall = max(r[1] for r in gl)
         wide = max(r[6] for r in gl)
-        js = b.jpeg.numpy()
         s = torch.cuda.current_stream()
-        streams = [nic.CodeStream(js[a:z]) for a, z in zip(b.offsets[:-1], b.offsets[1:], strict=True)]
+        streams = [nic.CodeStream(jpeg.numpy()) for jpeg in b.jpegs()]
         imgs = engine_here().decode(streams, images=kept.get(k % 2), params=p_hwc, cuda_stream=s.cuda_stream)
         kept[k % 2] = imgs
         windows = torch.empty((len(gl), tall, wide, 3), dtype=torch.uint8, device=dev)

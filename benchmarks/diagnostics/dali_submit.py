@@ -21,19 +21,21 @@ from typing import Any
 import numpy as np
 from _common import demo_tree, parser_for, record_batches, write_probe
 
-#: name -> (exec_dynamic, no_copy, decoder device, hw_decoder_load)
-VARIANTS = {"as_built": (True, True, "mixed", 1.0), "inputs_copied": (True, False, "mixed", 1.0),
-            "classic_executor": (False, True, "mixed", 1.0), "hw_load_0": (True, True, "mixed", 0.0),
-            "cpu_decoder": (True, True, "cpu", 1.0)}  # fmt: skip
+#: name -> (exec_dynamic, no_copy, decoder device, hw_decoder_load, the JPEGs as one array of rows)
+VARIANTS = {"as_built": (True, True, "mixed", 1.0, False), "inputs_copied": (True, False, "mixed", 1.0, False),
+            "classic_executor": (False, True, "mixed", 1.0, False), "hw_load_0": (True, True, "mixed", 0.0, False),
+            "cpu_decoder": (True, True, "cpu", 1.0, False), "rows": (True, True, "mixed", 1.0, True)}  # fmt: skip
 
 
-def build(batch: int, exec_dynamic: bool, no_copy: bool, device: str, hw: float) -> Any:
+def build(batch: int, exec_dynamic: bool, no_copy: bool, device: str, hw: float, rows: bool) -> Any:
     from nvidia.dali import fn, pipeline_def, types
 
     @pipeline_def(batch_size=batch, num_threads=8, device_id=0, prefetch_queue_depth=1, exec_dynamic=exec_dynamic,
                   exec_async=True, exec_pipelined=True)  # fmt: skip
     def windows() -> Any:
         jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=no_copy)
+        if rows:  # one array, a JPEG per row, cut to its length by DALI (as the package feeds it)
+            jpegs = fn.slice(jpegs, start=[0], shape=fn.external_source(name="lengths", dtype=types.INT32), axes=[0])
         anchor = fn.external_source(name="anchor", dtype=types.INT32)
         shape = fn.external_source(name="shape", dtype=types.INT32)
         extra = {"hw_decoder_load": hw} if device == "mixed" else {}
@@ -46,12 +48,17 @@ def build(batch: int, exec_dynamic: bool, no_copy: bool, device: str, hw: float)
     return pipe
 
 
-def inputs(records: Any) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+def inputs(records: Any) -> tuple[Any, np.ndarray, np.ndarray]:
     g = records.geometry.numpy()
-    data = records.jpeg.numpy()
-    jpegs = [data[a:b] for a, b in zip(records.offsets[:-1], records.offsets[1:], strict=True)]
+    jpegs = [jpeg.numpy() for jpeg in records.jpegs()]
     w = np.ascontiguousarray(g[:, [0, 5, 1, 6]], dtype=np.int32)
     return jpegs, np.ascontiguousarray(w[:, :2]), np.ascontiguousarray(w[:, 2:])
+
+
+def row_inputs(records: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    _, anchor, shape = inputs(records)
+    lengths = np.asarray(records.lengths, dtype=np.int32).reshape(-1, 1)
+    return (records.jpeg.numpy(), lengths), anchor, shape
 
 
 def timed_pass(pipe: Any, feeds: list[tuple], rounds: int, counter: list[int] | None) -> dict[str, float]:
@@ -60,7 +67,11 @@ def timed_pass(pipe: Any, feeds: list[tuple], rounds: int, counter: list[int] | 
     for k in range(rounds):
         jpegs, anchor, shape = feeds[k % len(feeds)]
         t0, c0 = time.perf_counter(), time.thread_time()
-        pipe.feed_input("jpegs", jpegs)
+        if isinstance(jpegs, tuple):  # rows and their lengths
+            pipe.feed_input("jpegs", jpegs[0])
+            pipe.feed_input("lengths", jpegs[1])
+        else:
+            pipe.feed_input("jpegs", jpegs)
         pipe.feed_input("anchor", anchor)
         pipe.feed_input("shape", shape)
         t1, c1 = time.perf_counter(), time.thread_time()
@@ -94,7 +105,7 @@ def beside(batches: list[Any], bs: int) -> dict[str, Any]:
     res: dict[str, Any] = {"model_alone_img_s": train(100)}
     for pinned in (False, True):
         use = [b.pin_memory() for b in batches] if pinned else batches
-        feeds = [(inputs(b)[0], b.geometry.numpy()[:, [0, 5, 1, 6]]) for b in use]
+        feeds = [(b.jpeg.numpy(), np.asarray(b.lengths), b.geometry.numpy()[:, [0, 5, 1, 6]]) for b in use]
         dali = DaliWindows("cuda")
         tickets: list[int] = []
         cpu = [0.0]
@@ -140,18 +151,19 @@ def main() -> int:
         while not stop.is_set():
             counter[0] += 1
 
-    for name, (dynamic, no_copy, device, hw) in VARIANTS.items():
+    for name, (dynamic, no_copy, device, hw, rows) in VARIANTS.items():
         try:
-            pipe = build(args.batch_size, dynamic, no_copy, device, hw)
-            timed_pass(pipe, feeds, 3, None)
-            res = timed_pass(pipe, feeds, args.rounds, None)
+            pipe = build(args.batch_size, dynamic, no_copy, device, hw, rows)
+            given = [row_inputs(b) for b in batches] if rows else feeds
+            timed_pass(pipe, given, 3, None)
+            res = timed_pass(pipe, given, args.rounds, None)
             thread = threading.Thread(target=count, daemon=True)
             stop.clear()
             thread.start()
             n0 = counter[0]
             time.sleep(0.5)
             idle_rate = (counter[0] - n0) / 500
-            res["with_counting_thread"] = timed_pass(pipe, feeds, args.rounds, counter)
+            res["with_counting_thread"] = timed_pass(pipe, given, args.rounds, counter)
             stop.set()
             thread.join()
             res["counts_per_ms_while_sleeping"] = idle_rate
@@ -166,12 +178,12 @@ def main() -> int:
 
     out["beside_resnet18"] = beside(batches, args.batch_size)
     dali = DaliWindows("cuda")
-    dali.collect(dali.submit(feeds[0][0], batches[0].geometry.numpy()[:, [0, 5, 1, 6]]))
+    rows = [(b.jpeg.numpy(), np.asarray(b.lengths), b.geometry.numpy()[:, [0, 5, 1, 6]]) for b in batches]
+    dali.collect(dali.submit(*rows[0]))
     prof = cProfile.Profile()
     for k in range(args.rounds):
-        jpegs = feeds[k % len(feeds)][0]
         prof.enable()
-        ticket = dali.submit(jpegs, batches[k % len(batches)].geometry.numpy()[:, [0, 5, 1, 6]])
+        ticket = dali.submit(*rows[k % len(rows)])
         prof.disable()
         dali.collect(ticket)
     text = io.StringIO()

@@ -3,9 +3,10 @@
 A thread of the training process that decodes (nvImageCodec, nvJPEG through torchvision) needs Python's GIL for each
 of its calls, and a training loop holds the GIL nearly all the time: beside ResNet-18's loop on an H200 such a thread
 decoded 1,000-2,200 img/s, and decoding between the steps instead halved the model's rate. DALI parses and decodes
-in C++ threads of its own: the training thread only hands over each batch's bytes and each sample's window
-(:meth:`DaliWindows.submit`) and later takes the windows, padded to the batch's largest, as one tensor
-(:meth:`DaliWindows.collect`). Two pipelines take turns, so that two batches are decoded at once.
+in C++ threads of its own: the training thread only hands over each batch's bytes (one array, a JPEG per row: DALI
+cuts each row to its length, where a list of JPEGs cost the training thread 2 ms a batch on the H200) and each
+sample's window (:meth:`DaliWindows.submit`), and later takes the windows, padded to the batch's largest, as one
+tensor (:meth:`DaliWindows.collect`). Pipelines take turns, so that batches are decoded while others train.
 
 On a GPU the pipelines decode with DALI's ``mixed`` decoder (the JPEG engines for a share ``hw_decoder_load``,
 nvJPEG's CUDA decoder for the rest); on a CPU device with DALI's CPU decoder (the same steps, for tests). The windows
@@ -82,7 +83,7 @@ class DaliWindows:
         self._capacity = 0  # the batch size the pipelines were built for
         self._next = 0  # the next ticket
         self._fed: dict[int, Any] = {}  # ticket -> what the pipeline holds (kept alive until it is collected)
-        self._waiting: deque = deque()  # (ticket, jpegs, windows) not handed to a pipeline yet
+        self._waiting: deque = deque()  # (ticket, rows, lengths, windows) not handed to a pipeline yet
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._copied: list[Any] = [None] * pipes  # per pipeline: (its last output, the event after its copy)
         self.bind_outputs = True  # False: DALI's outputs are waited for by this thread (as before; benchmarks)
@@ -98,7 +99,9 @@ class DaliWindows:
                                 device_id=self.device.index if gpu else None, prefetch_queue_depth=1,
                                 exec_dynamic=True)  # fmt: skip
         def windows() -> Any:
-            jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True)
+            rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
+            lengths = fn.external_source(name="lengths", dtype=types.INT32)
+            jpegs = fn.slice(rows, start=[0], shape=lengths, axes=[0])  # each row's JPEG, in DALI's threads
             anchor = fn.external_source(name="anchor", dtype=types.INT32)
             shape = fn.external_source(name="shape", dtype=types.INT32)
             extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
@@ -113,17 +116,19 @@ class DaliWindows:
         self._pipes[k] = pipe
         return pipe
 
-    def submit(self, jpegs: list[np.ndarray], windows: np.ndarray, capacity: int = 0) -> int:
-        """Hand over one batch: each JPEG's bytes and its window ``(top, left, height, width)`` (an ``(n, 4)``
-        int array); returns the ticket to collect it with. ``capacity``: the most JPEGs a batch will hold (the
-        loader's batch size), read at the first batch.
+    def submit(self, jpegs: np.ndarray, lengths: np.ndarray, windows: np.ndarray, capacity: int = 0) -> int:
+        """Hand over one batch: its JPEGs, one per row of ``jpegs`` (``(n, longest)`` uint8: ``lengths[k]`` bytes of
+        row ``k``, the rest padding, read in place until the batch is collected), and each one's window ``(top,
+        left, height, width)`` (an ``(n, 4)`` int array); returns the ticket to collect it with. ``capacity``: the
+        most JPEGs a batch will hold (the loader's batch size), read at the first batch.
 
         Raises:
             DaliFailed: a batch larger than the first batch's ``capacity`` (nothing was handed over).
         """
         n = len(jpegs)
-        if n == 0 or windows.shape != (n, 4):
-            raise ValueError(f"one window (top, left, height, width) per JPEG: {n} JPEGs, windows {windows.shape}")
+        if n == 0 or jpegs.ndim != 2 or len(lengths) != n or windows.shape != (n, 4):
+            raise ValueError(f"one row of bytes, one length and one window (top, left, height, width) per JPEG: "
+                             f"rows {jpegs.shape}, lengths {len(lengths)}, windows {windows.shape}")  # fmt: skip
         if not self._capacity:
             self._capacity = max(n, capacity)
         if n > self._capacity:
@@ -131,7 +136,8 @@ class DaliWindows:
         t0, built = time.perf_counter(), self.timings["build_s"]
         ticket = self._next
         self._next += 1
-        self._waiting.append((ticket, jpegs, np.ascontiguousarray(windows, dtype=np.int32)))
+        cut = np.ascontiguousarray(np.asarray(lengths, dtype=np.int32).reshape(n, 1))
+        self._waiting.append((ticket, jpegs, cut, np.ascontiguousarray(windows, dtype=np.int32)))
         self._feed()
         self.timings["submit_s"] += time.perf_counter() - t0 - (self.timings["build_s"] - built)
         return ticket
@@ -139,7 +145,7 @@ class DaliWindows:
     def _feed(self) -> None:
         """Hand waiting batches to free pipelines, in order (ticket ``t`` goes to pipeline ``t % pipes``)."""
         while self._waiting:
-            ticket, jpegs, windows = self._waiting[0]
+            ticket, jpegs, lengths, windows = self._waiting[0]
             k = ticket % self.pipes
             if any(t % self.pipes == k for t in self._fed):
                 return
@@ -150,6 +156,7 @@ class DaliWindows:
                 self._copied[k] = None
             t0 = time.perf_counter()
             pipe.feed_input("jpegs", jpegs)
+            pipe.feed_input("lengths", lengths)
             pipe.feed_input("anchor", np.ascontiguousarray(windows[:, :2]))
             pipe.feed_input("shape", np.ascontiguousarray(windows[:, 2:]))
             t1 = time.perf_counter()

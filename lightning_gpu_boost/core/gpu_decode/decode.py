@@ -119,10 +119,9 @@ class BatchDecoder:
         if not is_records(records) or not records.jpeg_index or records.geometry is None or not self.asynchronous:
             return batch, None
         g = records.geometry.numpy()
-        data = records.jpeg.numpy()
-        jpegs = [data[a:b] for a, b in zip(records.offsets[:-1], records.offsets[1:], strict=True)]
         try:  # each window: (top, left, height, width)
-            ticket = self._dali.submit(jpegs, g[:, [0, 5, 1, 6]], capacity=records.size)
+            ticket = self._dali.submit(records.jpeg.numpy(), np.asarray(records.lengths), g[:, [0, 5, 1, 6]],
+                                       capacity=records.size)  # fmt: skip
         except DaliFailed:
             return batch, None
         return batch, ticket

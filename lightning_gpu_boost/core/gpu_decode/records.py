@@ -3,9 +3,10 @@
 A :class:`Record` is one sample's image: the pixels its worker decoded (a CHW uint8 tensor) or a JPEG's bytes with the
 operations the GPU does on it. ``default_collate`` turns a batch of them into one :class:`RecordBatch` (the collate
 function is registered for the type when this module is imported, in every process that unpickles a worker's
-dataset): the pixels stacked into one tensor and the JPEGs' bytes into another, both in shared memory when a worker
-collates, as ``default_collate`` does for tensors: the batch crosses to the training process without a copy through
-a pipe, and is pinned by the DataLoader's pin-memory thread. Framework-free.
+dataset): the pixels stacked into one tensor and the JPEGs' bytes into another, a row each (padded to the longest),
+both in shared memory when a worker collates, as ``default_collate`` does for tensors: the batch crosses to the
+training process without a copy through a pipe, and is pinned by the DataLoader's pin-memory thread. One row per JPEG
+lets the training thread hand a batch's JPEGs to DALI as one array, not one call per JPEG. Framework-free.
 """
 
 from __future__ import annotations
@@ -57,17 +58,17 @@ def _shared(shape: tuple[int, ...]) -> torch.Tensor:
 
 class RecordBatch:
     """A batch of :class:`Record`\\ s: ``pixels`` (n, C, H, W) at the batch positions ``pixel_index``, the JPEGs'
-    bytes concatenated in ``jpeg`` (cut at ``offsets``) with their ``ops`` at ``jpeg_index``; ``shape[0]`` is the
+    bytes in the rows of ``jpeg`` (``lengths`` bytes of each, the rest padding) with their ``ops`` at ``jpeg_index``; ``shape[0]`` is the
     batch's size; ``share``: the GPU share all its samples were made under (NaN where they differ, ``None`` where
     the records do not say); ``geometry``: the JPEGs' geometries, ``(len(jpeg_index), 11)`` int64, where every
     JPEG record has one, else ``None``; ``made_at``: when it was collated (``time.monotonic()``, one clock for
     every process of the machine: the placement's search reads how fast the workers make batches from it)."""
 
     def __init__(self, size: int, pixels: torch.Tensor | None, pixel_index: list[int], jpeg: torch.Tensor | None,
-                 offsets: list[int], ops: list[list], jpeg_index: list[int], share: float | None = None,
+                 lengths: list[int], ops: list[list], jpeg_index: list[int], share: float | None = None,
                  geometry: torch.Tensor | None = None, made_at: float | None = None) -> None:  # fmt: skip
         self.size, self.pixels, self.pixel_index, self.share = size, pixels, pixel_index, share
-        self.jpeg, self.offsets, self.ops, self.jpeg_index = jpeg, offsets, ops, jpeg_index
+        self.jpeg, self.lengths, self.ops, self.jpeg_index = jpeg, lengths, ops, jpeg_index
         self.geometry, self.made_at = geometry, made_at
 
     @property
@@ -78,15 +79,15 @@ class RecordBatch:
         return self.size
 
     def jpegs(self) -> list[torch.Tensor]:
-        """Each JPEG's bytes, a view of :attr:`jpeg`."""
+        """Each JPEG's bytes, a view of its row of :attr:`jpeg`."""
         if self.jpeg is None:
             return []
-        return [self.jpeg[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+        return [self.jpeg[k, :n] for k, n in enumerate(self.lengths)]
 
     def pin_memory(self, device: Any = None) -> RecordBatch:
         """Pinned copies of the tensors (the DataLoader's pin-memory thread calls it)."""
         pin = (lambda t: t.pin_memory() if t is not None else None)  # noqa: E731
-        return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.offsets, self.ops,
+        return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.lengths, self.ops,
                            self.jpeg_index, self.share, self.geometry, self.made_at)  # fmt: skip
 
     def __repr__(self) -> str:
@@ -101,19 +102,17 @@ def collate_records(batch: list[Record], *, collate_fn_map: Any = None) -> Recor
     if pixels:
         stacked = _shared((len(pixels), *pixels[0][1].shape))
         torch.stack([p for _, p in pixels], out=stacked)
-    joined, offsets = None, [0]
+    rows, lengths = None, [len(r.jpeg) for _, r in jpegs]
     if jpegs:
-        for _, r in jpegs:
-            offsets.append(offsets[-1] + len(r.jpeg))
-        joined = _shared((offsets[-1],))
-        view = joined.numpy()
-        for (_, r), a, b in zip(jpegs, offsets[:-1], offsets[1:], strict=True):
-            view[a:b] = np.frombuffer(r.jpeg, dtype=np.uint8)
+        rows = _shared((len(jpegs), max(lengths)))
+        view = rows.numpy()
+        for k, (_, r) in enumerate(jpegs):
+            view[k, : lengths[k]] = np.frombuffer(r.jpeg, dtype=np.uint8)
     shares = {r.share for r in batch}
     geometry = None
     if jpegs and all(r.geometry is not None for _, r in jpegs):
         geometry = torch.tensor([r.geometry for _, r in jpegs], dtype=torch.int64)
-    return RecordBatch(len(batch), stacked, [k for k, _ in pixels], joined, offsets, [r.ops for _, r in jpegs],
+    return RecordBatch(len(batch), stacked, [k for k, _ in pixels], rows, lengths, [r.ops for _, r in jpegs],
                        [k for k, _ in jpegs], shares.pop() if len(shares) == 1 else math.nan, geometry,
                        time.monotonic())  # fmt: skip
 

@@ -28,6 +28,14 @@ def _jpeg(w: int, h: int, seed: int) -> bytes:
     return buf.getvalue()
 
 
+def _rows(jpegs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """JPEGs as DaliWindows takes them: a row each, padded to the longest, and their lengths."""
+    rows = np.zeros((len(jpegs), max(map(len, jpegs))), np.uint8)
+    for k, d in enumerate(jpegs):
+        rows[k, : len(d)] = np.frombuffer(d, np.uint8)
+    return rows, np.array([len(d) for d in jpegs])
+
+
 def _record(seed: int, ops: list[tuple], w: int = 96, h: int = 80) -> Record:
     g = geometry(h, w, ops)
     return Record(jpeg=_jpeg(w, h, seed), ops=ops, geometry=(*g[0], *g[1], int(g[2])))
@@ -41,7 +49,7 @@ def test_windows_are_the_decoded_crops_padded_to_the_largest():
     dali = DaliWindows("cpu", threads=1)
     data = [_jpeg(96, 80, s) for s in range(3)]
     windows = np.array([[3, 5, 60, 70], [10, 20, 20, 24], [0, 0, 80, 96]])
-    ticket = dali.submit([np.frombuffer(d, np.uint8) for d in data], windows)
+    ticket = dali.submit(*_rows(data), windows)
     got = dali.collect(ticket)
     assert got.shape == (3, 80, 96, 3) and got.dtype == torch.uint8
     for k, (d, (top, left, h, w)) in enumerate(zip(data, windows, strict=True)):
@@ -55,12 +63,13 @@ def test_batches_in_flight_beyond_the_pipelines_come_back_in_order(pipes):
     dali = DaliWindows("cpu", threads=1, pipes=pipes)
     tickets = []
     for s in range(5):  # more than the pipelines: the later ones wait for a free one
-        d = np.frombuffer(_jpeg(40 + s, 30, s), np.uint8)
-        tickets.append(dali.submit([d], np.array([[0, 0, 30, 40 + s]]), capacity=4))
+        tickets.append(dali.submit(*_rows([_jpeg(40 + s, 30, s)]), np.array([[0, 0, 30, 40 + s]]), capacity=4))
     assert [tuple(dali.collect(t).shape) for t in tickets] == [(1, 30, 40 + s, 3) for s in range(5)]
     assert dali.timings["batches"] == 5 and dali.timings["wait_s"] > 0
     with pytest.raises(DaliFailed, match="more than the 4"):
-        dali.submit([np.frombuffer(_jpeg(8, 8, 0), np.uint8)] * 5, np.array([[0, 0, 8, 8]] * 5))
+        dali.submit(*_rows([_jpeg(8, 8, 0)] * 5), np.array([[0, 0, 8, 8]] * 5))
+    with pytest.raises(ValueError, match="one row of bytes, one length and one window"):
+        dali.submit(*_rows([_jpeg(8, 8, 0)] * 2), np.array([[0, 0, 8, 8]]))
 
 
 def test_dali_windows_arguments_are_checked():

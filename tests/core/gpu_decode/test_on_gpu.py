@@ -226,15 +226,22 @@ def test_dalis_windows_are_right_while_the_reading_stream_lags(pipes):
 
     data = [[jpeg(10 * b + s) for s in range(4)] for b in range(8)]
     windows = np.array([[3, 5, 60, 70], [10, 20, 20, 24], [0, 0, 80, 96], [1, 2, 30, 40]])
+
+    def rows(jpegs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        out = np.zeros((len(jpegs), max(map(len, jpegs))), np.uint8)
+        for k, d in enumerate(jpegs):
+            out[k, : len(d)] = np.frombuffer(d, np.uint8)
+        return out, np.array([len(d) for d in jpegs])
+
     dali = DaliWindows("cuda", threads=2, pipes=pipes)
     side, out = torch.cuda.Stream(), []
     with torch.cuda.stream(side):
-        tickets = [dali.submit([np.frombuffer(d, np.uint8) for d in data[b]], windows) for b in range(pipes)]
+        tickets = [dali.submit(*rows(data[b]), windows) for b in range(pipes)]
         for b in range(len(data)):
             torch.cuda._sleep(20_000_000)  # the reads below wait on the GPU while later batches are decoded
             out.append(dali.collect(tickets[b]).clone())
             if b + pipes < len(data):
-                tickets.append(dali.submit([np.frombuffer(d, np.uint8) for d in data[b + pipes]], windows))
+                tickets.append(dali.submit(*rows(data[b + pipes]), windows))
     torch.cuda.synchronize()
     dali.close()
     for b, got in enumerate(out):
