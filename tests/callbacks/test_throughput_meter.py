@@ -54,9 +54,12 @@ def test_the_meter_times_the_loader_not_its_queue(trainer_kwargs, warmup):
     assert summary["queue_batches"] == 4 * 2 + 1 and summary["warmup_steps"] >= 13
     timed = trainer.global_step - meter.opened_at
     assert 30 <= timed <= 90, "fit ends once the window is timed (longer only while its halves differ)"
-    # the queue alone would read ~1.4x: within a quarter tells the two apart, also beside CPU hogs, where the loader
-    # alone and the fit, measured a few seconds apart, met a load that moved (0.79x once)
-    assert summary["samples_per_s"] == pytest.approx(steady, rel=0.25), (summary, steady)
+    # the queue alone would read ~1.4x the loader: above 1.2x the loader's faster reading (before or after the fit)
+    # would be the queue's. The load of a busy machine moves between the readings (beside CPU hogs the fit read
+    # 0.79x the loader once; in the whole suite on 2 CPUs, 0.70x), so a slower fit only has to be of the same order
+    after = measure_loader(clone_loader(loader, 4), 4, cap_s=20, min_window_s=1.0).rate * 4
+    rate = summary["samples_per_s"]
+    assert 0.5 * min(steady, after) <= rate <= 1.2 * max(steady, after), (summary, steady, after)
 
 
 class SlowsDown(SlowStart):
