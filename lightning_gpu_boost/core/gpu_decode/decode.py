@@ -184,14 +184,17 @@ class BatchDecoder:
         else:
             self.last_share = None if math.isnan(share) else share
         shape = self._shape(records)
-        out = torch.empty((records.size, *shape), dtype=torch.float32, device=self.device)
-        if records.pixels is not None:
-            pixels = records.pixels.to(self.device, non_blocking=True)
-            out[self._to_device(torch.tensor(records.pixel_index))] = pixels.float()
-            self.decoded_by_workers += len(records.pixel_index)
-        if records.jpeg_index:
-            index = self._to_device(torch.tensor(records.jpeg_index))
-            out[index] = jpeg_images(shape[1:]).float()
+        if records.pixels is None and records.jpeg_index == list(range(records.size)):  # every sample a JPEG
+            out = jpeg_images(shape[1:]).float()
+        else:
+            out = torch.empty((records.size, *shape), dtype=torch.float32, device=self.device)
+            if records.pixels is not None:
+                pixels = records.pixels.to(self.device, non_blocking=True)
+                out[self._to_device(torch.tensor(records.pixel_index))] = pixels.float()
+                self.decoded_by_workers += len(records.pixel_index)
+            if records.jpeg_index:
+                index = self._to_device(torch.tensor(records.jpeg_index))
+                out[index] = jpeg_images(shape[1:]).float()
         out.round_().clamp_(0, 255)  # PIL's images hold 8-bit values
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         images = torch.empty(out.shape, dtype=self.dtype, device=self.device, memory_format=memory_format)
@@ -301,13 +304,13 @@ def _axis_weights(length: torch.Tensor, resized: torch.Tensor, offset: torch.Ten
     normalized; the output's first pixel is the resized window's ``offset``; rows reversed where ``flip``."""
     scale = length / resized
     support = scale.clamp(min=1.0)
-    o = torch.arange(out, device=length.device, dtype=torch.float32)
-    center = (o[None, :] + offset[:, None] + 0.5) * scale[:, None]
+    o = torch.arange(out, device=length.device, dtype=torch.float32).expand(len(length), out)
+    if flip is not None:  # a flipped sample's output pixel o is the unflipped one's out - 1 - o: its rows, reversed
+        o = torch.where(flip[:, None], (out - 1) - o, o)
+    center = (o + offset[:, None] + 0.5) * scale[:, None]
     x = torch.arange(longest, device=length.device, dtype=torch.float32) + 0.5
     w = (1.0 - (x[None, None, :] - center[:, :, None]).abs() / support[:, None, None]).clamp_(min=0.0)
     w *= x[None, None, :] < length[:, None, None]
     w /= w.sum(-1, keepdim=True).clamp_(min=1e-12)
-    if flip is not None:
-        w = torch.where(flip[:, None, None], w.flip(1), w)
     return w
 

@@ -301,3 +301,15 @@ def test_short_epochs_are_timed_across_their_ends():
             break
     assert search.decision is not None and search.decision.share == 1.0
     assert search.decision.rates[0.0] == pytest.approx(10.0) and search.decision.rates[1.0] == pytest.approx(12.0)
+
+
+def test_a_flipped_samples_weights_are_the_unflipped_rows_reversed():
+    """The flip is drawn into the weights (each output pixel's center mirrored): bit for bit the unflipped weights'
+    rows in reverse order, the resampling PIL's flip after the resize gives."""
+    from lightning_gpu_boost.core.gpu_decode.decode import _axis_weights
+
+    length, resized, offset = torch.tensor([60.0, 20.0, 96.0]), torch.tensor([32.0, 48.0, 32.0]), torch.tensor([0.0, 8.0, 0.0])
+    plain = _axis_weights(length, resized, offset, 32, 96)
+    flipped = _axis_weights(length, resized, offset, 32, 96, torch.tensor([True, False, True]))
+    assert torch.equal(flipped[0], plain[0].flip(0)) and torch.equal(flipped[2], plain[2].flip(0))
+    assert torch.equal(flipped[1], plain[1])
