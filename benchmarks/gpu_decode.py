@@ -10,9 +10,10 @@ Normalize``, ``DataLoader(batch_size=256, shuffle=True)``; bf16, channels_last, 
 resident ceiling (the same batches in GPU memory), the one line ``GPUBoost()`` with ``decode="cpu"``, ``"gpu"`` and
 ``"auto"`` (its default). ``resnet50_4cpus``: the same ResNet-50 cases with the process held to 5 CPUs (the
 training process and 4 for the workers). ``decoders``: each decoder alone (nvJPEG through the package's
-``BatchDecoder``, with crop, resize, flip and normalize; DALI's windows each way; the CPU path per core, times the
-usable CPUs). ``handover_resnet18``/``handover_resnet50``: the ``gpu`` case with DALI's windows taken each way
-(``--variants``), the training thread's time in DALI's calls per batch.
+``BatchDecoder``, with crop, resize, flip and normalize; DALI's windows each way; DALI resizing them itself, and its
+values against the package's; the CPU path per core, times the usable CPUs). ``handover_resnet18``/
+``handover_resnet50``: the ``gpu`` case with DALI's windows taken each way (``--variants``,
+``gpu_decode_variants.py``), the training thread's time in DALI's calls per batch.
 
 Steady state (``core/steady.py``, ``docs/method.md``): ThroughputMeter times ``--steps`` steps after the warm-up and
 the loader's queue; the ``auto`` cases open their window once the placement is decided (``--auto-warmup``: at the
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch
 from _common import beside_training, demo_tree, parser_for, record_batches, resident_training
+from gpu_decode_variants import VARIANTS, handover
 from lightning.pytorch import Callback
 
 from lightning_gpu_boost.core.results import bar, write_result
@@ -217,6 +219,22 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                 "img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
             through._dali.close()
             print(f"decoders: {dali}", flush=True)
+        import types
+
+        from gpu_decode_variants import ResizingWindows, begin_resized, end_resized, resize_parity
+
+        # the experiment: DALI resizes and flips the windows itself (gpu_decode_variants.py), alone and its values
+        through._dali = ResizingWindows("cuda")
+        through.begin, through.end = types.MethodType(begin_resized, through), types.MethodType(end_resized, through)
+        rate, thread_cpu = timed(begun)
+        while held:
+            through.end(held.popleft())
+        dali["dali_resize_path_pipes_2"] = {"img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
+        through.close()
+        parity = [default_collate(records[k * bs: (k + 1) * bs]) for k in range(2)]
+        dali["dali_resize_vs_package_levels"] = resize_parity(parity, "cuda", (0.485, 0.456, 0.406),
+                                                              (0.229, 0.224, 0.225))  # fmt: skip
+        print(f"decoders: {dali}", flush=True)
     else:
         dali = {"dali_path": through.dali_unavailable}
     return {**dali, "cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),
@@ -439,78 +457,6 @@ def _spin() -> None:
         pass
 
 
-def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
-    """``DaliWindows._to_torch`` as it was before the hand-over stopped waiting: a copy on a stream of its own that
-    the training thread waits for (the ``copy_wait`` variant of the ``handover`` part)."""
-    from nvidia.dali.plugin.pytorch import feed_ndarray
-
-    windows = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
-    with torch.cuda.stream(self._stream):
-        feed_ndarray(dense, windows, cuda_stream=self._stream.cuda_stream)
-    self._stream.synchronize()
-    return windows
-
-
-#: the ``handover`` part's variants: (pipes, what else changes)
-VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""),
-            "copy_2_no_resample": (2, "no_resample"), "copy_2_pageable_jpegs": (2, "pageable")}  # fmt: skip
-
-
-def handover(root: Path, arch: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The ``gpu`` case of ``arch`` with DALI's windows taken each way (:data:`VARIANTS`), side by side with the
-    ceiling: how many pipelines take turns, DALI's outputs and the copy waited for by the training thread (as before)
-    or not, the JPEGs left pageable, and, as a diagnosis,
-    the batch's resampling left out (its images are zeros: what the resampling costs the step). Each case records
-    the training thread's time per batch in DALI's calls (``DaliWindows.timings``)."""
-    from unittest import mock
-
-    from lightning_gpu_boost.core.gpu_decode import decode as decode_module
-    from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
-
-    cases: dict[str, Any] = {"ceiling": fit_case(root, arch, None, args)}
-    print(f"handover {arch}: ceiling {cases['ceiling']['samples_per_s']:,.0f} img/s", flush=True)
-    for name in args.variants.split(","):
-        pipes, extra = VARIANTS[name]
-        made: list[DaliWindows] = []
-
-        def windows(device: Any, made=made, pipes=pipes, extra=extra) -> DaliWindows:
-            made.append(DaliWindows(device, pipes=pipes))
-            made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
-            return made[-1]
-
-        patches = [mock.patch.object(decode_module, "DaliWindows", windows)]
-        if extra == "wait":
-            patches.append(mock.patch.object(DaliWindows, "_to_torch", copy_and_wait))
-        if extra == "no_resample":
-            patches.append(mock.patch.object(decode_module.BatchDecoder, "_resample_windows", lambda self, w, g, size:
-                                             torch.zeros((w.shape[0], 3, *size), device=w.device)))  # fmt: skip
-        if extra == "pageable":  # the pin-memory thread leaves the JPEGs' bytes pageable (DALI reads them there)
-            from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
-
-            def pin_pixels(self: Any, device: Any = None) -> Any:
-                return RecordBatch(self.size, self.pixels.pin_memory() if self.pixels is not None else None,
-                                   self.pixel_index, self.jpeg, self.lengths, self.ops, self.jpeg_index, self.share,
-                                   self.geometry, self.made_at)  # fmt: skip
-
-            patches.append(mock.patch.object(RecordBatch, "pin_memory", pin_pixels))
-        for patch in patches:
-            patch.start()
-        try:
-            result = fit_case(root, arch, "gpu", args)
-        finally:
-            for patch in reversed(patches):
-                patch.stop()
-        keys = ("submit_s", "feed_s", "schedule_s", "wait_s", "handover_s")
-        t = {k: sum(d.timings[k] for d in made) for k in ("batches", *keys)}
-        n = max(1, t["batches"])
-        result["thread_ms_per_batch"] = {k[:-2]: 1000 * t[k] / n for k in keys}
-        result["of_ceiling"] = result["samples_per_s"] / cases["ceiling"]["samples_per_s"]
-        cases[name] = result
-        print(f"handover {arch}: {name} {result['samples_per_s']:,.0f} img/s ({result['of_ceiling']:.3f}), "
-              f"wait {result['data_wait_frac']:.3f}, thread ms/batch {result['thread_ms_per_batch']}", flush=True)
-    return {"arch": arch, "worker_cpus": len(os.sched_getaffinity(0)), "cases": cases}
-
-
 def merge(parts: list[str], out: str, probes: list[str] | None = None, suffix: str = "") -> Path:
     """One result file from part files (each one call of the machine): a later file's part replaces an earlier
     one's; every ratio is taken inside one run (a part's ceiling is its own run's ResNet-50 or ResNet-18 ceiling),
@@ -609,7 +555,7 @@ def main() -> int:
         elif part == "engines":
             parts[part] = engines(root, args)
         elif part in ("handover_resnet18", "handover_resnet50"):
-            parts[part] = handover(root, part.split("_")[1], args)
+            parts[part] = handover(root, part.split("_")[1], args, fit_case)
         elif part == "resnet50_4cpus":
             parts[part] = model_part(root, "resnet50", args, cpus=4)
         elif part in ("resnet50", "resnet18"):

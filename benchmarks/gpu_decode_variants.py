@@ -1,0 +1,213 @@
+"""The GPU decode's hand-over to DALI, variant by variant (``benchmarks/gpu_decode.py --parts handover_resnet18``):
+the ``gpu`` case of a model with DALI's windows taken each way, side by side with the ceiling, in one run.
+
+Variants (:data:`VARIANTS`): how many pipelines take turns; DALI's outputs and the copy waited for by the training
+thread (as before the hand-over stopped waiting) or not; the JPEGs left pageable; the batch's resampling left out (its
+images zeros: what the resampling costs the step, a diagnosis); and DALI resizing the windows itself (``fn.resize``,
+antialiased linear, then ``fn.flip``) instead of the package's batched products, an experiment whose values
+:func:`resize_parity` compares with the package's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
+
+
+def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
+    """``DaliWindows._to_torch`` as it was before the hand-over stopped waiting: a copy on a stream of its own that
+    the training thread waits for (the ``copy_wait`` variant of the ``handover`` part)."""
+    from nvidia.dali.plugin.pytorch import feed_ndarray
+
+    windows = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
+    with torch.cuda.stream(self._stream):
+        feed_ndarray(dense, windows, cuda_stream=self._stream.cuda_stream)
+    self._stream.synchronize()
+    return windows
+
+
+#: the ``handover`` part's variants: (pipes, what else changes)
+VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""),
+            "copy_2_no_resample": (2, "no_resample"), "copy_2_pageable_jpegs": (2, "pageable"),
+            "dali_resize_2": (2, "dali_resize")}  # fmt: skip
+
+
+def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
+    """The ``gpu`` case of ``arch`` with DALI's windows taken each way (:data:`VARIANTS`), side by side with the
+    ceiling: how many pipelines take turns, DALI's outputs and the copy waited for by the training thread (as before)
+    or not, the JPEGs left pageable, DALI resizing the windows itself, and, as a diagnosis, the batch's resampling
+    left out (its images are zeros: what the resampling costs the step). Each case records the training thread's
+    time per batch in DALI's calls (``DaliWindows.timings``); ``fit_case``: ``gpu_decode.py``'s."""
+    from unittest import mock
+
+    from lightning_gpu_boost.core.gpu_decode import decode as decode_module
+    from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
+
+    cases: dict[str, Any] = {"ceiling": fit_case(root, arch, None, args)}
+    print(f"handover {arch}: ceiling {cases['ceiling']['samples_per_s']:,.0f} img/s", flush=True)
+    for name in args.variants.split(","):
+        pipes, extra = VARIANTS[name]
+        made: list[DaliWindows] = []
+
+        def windows(device: Any, made=made, pipes=pipes, extra=extra) -> DaliWindows:
+            made.append((ResizingWindows if extra == "dali_resize" else DaliWindows)(device, pipes=pipes))
+            made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
+            return made[-1]
+
+        patches = [mock.patch.object(decode_module, "DaliWindows", windows)]
+        if extra == "wait":
+            patches.append(mock.patch.object(DaliWindows, "_to_torch", copy_and_wait))
+        if extra == "no_resample":
+            patches.append(mock.patch.object(decode_module.BatchDecoder, "_resample_windows", lambda self, w, g, size:
+                                             torch.zeros((w.shape[0], 3, *size), device=w.device)))  # fmt: skip
+        if extra == "dali_resize":
+            patches += [mock.patch.object(decode_module.BatchDecoder, "begin", begin_resized),
+                        mock.patch.object(decode_module.BatchDecoder, "end", end_resized)]  # fmt: skip
+        if extra == "pageable":  # the pin-memory thread leaves the JPEGs' bytes pageable (DALI reads them there)
+            from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
+
+            def pin_pixels(self: Any, device: Any = None) -> Any:
+                return RecordBatch(self.size, self.pixels.pin_memory() if self.pixels is not None else None,
+                                   self.pixel_index, self.jpeg, self.lengths, self.ops, self.jpeg_index, self.share,
+                                   self.geometry, self.made_at)  # fmt: skip
+
+            patches.append(mock.patch.object(RecordBatch, "pin_memory", pin_pixels))
+        for patch in patches:
+            patch.start()
+        try:
+            result = fit_case(root, arch, "gpu", args)
+        finally:
+            for patch in reversed(patches):
+                patch.stop()
+        keys = ("submit_s", "feed_s", "schedule_s", "wait_s", "handover_s")
+        t = {k: sum(d.timings[k] for d in made) for k in ("batches", *keys)}
+        n = max(1, t["batches"])
+        result["thread_ms_per_batch"] = {k[:-2]: 1000 * t[k] / n for k in keys}
+        result["of_ceiling"] = result["samples_per_s"] / cases["ceiling"]["samples_per_s"]
+        cases[name] = result
+        print(f"handover {arch}: {name} {result['samples_per_s']:,.0f} img/s ({result['of_ceiling']:.3f}), "
+              f"wait {result['data_wait_frac']:.3f}, thread ms/batch {result['thread_ms_per_batch']}", flush=True)
+    return {"arch": arch, "worker_cpus": len(os.sched_getaffinity(0)), "cases": cases}
+
+
+class ResizingWindows(DaliWindows):
+    """:class:`DaliWindows` whose pipelines also resize each window to the batch's image size (``fn.resize``,
+    antialiased linear, over the region of the window the records' geometry maps onto the output) and flip it
+    (``fn.flip``): the batch comes back as ``(n, H, W, 3)`` uint8 images, not windows to resample."""
+
+    def submit_geometry(self, rows: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, capacity: int,
+                        size: tuple[int, int]) -> int:  # fmt: skip
+        """:meth:`DaliWindows.submit` from the records' geometry (11 ints per JPEG: rows' start, length, resized,
+        offset, out; the columns'; flip)."""
+        n = len(rows)
+        if not self._capacity:
+            self._capacity, self.size = max(n, capacity), size
+        g = geometry.astype(np.float64)
+        scale_y, scale_x = g[:, 1] / g[:, 2], g[:, 6] / g[:, 7]
+        roi_start = np.stack([g[:, 3] * scale_y, g[:, 8] * scale_x], 1).astype(np.float32)
+        roi_end = np.stack([(g[:, 3] + g[:, 4]) * scale_y, (g[:, 8] + g[:, 9]) * scale_x], 1).astype(np.float32)
+        packed = (np.ascontiguousarray(geometry[:, [0, 5, 1, 6]], dtype=np.int32), roi_start, roi_end,
+                  np.ascontiguousarray(geometry[:, 10], dtype=np.int32))  # fmt: skip
+        ticket = self._next
+        self._next += 1
+        self._waiting.append((ticket, rows, np.asarray(lengths, dtype=np.int32).reshape(n, 1), packed))
+        self._feed()
+        return ticket
+
+    def _feed(self) -> None:
+        while self._waiting:
+            ticket, rows, lengths, (windows, roi_start, roi_end, flip) = self._waiting[0]
+            k = ticket % self.pipes
+            if any(t % self.pipes == k for t in self._fed):
+                return
+            self._waiting.popleft()
+            pipe = self._pipes[k] or self._build(k)
+            if self._copied[k] is not None:
+                self._copied[k][1].synchronize()
+                self._copied[k] = None
+            for name, value in (("jpegs", rows), ("lengths", lengths), ("anchor", windows[:, :2].copy()),
+                                ("shape", windows[:, 2:].copy()), ("roi_start", roi_start), ("roi_end", roi_end),
+                                ("flip", flip)):  # fmt: skip
+                pipe.feed_input(name, value)
+            pipe.schedule_run()
+            self._fed[ticket] = rows
+
+    def _build(self, k: int) -> Any:
+        from nvidia.dali import fn, types
+
+        gpu = self.device.type == "cuda"
+
+        @self.dali.pipeline_def(batch_size=self._capacity, num_threads=self.threads,
+                                device_id=self.device.index if gpu else None, prefetch_queue_depth=1,
+                                exec_dynamic=True)  # fmt: skip
+        def resized() -> Any:
+            rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
+            jpegs = fn.slice(rows, start=[0], shape=fn.external_source(name="lengths", dtype=types.INT32), axes=[0])
+            anchor = fn.external_source(name="anchor", dtype=types.INT32)
+            shape = fn.external_source(name="shape", dtype=types.INT32)
+            extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
+            images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
+                                             device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
+            images = fn.resize(images, size=list(self.size), roi_start=fn.external_source(name="roi_start"),
+                               roi_end=fn.external_source(name="roi_end"), roi_relative=False, antialias=True,
+                               interp_type=types.INTERP_LINEAR)  # fmt: skip
+            return fn.flip(images, horizontal=fn.external_source(name="flip"))
+
+        pipe = resized()
+        pipe.build()
+        self._pipes[k] = pipe
+        return pipe
+
+
+def begin_resized(self: Any, batch: Any) -> Any:
+    """``BatchDecoder.begin`` handing the records' geometry to :class:`ResizingWindows`."""
+    from lightning_gpu_boost.core.gpu_decode import is_records
+
+    records = batch[self.key] if isinstance(batch, (list, tuple)) and len(batch) > self.key else None
+    if not is_records(records) or not records.jpeg_index or records.geometry is None or not self.asynchronous:
+        return batch, None
+    size = self._shape(records)[1:]
+    ticket = self._dali.submit_geometry(records.jpeg.numpy(), np.asarray(records.lengths), records.geometry.numpy(),
+                                        records.size, size)  # fmt: skip
+    return batch, ticket
+
+
+def end_resized(self: Any, token: Any) -> Any:
+    """``BatchDecoder.end`` taking :class:`ResizingWindows`' images as they are (rounded 8-bit values, as PIL's)."""
+    batch, ticket = token
+    if ticket is None:
+        return self(batch)
+    records = batch[self.key]
+    images = self._dali.collect(ticket)
+    self.decoded_on_gpu += len(records.jpeg_index)
+    return self._with_images(batch, self._assemble(records, lambda shape: images.permute(0, 3, 1, 2)))
+
+
+def resize_parity(batches: list[Any], device: str, mean: tuple, std: tuple) -> dict[str, float]:
+    """The images of DALI's resize against the package's resampling of the same records (8-bit levels: mean and
+    max absolute difference over ``batches``)."""
+    import types
+
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder
+
+    package = BatchDecoder(mean, std, device=device)
+    resizing = BatchDecoder(mean, std, device=device)
+    resizing._dali = ResizingWindows(device)
+    resizing.begin, resizing.end = types.MethodType(begin_resized, resizing), types.MethodType(end_resized, resizing)
+    scale = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255
+    total, count, most = 0.0, 0, 0.0
+    for batch in batches:
+        a = package.end(package.begin([batch]))[0]
+        b = resizing.end(resizing.begin([batch]))[0]
+        levels = ((a - b) * scale).abs()
+        total, count, most = total + float(levels.sum()), count + levels.numel(), max(most, float(levels.max()))
+    package.close()
+    resizing.close()
+    return {"mean_abs_levels": total / count, "max_abs_levels": most}
