@@ -2,10 +2,10 @@
 the ``gpu`` case of a model with DALI's windows taken each way, side by side with the ceiling, in one run.
 
 Variants (:data:`VARIANTS`): how many pipelines take turns; DALI's outputs and the copy waited for by the training
-thread (as before the hand-over stopped waiting) or not; the JPEGs left pageable; the batch's resampling left out (its
-images zeros: what the resampling costs the step, a diagnosis); and DALI resizing the windows itself (``fn.resize``,
-antialiased linear, then ``fn.flip``) instead of the package's batched products, an experiment whose values
-:func:`resize_parity` compares with the package's.
+thread (as before the hand-over stopped waiting) or not; the JPEGs pinned (as before); the batch's resampling left
+out (its images zeros: what the resampling costs the step, a diagnosis); and DALI resizing the windows itself
+(``fn.resize``, antialiased linear, then ``fn.flip``) instead of the package's batched products, an experiment whose
+values :func:`resize_parity` compares with the package's.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
 
 #: the ``handover`` part's variants: (pipes, what else changes)
 VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""),
-            "copy_2_no_resample": (2, "no_resample"), "copy_2_pageable_jpegs": (2, "pageable"),
+            "copy_2_no_resample": (2, "no_resample"), "copy_2_pinned_jpegs": (2, "pinned"),
             "dali_resize_2": (2, "dali_resize")}  # fmt: skip
 
 
 def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
     """The ``gpu`` case of ``arch`` with DALI's windows taken each way (:data:`VARIANTS`), side by side with the
     ceiling: how many pipelines take turns, DALI's outputs and the copy waited for by the training thread (as before)
-    or not, the JPEGs left pageable, DALI resizing the windows itself, and, as a diagnosis, the batch's resampling
+    or not, the JPEGs pinned, DALI resizing the windows itself, and, as a diagnosis, the batch's resampling
     left out (its images are zeros: what the resampling costs the step). Each case records the training thread's
     time per batch in DALI's calls (``DaliWindows.timings``); ``fit_case``: ``gpu_decode.py``'s."""
     from unittest import mock
@@ -70,15 +70,15 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         if extra == "dali_resize":
             patches += [mock.patch.object(decode_module.BatchDecoder, "begin", begin_resized),
                         mock.patch.object(decode_module.BatchDecoder, "end", end_resized)]  # fmt: skip
-        if extra == "pageable":  # the pin-memory thread leaves the JPEGs' bytes pageable (DALI reads them there)
+        if extra == "pinned":  # the pin-memory thread pins the JPEGs' bytes too (as before)
             from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
 
-            def pin_pixels(self: Any, device: Any = None) -> Any:
-                return RecordBatch(self.size, self.pixels.pin_memory() if self.pixels is not None else None,
-                                   self.pixel_index, self.jpeg, self.lengths, self.ops, self.jpeg_index, self.share,
-                                   self.geometry, self.made_at)  # fmt: skip
+            def pin_all(self: Any, device: Any = None) -> Any:
+                pin = (lambda x: x.pin_memory() if x is not None else None)  # noqa: E731
+                return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.lengths,
+                                   self.ops, self.jpeg_index, self.share, self.geometry, self.made_at)  # fmt: skip
 
-            patches.append(mock.patch.object(RecordBatch, "pin_memory", pin_pixels))
+            patches.append(mock.patch.object(RecordBatch, "pin_memory", pin_all))
         for patch in patches:
             patch.start()
         try:

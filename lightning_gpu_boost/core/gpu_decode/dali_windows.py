@@ -9,14 +9,14 @@ sample's window (:meth:`DaliWindows.submit`), and later takes the windows, padde
 tensor (:meth:`DaliWindows.collect`). Pipelines take turns, so that batches are decoded while others train.
 
 On a GPU the pipelines decode with DALI's ``mixed`` decoder (the JPEG engines for a share ``hw_decoder_load``,
-nvJPEG's CUDA decoder for the rest); on a CPU device with DALI's CPU decoder (the same steps, for tests). The windows
-are bound to a stream of ours (DALI's GPU work is waited for there) and copied out of DALI's buffer on it, ordered
-before the current stream's next work, without the training thread waiting for the GPU; a pipeline is fed again only once that copy is done (by then it long is), so
-DALI never writes a buffer that is still being read. Taking DALI's buffer itself through DLPack, as DALI's PyTorch
-plugin does, read wrong values on the H200 where the reading stream lagged (``tests/core/gpu_decode/test_on_gpu.py``
-keeps that case). A batch DALI fails on raises :class:`DaliFailed` (the caller decodes it another way) and its
-pipeline is built again. EXIF orientation is not applied, as PIL's ``ImageFolder`` loader does not apply it.
-Framework-free.
+nvJPEG's CUDA decoder for the rest); on a CPU device with DALI's CPU decoder (the same steps, for tests). The
+windows are bound to a stream of ours (DALI's GPU work is waited for there) and copied out of DALI's buffer on it,
+ordered before the current stream's next work, without the training thread waiting for the GPU; a pipeline is fed
+again only once that copy is done (by then it long is), so DALI never writes a buffer that is still being read.
+Taking DALI's buffer itself through DLPack, as DALI's PyTorch plugin does, read wrong values on the H200 where the
+reading stream lagged (``tests/core/gpu_decode/test_on_gpu.py`` keeps that case). A batch DALI fails on raises
+:class:`DaliFailed` (the caller decodes it another way) and its pipeline is built again. EXIF orientation is not
+applied, as PIL's ``ImageFolder`` loader does not apply it. Framework-free.
 """
 
 from __future__ import annotations
