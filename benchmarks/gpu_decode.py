@@ -223,18 +223,21 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
         from gpu_decode_variants import ResizingWindows, begin_resized, end_resized, resize_parity
 
-        # the experiment: DALI resizes and flips the windows itself (gpu_decode_variants.py), alone and its values
-        through._dali = ResizingWindows("cuda")
+        # the experiment: DALI resizes and flips the windows (or the whole images) itself (gpu_decode_variants.py),
+        # alone, and its values against the package's
         through.begin, through.end = types.MethodType(begin_resized, through), types.MethodType(end_resized, through)
-        rate, thread_cpu = timed(begun)
-        while held:
-            through.end(held.popleft())
-        dali["dali_resize_path_pipes_2"] = {"img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
-        through.close()
         parity = [default_collate(records[k * bs: (k + 1) * bs]) for k in range(2)]
-        dali["dali_resize_vs_package_levels"] = resize_parity(parity, "cuda", (0.485, 0.456, 0.406),
-                                                              (0.229, 0.224, 0.225))  # fmt: skip
-        print(f"decoders: {dali}", flush=True)
+        for whole in (False, True):
+            name = "dali_whole_resize" if whole else "dali_resize"
+            through._dali = ResizingWindows("cuda", whole=whole)
+            rate, thread_cpu = timed(begun)
+            while held:
+                through.end(held.popleft())
+            dali[f"{name}_path_pipes_2"] = {"img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
+            through.close()
+            dali[f"{name}_vs_package_levels"] = resize_parity(parity, "cuda", (0.485, 0.456, 0.406),
+                                                              (0.229, 0.224, 0.225), whole=whole)  # fmt: skip
+            print(f"decoders: {dali}", flush=True)
     else:
         dali = {"dali_path": through.dali_unavailable}
     return {**dali, "cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),

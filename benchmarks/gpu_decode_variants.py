@@ -4,8 +4,9 @@ the ``gpu`` case of a model with DALI's windows taken each way, side by side wit
 Variants (:data:`VARIANTS`): how many pipelines take turns; DALI's outputs and the copy waited for by the training
 thread (as before the hand-over stopped waiting) or not; the JPEGs pinned (as before); the batch's resampling left
 out (its images zeros: what the resampling costs the step, a diagnosis); and DALI resizing the windows itself
-(``fn.resize``, antialiased linear, then ``fn.flip``) instead of the package's batched products, an experiment whose
-values :func:`resize_parity` compares with the package's.
+(``fn.resize``, antialiased linear, then ``fn.flip``) instead of the package's batched products, over each JPEG's
+window or over the whole image (no region for the JPEG engines to crop), an experiment whose values
+:func:`resize_parity` compares with the package's.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
 #: the ``handover`` part's variants: (pipes, what else changes)
 VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""),
             "copy_2_no_resample": (2, "no_resample"), "copy_2_pinned_jpegs": (2, "pinned"),
-            "dali_resize_2": (2, "dali_resize")}  # fmt: skip
+            "dali_resize_2": (2, "dali_resize"), "dali_whole_resize_2": (2, "dali_whole_resize")}  # fmt: skip
 
 
 def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
@@ -57,7 +58,10 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         made: list[DaliWindows] = []
 
         def windows(device: Any, made=made, pipes=pipes, extra=extra) -> DaliWindows:
-            made.append((ResizingWindows if extra == "dali_resize" else DaliWindows)(device, pipes=pipes))
+            if extra in ("dali_resize", "dali_whole_resize"):
+                made.append(ResizingWindows(device, whole=extra == "dali_whole_resize", pipes=pipes))
+            else:
+                made.append(DaliWindows(device, pipes=pipes))
             made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
             return made[-1]
 
@@ -67,7 +71,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         if extra == "no_resample":
             patches.append(mock.patch.object(decode_module.BatchDecoder, "_resample_windows", lambda self, w, g, size:
                                              torch.zeros((w.shape[0], 3, *size), device=w.device)))  # fmt: skip
-        if extra == "dali_resize":
+        if extra in ("dali_resize", "dali_whole_resize"):
             patches += [mock.patch.object(decode_module.BatchDecoder, "begin", begin_resized),
                         mock.patch.object(decode_module.BatchDecoder, "end", end_resized)]  # fmt: skip
         if extra == "pinned":  # the pin-memory thread pins the JPEGs' bytes too (as before)
@@ -100,7 +104,13 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
 class ResizingWindows(DaliWindows):
     """:class:`DaliWindows` whose pipelines also resize each window to the batch's image size (``fn.resize``,
     antialiased linear, over the region of the window the records' geometry maps onto the output) and flip it
-    (``fn.flip``): the batch comes back as ``(n, H, W, 3)`` uint8 images, not windows to resample."""
+    (``fn.flip``): the batch comes back as ``(n, H, W, 3)`` uint8 images, not windows to resample. ``whole``: each
+    JPEG decoded whole (``fn.decoders.image``, no region for the JPEG engines to crop) and the region taken in the
+    image's coordinates."""
+
+    def __init__(self, device: Any, whole: bool = False, **kwargs: Any) -> None:
+        super().__init__(device, **kwargs)
+        self.whole = whole
 
     def submit_geometry(self, rows: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, capacity: int,
                         size: tuple[int, int]) -> int:  # fmt: skip
@@ -111,8 +121,10 @@ class ResizingWindows(DaliWindows):
             self._capacity, self.size = max(n, capacity), size
         g = geometry.astype(np.float64)
         scale_y, scale_x = g[:, 1] / g[:, 2], g[:, 6] / g[:, 7]
-        roi_start = np.stack([g[:, 3] * scale_y, g[:, 8] * scale_x], 1).astype(np.float32)
-        roi_end = np.stack([(g[:, 3] + g[:, 4]) * scale_y, (g[:, 8] + g[:, 9]) * scale_x], 1).astype(np.float32)
+        top, left = (g[:, 0], g[:, 5]) if self.whole else (0.0, 0.0)  # the window's place in what is decoded
+        roi_start = np.stack([top + g[:, 3] * scale_y, left + g[:, 8] * scale_x], 1).astype(np.float32)
+        roi_end = np.stack([top + (g[:, 3] + g[:, 4]) * scale_y, left + (g[:, 8] + g[:, 9]) * scale_x],
+                           1).astype(np.float32)  # fmt: skip
         packed = (np.ascontiguousarray(geometry[:, [0, 5, 1, 6]], dtype=np.int32), roi_start, roi_end,
                   np.ascontiguousarray(geometry[:, 10], dtype=np.int32))  # fmt: skip
         ticket = self._next
@@ -132,9 +144,11 @@ class ResizingWindows(DaliWindows):
             if self._copied[k] is not None:
                 self._copied[k][1].synchronize()
                 self._copied[k] = None
-            for name, value in (("jpegs", rows), ("lengths", lengths), ("anchor", windows[:, :2].copy()),
-                                ("shape", windows[:, 2:].copy()), ("roi_start", roi_start), ("roi_end", roi_end),
-                                ("flip", flip)):  # fmt: skip
+            inputs = [("jpegs", rows), ("lengths", lengths), ("roi_start", roi_start), ("roi_end", roi_end),
+                      ("flip", flip)]  # fmt: skip
+            if not self.whole:
+                inputs += [("anchor", windows[:, :2].copy()), ("shape", windows[:, 2:].copy())]
+            for name, value in inputs:
                 pipe.feed_input(name, value)
             pipe.schedule_run()
             self._fed[ticket] = rows
@@ -150,11 +164,16 @@ class ResizingWindows(DaliWindows):
         def resized() -> Any:
             rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
             jpegs = fn.slice(rows, start=[0], shape=fn.external_source(name="lengths", dtype=types.INT32), axes=[0])
-            anchor = fn.external_source(name="anchor", dtype=types.INT32)
-            shape = fn.external_source(name="shape", dtype=types.INT32)
             extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
-            images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
-                                             device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
+            if self.whole:
+                images = fn.decoders.image(jpegs, output_type=types.RGB, device="mixed" if gpu else "cpu",
+                                           adjust_orientation=False, **extra)  # fmt: skip
+            else:
+                anchor = fn.external_source(name="anchor", dtype=types.INT32)
+                shape = fn.external_source(name="shape", dtype=types.INT32)
+                images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
+                                                 device="mixed" if gpu else "cpu", adjust_orientation=False,
+                                                 **extra)  # fmt: skip
             images = fn.resize(images, size=list(self.size), roi_start=fn.external_source(name="roi_start"),
                                roi_end=fn.external_source(name="roi_end"), roi_relative=False, antialias=True,
                                interp_type=types.INTERP_LINEAR)  # fmt: skip
@@ -190,16 +209,16 @@ def end_resized(self: Any, token: Any) -> Any:
     return self._with_images(batch, self._assemble(records, lambda shape: images.permute(0, 3, 1, 2)))
 
 
-def resize_parity(batches: list[Any], device: str, mean: tuple, std: tuple) -> dict[str, float]:
-    """The images of DALI's resize against the package's resampling of the same records (8-bit levels: mean and
-    max absolute difference over ``batches``)."""
+def resize_parity(batches: list[Any], device: str, mean: tuple, std: tuple, whole: bool = False) -> dict[str, float]:
+    """The images of DALI's resize (of each JPEG's window, or of the whole image with ``whole``) against the
+    package's resampling of the same records (8-bit levels: mean and max absolute difference over ``batches``)."""
     import types
 
     from lightning_gpu_boost.core.gpu_decode import BatchDecoder
 
     package = BatchDecoder(mean, std, device=device)
     resizing = BatchDecoder(mean, std, device=device)
-    resizing._dali = ResizingWindows(device)
+    resizing._dali = ResizingWindows(device, whole=whole)
     resizing.begin, resizing.end = types.MethodType(begin_resized, resizing), types.MethodType(end_resized, resizing)
     scale = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255
     total, count, most = 0.0, 0, 0.0
