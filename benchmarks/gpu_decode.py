@@ -221,11 +221,12 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             print(f"decoders: {dali}", flush=True)
         import types
 
-        from gpu_decode_variants import ResizingWindows, begin_resized, end_resized, resize_parity
+        from gpu_decode_variants import ResizingWindows, resize_parity, resized_images, submit_resized
 
         # the experiment: DALI resizes and flips the windows (or the whole images) itself (gpu_decode_variants.py),
         # alone, and its values against the package's
-        through.begin, through.end = types.MethodType(begin_resized, through), types.MethodType(end_resized, through)
+        through._submit = types.MethodType(submit_resized, through)
+        through._resample_windows = types.MethodType(resized_images, through)
         parity = [default_collate(records[k * bs: (k + 1) * bs]) for k in range(2)]
         for whole in (False, True):
             name = "dali_whole_resize" if whole else "dali_resize"

@@ -72,8 +72,8 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             patches.append(mock.patch.object(decode_module.BatchDecoder, "_resample_windows", lambda self, w, g, size:
                                              torch.zeros((w.shape[0], 3, *size), device=w.device)))  # fmt: skip
         if extra in ("dali_resize", "dali_whole_resize"):
-            patches += [mock.patch.object(decode_module.BatchDecoder, "begin", begin_resized),
-                        mock.patch.object(decode_module.BatchDecoder, "end", end_resized)]  # fmt: skip
+            patches += [mock.patch.object(decode_module.BatchDecoder, "_submit", submit_resized),
+                        mock.patch.object(decode_module.BatchDecoder, "_resample_windows", resized_images)]  # fmt: skip
         if extra == "pinned":  # the pin-memory thread pins the JPEGs' bytes too (as before)
             from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
 
@@ -110,103 +110,53 @@ class ResizingWindows(DaliWindows):
 
     def __init__(self, device: Any, whole: bool = False, **kwargs: Any) -> None:
         super().__init__(device, **kwargs)
-        self.whole = whole
+        self.whole, self.size = whole, None
 
     def submit_geometry(self, rows: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, capacity: int,
                         size: tuple[int, int]) -> int:  # fmt: skip
         """:meth:`DaliWindows.submit` from the records' geometry (11 ints per JPEG: rows' start, length, resized,
-        offset, out; the columns'; flip)."""
+        offset, out; the columns'; flip) and the images' ``size``."""
         n = len(rows)
-        if not self._capacity:
-            self._capacity, self.size = max(n, capacity), size
+        self.size = self.size or size
         g = geometry.astype(np.float64)
         scale_y, scale_x = g[:, 1] / g[:, 2], g[:, 6] / g[:, 7]
         top, left = (g[:, 0], g[:, 5]) if self.whole else (0.0, 0.0)  # the window's place in what is decoded
-        roi_start = np.stack([top + g[:, 3] * scale_y, left + g[:, 8] * scale_x], 1).astype(np.float32)
-        roi_end = np.stack([top + (g[:, 3] + g[:, 4]) * scale_y, left + (g[:, 8] + g[:, 9]) * scale_x],
-                           1).astype(np.float32)  # fmt: skip
-        packed = (np.ascontiguousarray(geometry[:, [0, 5, 1, 6]], dtype=np.int32), roi_start, roi_end,
-                  np.ascontiguousarray(geometry[:, 10], dtype=np.int32))  # fmt: skip
-        ticket = self._next
-        self._next += 1
-        self._waiting.append((ticket, rows, np.asarray(lengths, dtype=np.int32).reshape(n, 1), packed))
-        self._feed()
-        return ticket
+        inputs = {"jpegs": rows, "lengths": np.asarray(lengths, np.int32).reshape(n, 1),
+                  "roi_start": np.stack([top + g[:, 3] * scale_y, left + g[:, 8] * scale_x], 1).astype(np.float32),
+                  "roi_end": np.stack([top + (g[:, 3] + g[:, 4]) * scale_y, left + (g[:, 8] + g[:, 9]) * scale_x],
+                                      1).astype(np.float32),
+                  "flip": np.ascontiguousarray(geometry[:, 10], dtype=np.int32)}  # fmt: skip
+        if not self.whole:
+            inputs["anchor"] = np.ascontiguousarray(geometry[:, [0, 5]], dtype=np.int32)
+            inputs["shape"] = np.ascontiguousarray(geometry[:, [1, 6]], dtype=np.int32)
+        return self._hand_over(n, capacity, inputs)
 
-    def _feed(self) -> None:
-        while self._waiting:
-            ticket, rows, lengths, (windows, roi_start, roi_end, flip) = self._waiting[0]
-            k = ticket % self.pipes
-            if any(t % self.pipes == k for t in self._fed):
-                return
-            self._waiting.popleft()
-            pipe = self._pipes[k] or self._build(k)
-            if self._copied[k] is not None:
-                self._copied[k][1].synchronize()
-                self._copied[k] = None
-            inputs = [("jpegs", rows), ("lengths", lengths), ("roi_start", roi_start), ("roi_end", roi_end),
-                      ("flip", flip)]  # fmt: skip
-            if not self.whole:
-                inputs += [("anchor", windows[:, :2].copy()), ("shape", windows[:, 2:].copy())]
-            for name, value in inputs:
-                pipe.feed_input(name, value)
-            pipe.schedule_run()
-            self._fed[ticket] = rows
-
-    def _build(self, k: int) -> Any:
-        from nvidia.dali import fn, types
-
-        gpu = self.device.type == "cuda"
-
-        @self.dali.pipeline_def(batch_size=self._capacity, num_threads=self.threads,
-                                device_id=self.device.index if gpu else None, prefetch_queue_depth=1,
-                                exec_dynamic=True)  # fmt: skip
-        def resized() -> Any:
-            rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
-            jpegs = fn.slice(rows, start=[0], shape=fn.external_source(name="lengths", dtype=types.INT32), axes=[0])
-            extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
-            if self.whole:
-                images = fn.decoders.image(jpegs, output_type=types.RGB, device="mixed" if gpu else "cpu",
-                                           adjust_orientation=False, **extra)  # fmt: skip
-            else:
-                anchor = fn.external_source(name="anchor", dtype=types.INT32)
-                shape = fn.external_source(name="shape", dtype=types.INT32)
-                images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
-                                                 device="mixed" if gpu else "cpu", adjust_orientation=False,
-                                                 **extra)  # fmt: skip
-            images = fn.resize(images, size=list(self.size), roi_start=fn.external_source(name="roi_start"),
-                               roi_end=fn.external_source(name="roi_end"), roi_relative=False, antialias=True,
-                               interp_type=types.INTERP_LINEAR)  # fmt: skip
-            return fn.flip(images, horizontal=fn.external_source(name="flip"))
-
-        pipe = resized()
-        pipe.build()
-        self._pipes[k] = pipe
-        return pipe
+    def _graph(self, fn: Any, types: Any, gpu: bool) -> Any:
+        rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
+        jpegs = fn.slice(rows, start=[0], shape=fn.external_source(name="lengths", dtype=types.INT32), axes=[0])
+        extra = {"hw_decoder_load": self.hw_decoder_load, "device": "mixed"} if gpu else {"device": "cpu"}
+        if self.whole:
+            images = fn.decoders.image(jpegs, output_type=types.RGB, adjust_orientation=False, **extra)
+        else:
+            images = fn.decoders.image_slice(jpegs, fn.external_source(name="anchor", dtype=types.INT32),
+                                             fn.external_source(name="shape", dtype=types.INT32), axis_names="HW",
+                                             output_type=types.RGB, adjust_orientation=False, **extra)  # fmt: skip
+        images = fn.resize(images, size=list(self.size), roi_start=fn.external_source(name="roi_start"),
+                           roi_end=fn.external_source(name="roi_end"), roi_relative=False, antialias=True,
+                           interp_type=types.INTERP_LINEAR)  # fmt: skip
+        return fn.flip(images, horizontal=fn.external_source(name="flip"))
 
 
-def begin_resized(self: Any, batch: Any) -> Any:
-    """``BatchDecoder.begin`` handing the records' geometry to :class:`ResizingWindows`."""
-    from lightning_gpu_boost.core.gpu_decode import is_records
-
-    records = batch[self.key] if isinstance(batch, (list, tuple)) and len(batch) > self.key else None
-    if not is_records(records) or not records.jpeg_index or records.geometry is None or not self.asynchronous:
-        return batch, None
-    size = self._shape(records)[1:]
-    ticket = self._dali.submit_geometry(records.jpeg.numpy(), np.asarray(records.lengths), records.geometry.numpy(),
-                                        records.size, size)  # fmt: skip
-    return batch, ticket
+def submit_resized(self: Any, records: Any) -> int:
+    """``BatchDecoder._submit`` handing the records' geometry and image size to :class:`ResizingWindows`."""
+    return self._dali.submit_geometry(records.jpeg.numpy(), np.asarray(records.lengths), records.geometry.numpy(),
+                                      records.size, self._shape(records)[1:])  # fmt: skip
 
 
-def end_resized(self: Any, token: Any) -> Any:
-    """``BatchDecoder.end`` taking :class:`ResizingWindows`' images as they are (rounded 8-bit values, as PIL's)."""
-    batch, ticket = token
-    if ticket is None:
-        return self(batch)
-    records = batch[self.key]
-    images = self._dali.collect(ticket)
-    self.decoded_on_gpu += len(records.jpeg_index)
-    return self._with_images(batch, self._assemble(records, lambda shape: images.permute(0, 3, 1, 2)))
+def resized_images(self: Any, images: torch.Tensor, geometry: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``BatchDecoder._resample_windows`` for :class:`ResizingWindows`' images: they are resized already (rounded
+    8-bit values, as PIL's)."""
+    return images.permute(0, 3, 1, 2)
 
 
 def resize_parity(batches: list[Any], device: str, mean: tuple, std: tuple, whole: bool = False) -> dict[str, float]:
@@ -219,7 +169,8 @@ def resize_parity(batches: list[Any], device: str, mean: tuple, std: tuple, whol
     package = BatchDecoder(mean, std, device=device)
     resizing = BatchDecoder(mean, std, device=device)
     resizing._dali = ResizingWindows(device, whole=whole)
-    resizing.begin, resizing.end = types.MethodType(begin_resized, resizing), types.MethodType(end_resized, resizing)
+    resizing._submit = types.MethodType(submit_resized, resizing)
+    resizing._resample_windows = types.MethodType(resized_images, resizing)
     scale = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255
     total, count, most = 0.0, 0, 0.0
     for batch in batches:

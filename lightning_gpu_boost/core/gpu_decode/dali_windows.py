@@ -83,7 +83,7 @@ class DaliWindows:
         self._capacity = 0  # the batch size the pipelines were built for
         self._next = 0  # the next ticket
         self._fed: dict[int, Any] = {}  # ticket -> what the pipeline holds (kept alive until it is collected)
-        self._waiting: deque = deque()  # (ticket, rows, lengths, windows) not handed to a pipeline yet
+        self._waiting: deque = deque()  # (ticket, the pipeline's inputs by name) not handed to a pipeline yet
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._copied: list[Any] = [None] * pipes  # per pipeline: (its last output, the event after its copy)
         self.bind_outputs = True  # False: DALI's outputs are waited for by this thread (as before; benchmarks)
@@ -94,27 +94,28 @@ class DaliWindows:
         from nvidia.dali import fn, types
 
         gpu = self.device.type == "cuda"
-
-        @self.dali.pipeline_def(batch_size=self._capacity, num_threads=self.threads,
-                                device_id=self.device.index if gpu else None, prefetch_queue_depth=1,
-                                exec_dynamic=True)  # fmt: skip
-        def windows() -> Any:
-            rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
-            lengths = fn.external_source(name="lengths", dtype=types.INT32)
-            jpegs = fn.slice(rows, start=[0], shape=lengths, axes=[0])  # each row's JPEG, in DALI's threads
-            anchor = fn.external_source(name="anchor", dtype=types.INT32)
-            shape = fn.external_source(name="shape", dtype=types.INT32)
-            extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
-            images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
-                                             device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
-            return fn.pad(images, fill_value=0)
-
+        graph = self.dali.pipeline_def(self._graph, batch_size=self._capacity, num_threads=self.threads,
+                                       device_id=self.device.index if gpu else None, prefetch_queue_depth=1,
+                                       exec_dynamic=True)  # fmt: skip
         t0 = time.perf_counter()
-        pipe = windows()
+        pipe = graph(fn, types, gpu)
         pipe.build()
         self.timings["build_s"] += time.perf_counter() - t0
         self._pipes[k] = pipe
         return pipe
+
+    def _graph(self, fn: Any, types: Any, gpu: bool) -> Any:
+        """The pipeline: each row cut to its JPEG, its window decoded, the windows padded to the largest. Its
+        external sources are the inputs :meth:`submit` hands over."""
+        rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
+        lengths = fn.external_source(name="lengths", dtype=types.INT32)
+        jpegs = fn.slice(rows, start=[0], shape=lengths, axes=[0])  # each row's JPEG, in DALI's threads
+        anchor = fn.external_source(name="anchor", dtype=types.INT32)
+        shape = fn.external_source(name="shape", dtype=types.INT32)
+        extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
+        images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
+                                         device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
+        return fn.pad(images, fill_value=0)
 
     def submit(self, jpegs: np.ndarray, lengths: np.ndarray, windows: np.ndarray, capacity: int = 0) -> int:
         """Hand over one batch: its JPEGs, one per row of ``jpegs`` (``(n, longest)`` uint8: ``lengths[k]`` bytes of
@@ -129,6 +130,14 @@ class DaliWindows:
         if n == 0 or jpegs.ndim != 2 or len(lengths) != n or windows.shape != (n, 4):
             raise ValueError(f"one row of bytes, one length and one window (top, left, height, width) per JPEG: "
                              f"rows {jpegs.shape}, lengths {len(lengths)}, windows {windows.shape}")  # fmt: skip
+        windows = np.asarray(windows, dtype=np.int32)
+        return self._hand_over(n, capacity, {"jpegs": jpegs, "lengths": np.asarray(lengths, np.int32).reshape(n, 1),
+                                             "anchor": np.ascontiguousarray(windows[:, :2]),
+                                             "shape": np.ascontiguousarray(windows[:, 2:])})  # fmt: skip
+
+    def _hand_over(self, n: int, capacity: int, inputs: dict[str, np.ndarray]) -> int:
+        """Queue a batch of ``n`` JPEGs whose pipeline inputs are ``inputs`` (by external source; ``"jpegs"`` is
+        kept alive until the batch is collected) and feed the free pipelines; its ticket."""
         if not self._capacity:
             self._capacity = max(n, capacity)
         if n > self._capacity:
@@ -136,8 +145,7 @@ class DaliWindows:
         t0, built = time.perf_counter(), self.timings["build_s"]
         ticket = self._next
         self._next += 1
-        cut = np.ascontiguousarray(np.asarray(lengths, dtype=np.int32).reshape(n, 1))
-        self._waiting.append((ticket, jpegs, cut, np.ascontiguousarray(windows, dtype=np.int32)))
+        self._waiting.append((ticket, inputs))
         self._feed()
         self.timings["submit_s"] += time.perf_counter() - t0 - (self.timings["build_s"] - built)
         return ticket
@@ -145,7 +153,7 @@ class DaliWindows:
     def _feed(self) -> None:
         """Hand waiting batches to free pipelines, in order (ticket ``t`` goes to pipeline ``t % pipes``)."""
         while self._waiting:
-            ticket, jpegs, lengths, windows = self._waiting[0]
+            ticket, inputs = self._waiting[0]
             k = ticket % self.pipes
             if any(t % self.pipes == k for t in self._fed):
                 return
@@ -155,15 +163,13 @@ class DaliWindows:
                 self._copied[k][1].synchronize()
                 self._copied[k] = None
             t0 = time.perf_counter()
-            pipe.feed_input("jpegs", jpegs)
-            pipe.feed_input("lengths", lengths)
-            pipe.feed_input("anchor", np.ascontiguousarray(windows[:, :2]))
-            pipe.feed_input("shape", np.ascontiguousarray(windows[:, 2:]))
+            for name, value in inputs.items():
+                pipe.feed_input(name, value)
             t1 = time.perf_counter()
             pipe.schedule_run()
             self.timings["feed_s"] += t1 - t0
             self.timings["schedule_s"] += time.perf_counter() - t1
-            self._fed[ticket] = jpegs  # DALI reads them in place (no_copy)
+            self._fed[ticket] = inputs["jpegs"]  # DALI reads them in place (no_copy)
 
     def collect(self, ticket: int) -> torch.Tensor:
         """The batch's windows: ``(n, H, W, 3)`` uint8 on the device, each sample's window at the top left of its

@@ -118,13 +118,17 @@ class BatchDecoder:
         records = batch[self.key] if isinstance(batch, (list, tuple)) and len(batch) > self.key else None
         if not is_records(records) or not records.jpeg_index or records.geometry is None or not self.asynchronous:
             return batch, None
-        g = records.geometry.numpy()
-        try:  # each window: (top, left, height, width)
-            ticket = self._dali.submit(records.jpeg.numpy(), np.asarray(records.lengths), g[:, [0, 5, 1, 6]],
-                                       capacity=records.size)  # fmt: skip
+        try:
+            ticket = self._submit(records)
         except DaliFailed:
             return batch, None
         return batch, ticket
+
+    def _submit(self, records: RecordBatch) -> int:
+        """Hand the records' JPEGs and windows ``(top, left, height, width)`` to DALI; the ticket."""
+        g = records.geometry.numpy()
+        return self._dali.submit(records.jpeg.numpy(), np.asarray(records.lengths), g[:, [0, 5, 1, 6]],
+                                 capacity=records.size)  # fmt: skip
 
     def end(self, token: Any) -> Any:
         """The batch of a :meth:`begin` token with its images decoded (as :meth:`__call__` returns it)."""
@@ -184,7 +188,7 @@ class BatchDecoder:
         else:
             self.last_share = None if math.isnan(share) else share
         shape = self._shape(records)
-        if records.pixels is None and records.jpeg_index == list(range(records.size)):  # every sample a JPEG
+        if records.pixels is None and len(records.jpeg_index) == records.size:  # every sample a JPEG, in order
             out = jpeg_images(shape[1:]).float()
         else:
             out = torch.empty((records.size, *shape), dtype=torch.float32, device=self.device)
