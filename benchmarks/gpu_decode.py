@@ -10,9 +10,9 @@ Normalize``, ``DataLoader(batch_size=256, shuffle=True)``; bf16, channels_last, 
 resident ceiling (the same batches in GPU memory), the one line ``GPUBoost()`` with ``decode="cpu"``, ``"gpu"`` and
 ``"auto"`` (its default). ``resnet50_4cpus``: the same ResNet-50 cases with the process held to 5 CPUs (the
 training process and 4 for the workers). ``decoders``: each decoder alone (nvJPEG through the package's
-``BatchDecoder``, with crop, resize, flip and normalize; DALI's windows each way; DALI resizing them itself, and its
-values against the package's; the CPU path per core, times the usable CPUs). ``handover_resnet18``/
-``handover_resnet50``: the ``gpu`` case with DALI's windows taken each way (``--variants``,
+``BatchDecoder``, with crop, resize, flip and normalize; DALI's pipelines each way, and their values against the
+per-image path's; the CPU path per core, times the usable CPUs). ``handover_resnet18``/
+``handover_resnet50``: the ``gpu`` case with DALI's images taken each way (``--variants``,
 ``gpu_decode_variants.py``), the training thread's time in DALI's calls per batch.
 
 Steady state (``core/steady.py``, ``docs/method.md``): ThroughputMeter times ``--steps`` steps after the warm-up and
@@ -219,32 +219,32 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                 "img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
             through._dali.close()
             print(f"decoders: {dali}", flush=True)
-        import types
-
-        from gpu_decode_variants import ResizingWindows, resize_parity, resized_images, submit_resized
-
-        # the experiment: DALI resizes and flips the windows (or the whole images) itself (gpu_decode_variants.py),
-        # alone, and its values against the package's
-        through._submit = types.MethodType(submit_resized, through)
-        through._resample_windows = types.MethodType(resized_images, through)
-        parity = [default_collate(records[k * bs: (k + 1) * bs]) for k in range(2)]
-        for whole in (False, True):
-            name = "dali_whole_resize" if whole else "dali_resize"
-            through._dali = ResizingWindows("cuda", whole=whole)
-            rate, thread_cpu = timed(begun)
-            while held:
-                through.end(held.popleft())
-            dali[f"{name}_path_pipes_2"] = {"img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
-            through.close()
-            dali[f"{name}_vs_package_levels"] = resize_parity(parity, "cuda", (0.485, 0.456, 0.406),
-                                                              (0.229, 0.224, 0.225), whole=whole)  # fmt: skip
-            print(f"decoders: {dali}", flush=True)
+        # DALI's images (it resizes and flips them) against the package's per-image path on the same records
+        dali["dali_vs_package_levels"] = dali_parity([default_collate(records[k * bs: (k + 1) * bs])
+                                                      for k in range(2)])  # fmt: skip
+        print(f"decoders: {dali}", flush=True)
     else:
         dali = {"dali_path": through.dali_unavailable}
     return {**dali, "cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),
             "cpu_path_img_s_host": cpu_per_core * usable_cpus(), "nvjpeg_alone_img_s": alone,
             "nvjpeg_alone_thread_cpu_s_per_batch": alone_cpu, "gpu_path_img_s": full,
             "gpu_path_thread_cpu_s_per_batch": full_cpu, "gpu_decoder": decoder.decoder_name}  # fmt: skip
+
+
+def dali_parity(batches: list[Any]) -> dict[str, float]:
+    """DALI's images against the package's per-image path (nvJPEG, batched resampling) of the same records, in
+    8-bit levels: mean and max absolute difference over ``batches``."""
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    through, per_image = BatchDecoder(mean, std, device="cuda"), BatchDecoder(mean, std, device="cuda", dali=False)
+    scale = torch.tensor(std, device="cuda").view(1, 3, 1, 1) * 255
+    total, count, most = 0.0, 0, 0.0
+    for batch in batches:
+        levels = ((through.end(through.begin([batch]))[0] - per_image([batch])[0]) * scale).abs()
+        total, count, most = total + float(levels.sum()), count + levels.numel(), max(most, float(levels.max()))
+    through.close()
+    return {"mean_abs_levels": total / count, "max_abs_levels": most}
 
 
 def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -1,16 +1,23 @@
-"""Each JPEG's crop window decoded by DALI pipelines, in threads that do not need the training process's GIL.
+"""Each JPEG's crop window decoded, resized and flipped by DALI pipelines, in threads that do not need the training
+process's GIL.
 
 A thread of the training process that decodes (nvImageCodec, nvJPEG through torchvision) needs Python's GIL for each
 of its calls, and a training loop holds the GIL nearly all the time: beside ResNet-18's loop on an H200 such a thread
 decoded 1,000-2,200 img/s, and decoding between the steps instead halved the model's rate. DALI parses and decodes
 in C++ threads of its own: the training thread only hands over each batch's bytes (one array, a JPEG per row: DALI
 cuts each row to its length, where a list of JPEGs cost the training thread 2 ms a batch on the H200) and each
-sample's window (:meth:`DaliWindows.submit`), and later takes the windows, padded to the batch's largest, as one
-tensor (:meth:`DaliWindows.collect`). Pipelines take turns, so that batches are decoded while others train.
+sample's geometry (:meth:`DaliWindows.submit`), and later takes the batch's images as one tensor
+(:meth:`DaliWindows.collect`). Pipelines take turns, so that batches are decoded while others train.
+
+Each pipeline decodes the sample's window (the region the crop keeps), resizes the part of it the output covers to
+the output's size (DALI's ``fn.resize``: linear, antialiased, as PIL's bilinear resize), and flips it where the
+sample's draw says. DALI resizing in its pipeline made the decode alone 1.7x as fast on the H200 as the package's
+batched resampling of the windows, within 0.05 levels of it on average and 3 at most
+(``benchmarks/gpu_decode.py``'s ``decoders`` part).
 
 On a GPU the pipelines decode with DALI's ``mixed`` decoder (the JPEG engines for a share ``hw_decoder_load``,
 nvJPEG's CUDA decoder for the rest); on a CPU device with DALI's CPU decoder (the same steps, for tests). The
-windows are bound to a stream of ours (DALI's GPU work is waited for there) and copied out of DALI's buffer on it,
+images are bound to a stream of ours (DALI's GPU work is waited for there) and copied out of DALI's buffer on it,
 ordered before the current stream's next work, without the training thread waiting for the GPU; a pipeline is fed
 again only once that copy is done (by then it long is), so DALI never writes a buffer that is still being read.
 Taking DALI's buffer itself through DLPack, as DALI's PyTorch plugin does, read wrong values on the H200 where the
@@ -41,7 +48,7 @@ class DaliFailed(RuntimeError):
 
 
 class DaliWindows:
-    """Decode batches of JPEG windows through DALI pipelines that take turns.
+    """Decode, resize and flip batches of JPEG windows through DALI pipelines that take turns.
 
     Args:
         device: where the windows are decoded (``cuda:N``: DALI's mixed decoder on GPU ``N``; ``cpu``: its CPU
@@ -57,8 +64,9 @@ class DaliWindows:
             feeding waiting batches at a collect, in ``feed_input`` (``feed_s``) and ``schedule_run``
             (``schedule_s``); building the pipelines (``build_s``, not in ``submit_s``).
 
+
     Tickets are collected in the order they were submitted; more batches than pipelines may be submitted: a batch
-    waits until a pipeline is free, and is decoded at the latest when it is collected. The windows :meth:`collect`
+    waits until a pipeline is free, and is decoded at the latest when it is collected. The images :meth:`collect`
     returns are ordered on the stream that was current there.
 
     Raises:
@@ -86,7 +94,7 @@ class DaliWindows:
         self._waiting: deque = deque()  # (ticket, the pipeline's inputs by name) not handed to a pipeline yet
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._copied: list[Any] = [None] * pipes  # per pipeline: (its last output, the event after its copy)
-        self.bind_outputs = True  # False: DALI's outputs are waited for by this thread (as before; benchmarks)
+        self.bind_outputs = True  # False: DALI's outputs are waited for by this thread (a benchmark's variant)
         self.timings = {"batches": 0, "submit_s": 0.0, "wait_s": 0.0, "handover_s": 0.0, "feed_s": 0.0,
                         "schedule_s": 0.0, "build_s": 0.0}
 
@@ -105,35 +113,49 @@ class DaliWindows:
         return pipe
 
     def _graph(self, fn: Any, types: Any, gpu: bool) -> Any:
-        """The pipeline: each row cut to its JPEG, its window decoded, the windows padded to the largest. Its
-        external sources are the inputs :meth:`submit` hands over."""
+        """The pipeline: each row cut to its JPEG, its window decoded, the region the output covers resized to the
+        output's size and flipped where drawn. Its external sources are the inputs :meth:`submit` hands over."""
         rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
         lengths = fn.external_source(name="lengths", dtype=types.INT32)
         jpegs = fn.slice(rows, start=[0], shape=lengths, axes=[0])  # each row's JPEG, in DALI's threads
         anchor = fn.external_source(name="anchor", dtype=types.INT32)
         shape = fn.external_source(name="shape", dtype=types.INT32)
         extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
-        images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
-                                         device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
-        return fn.pad(images, fill_value=0)
+        windows = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
+                                          device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
+        images = fn.resize(windows, size=fn.external_source(name="size", dtype=types.FLOAT),
+                           roi_start=fn.external_source(name="roi_start", dtype=types.FLOAT),
+                           roi_end=fn.external_source(name="roi_end", dtype=types.FLOAT), roi_relative=False,
+                           antialias=True, interp_type=types.INTERP_LINEAR)  # fmt: skip
+        return fn.flip(images, horizontal=fn.external_source(name="flip", dtype=types.INT32))
 
-    def submit(self, jpegs: np.ndarray, lengths: np.ndarray, windows: np.ndarray, capacity: int = 0) -> int:
+    def submit(self, jpegs: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, capacity: int = 0) -> int:
         """Hand over one batch: its JPEGs, one per row of ``jpegs`` (``(n, longest)`` uint8: ``lengths[k]`` bytes of
-        row ``k``, the rest padding, read in place until the batch is collected), and each one's window ``(top,
-        left, height, width)`` (an ``(n, 4)`` int array); returns the ticket to collect it with. ``capacity``: the
-        most JPEGs a batch will hold (the loader's batch size), read at the first batch.
+        row ``k``, the rest padding, read in place until the batch is collected), and each one's geometry (an
+        ``(n, 11)`` int array, as the records carry it: per axis, rows then columns, the window's start and length,
+        the length it is resized to, the offset and length of the output in that; then 1 to flip); returns the
+        ticket to collect it with. ``capacity``: the most JPEGs a batch will hold (the loader's batch size), read at
+        the first batch.
 
         Raises:
             DaliFailed: a batch larger than the first batch's ``capacity`` (nothing was handed over).
+            ValueError: not one row, one length and one geometry per JPEG.
         """
         n = len(jpegs)
-        if n == 0 or jpegs.ndim != 2 or len(lengths) != n or windows.shape != (n, 4):
-            raise ValueError(f"one row of bytes, one length and one window (top, left, height, width) per JPEG: "
-                             f"rows {jpegs.shape}, lengths {len(lengths)}, windows {windows.shape}")  # fmt: skip
-        windows = np.asarray(windows, dtype=np.int32)
-        return self._hand_over(n, capacity, {"jpegs": jpegs, "lengths": np.asarray(lengths, np.int32).reshape(n, 1),
-                                             "anchor": np.ascontiguousarray(windows[:, :2]),
-                                             "shape": np.ascontiguousarray(windows[:, 2:])})  # fmt: skip
+        if n == 0 or jpegs.ndim != 2 or len(lengths) != n or geometry.shape != (n, 11):
+            raise ValueError(f"one row of bytes, one length and one geometry (11 ints) per JPEG: rows "
+                             f"{jpegs.shape}, lengths {len(lengths)}, geometry {geometry.shape}")  # fmt: skip
+        g = np.asarray(geometry, dtype=np.float64)
+        scale = g[:, [1, 6]] / g[:, [2, 7]]  # window pixels per resized pixel, rows and columns
+        start = g[:, [3, 8]] * scale
+        inputs = {"jpegs": jpegs, "lengths": np.asarray(lengths, np.int32).reshape(n, 1),
+                  "anchor": np.ascontiguousarray(geometry[:, [0, 5]], dtype=np.int32),
+                  "shape": np.ascontiguousarray(geometry[:, [1, 6]], dtype=np.int32),
+                  "size": np.ascontiguousarray(g[:, [4, 9]], dtype=np.float32),
+                  "roi_start": np.ascontiguousarray(start, dtype=np.float32),
+                  "roi_end": np.ascontiguousarray(start + g[:, [4, 9]] * scale, dtype=np.float32),
+                  "flip": np.ascontiguousarray(geometry[:, 10], dtype=np.int32)}  # fmt: skip
+        return self._hand_over(n, capacity, inputs)
 
     def _hand_over(self, n: int, capacity: int, inputs: dict[str, np.ndarray]) -> int:
         """Queue a batch of ``n`` JPEGs whose pipeline inputs are ``inputs`` (by external source; ``"jpegs"`` is
@@ -172,8 +194,7 @@ class DaliWindows:
             self._fed[ticket] = inputs["jpegs"]  # DALI reads them in place (no_copy)
 
     def collect(self, ticket: int) -> torch.Tensor:
-        """The batch's windows: ``(n, H, W, 3)`` uint8 on the device, each sample's window at the top left of its
-        ``H x W`` (the batch's largest), zeros around it. Ordered on the current CUDA stream.
+        """The batch's images: ``(n, H, W, 3)`` uint8 on the device. Ordered on the current CUDA stream.
 
         Raises:
             DaliFailed: DALI failed on the batch (its pipeline is built again for the next).
@@ -190,7 +211,7 @@ class DaliWindows:
             (out,) = pipe.share_outputs(self._stream) if self._stream is not None and self.bind_outputs else (
                 pipe.share_outputs())  # fmt: skip
             t1 = time.perf_counter()
-            windows = self._to_torch(out.as_tensor(), k)
+            images = self._to_torch(out.as_tensor(), k)
             pipe.release_outputs()
             self.timings["wait_s"] += t1 - t0
             self.timings["handover_s"] += time.perf_counter() - t1
@@ -202,7 +223,7 @@ class DaliWindows:
         finally:
             self._fed.pop(ticket, None)
             self._feed()
-        return windows
+        return images
 
     def _to_torch(self, dense: Any, k: int) -> torch.Tensor:
         """Pipeline ``k``'s dense output as a torch tensor, copied on our stream after DALI's work and ordered
@@ -213,14 +234,14 @@ class DaliWindows:
 
         current = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._stream):  # the memory is our stream's: the copy waits for nothing else
-            windows = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
-            feed_ndarray(dense, windows, cuda_stream=self._stream.cuda_stream)  # after DALI's work on it
+            images = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
+            feed_ndarray(dense, images, cuda_stream=self._stream.cuda_stream)  # after DALI's work on it
             copied = torch.cuda.Event()
             copied.record(self._stream)
         self._copied[k] = (dense, copied)
         current.wait_event(copied)
-        windows.record_stream(current)  # not reused before the current stream's work on it is done
-        return windows
+        images.record_stream(current)  # not reused before the current stream's work on it is done
+        return images
 
     def close(self) -> None:
         """Drop the pipelines (their threads and memory) and whatever was in flight."""

@@ -3,14 +3,14 @@ the normalized float images the CPU transform would have made.
 
 Where DALI is installed, the prefetcher hands each batch over when it fetches it (:meth:`BatchDecoder.begin`) and
 takes the images when it hands the batch out (:meth:`BatchDecoder.end`): DALI pipelines decode each JPEG's crop
-window meanwhile, in threads that do not need the training process's GIL
+window, resize (linear, antialiased) and flip it meanwhile, in threads that do not need the training process's GIL
 (:mod:`~lightning_gpu_boost.core.gpu_decode.dali_windows`). Otherwise JPEGs are decoded together on the GPU's JPEG
 engines where nvImageCodec is installed (:mod:`~lightning_gpu_boost.core.gpu_decode.engines`), else by nvJPEG
-(``torchvision.io.decode_jpeg`` on a list); each one's crop,
-resize (bilinear with antialiasing: PIL's weights) and flip are one resampling per axis, done for the whole batch as
-two batched matrix products; the result is rounded to 8-bit values as PIL's images are; the samples the workers
-decoded are copied in; the batch is normalized in one pass. Without CUDA the same steps run on the CPU (libjpeg through torchvision, else PIL): the values a CPU run
-gets. A JPEG nvJPEG refuses is decoded on the CPU.
+(``torchvision.io.decode_jpeg`` on a list); each one's crop, resize (bilinear with antialiasing: PIL's weights) and
+flip are one resampling per axis, done for the whole batch as two batched matrix products. Either way the images
+hold 8-bit values as PIL's do; the samples the workers decoded are copied in; the batch is normalized in one pass.
+Without CUDA the same steps run on the CPU (libjpeg through torchvision, else PIL): the values a CPU run gets. A JPEG
+nvJPEG refuses is decoded on the CPU.
 
 Framework-free.
 """
@@ -125,9 +125,8 @@ class BatchDecoder:
         return batch, ticket
 
     def _submit(self, records: RecordBatch) -> int:
-        """Hand the records' JPEGs and windows ``(top, left, height, width)`` to DALI; the ticket."""
-        g = records.geometry.numpy()
-        return self._dali.submit(records.jpeg.numpy(), np.asarray(records.lengths), g[:, [0, 5, 1, 6]],
+        """Hand the records' JPEGs and geometry to DALI (it decodes, resizes and flips them); the ticket."""
+        return self._dali.submit(records.jpeg.numpy(), np.asarray(records.lengths), records.geometry.numpy(),
                                  capacity=records.size)  # fmt: skip
 
     def end(self, token: Any) -> Any:
@@ -137,15 +136,14 @@ class BatchDecoder:
             return self(batch)
         records = batch[self.key]
         try:
-            windows = self._dali.collect(ticket)
+            images = self._dali.collect(ticket)  # (n, H, W, 3) uint8: decoded, resized and flipped
         except DaliFailed:
             self.dali_failures += 1
             return self(batch)
         self.decoded_on_gpu += len(records.jpeg_index)
         if self.device.type == "cuda":
             self.decoder_name = "DALI (the JPEG engines and nvJPEG, in DALI's own threads)"
-        return self._with_images(batch, self._assemble(
-            records, lambda shape: self._resample_windows(windows, records.geometry, shape)))
+        return self._with_images(batch, self._assemble(records, lambda shape: images.permute(0, 3, 1, 2)))
 
     def discard(self, token: Any) -> None:
         """Drop a :meth:`begin` token's batch (a loop stopped before handing it out)."""
@@ -225,13 +223,6 @@ class BatchDecoder:
                  for k, (img, (r, c, _)) in enumerate(zip(images, shapes, strict=True))]  # type: ignore[misc]  # fmt: skip
         torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])  # one call for the batch's windows
         return self._products(windows, *(self._to_device(t) for t in (rows, cols, flips)), size)
-
-    def _resample_windows(self, windows: torch.Tensor, geometry: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-        """:meth:`_resample` of windows decoded already (``(n, H, W, 3)``, each at the top left) with the records'
-        ``geometry``."""
-        g = self._to_device(geometry)
-        return self._products(windows.permute(0, 3, 1, 2), g[:, 1:4].float(), g[:, 6:9].float(), g[:, 10].bool(),
-                              size)  # fmt: skip
 
     def _products(self, windows: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, flips: torch.Tensor,
                   size: tuple[int, int]) -> torch.Tensor:  # fmt: skip

@@ -203,11 +203,11 @@ def test_the_prefetcher_hands_batches_to_dali_at_the_fetch(tmp_path):
 
 
 @pytest.mark.parametrize("pipes", [2, 3])
-def test_dalis_windows_are_right_while_the_reading_stream_lags(pipes):
-    """The windows are copied out of DALI's buffers and a pipeline is fed again only once the copy is done: with the
-    reading stream held up before each read, and later batches decoded meanwhile, every batch's windows are its own
-    JPEGs' crops. (DALI's buffers taken through DLPack, as its PyTorch plugin takes them, failed this on the H200
-    from the sixth batch: the reads came after DALI had written the next batch there.)"""
+def test_dalis_images_are_right_while_the_reading_stream_lags(pipes):
+    """The images are copied out of DALI's buffers and a pipeline is fed again only once the copy is done: with the
+    reading stream held up before each read, and later batches decoded meanwhile, every batch's images are its own
+    JPEGs' crops, resized. (DALI's buffers taken through DLPack, as its PyTorch plugin takes them, failed this on
+    the H200 from the sixth batch: the reads came after DALI had written the next batch there.)"""
     _need_cuda()
     pytest.importorskip("nvidia.dali", reason="DALI is not installed")
     import io
@@ -215,6 +215,7 @@ def test_dalis_windows_are_right_while_the_reading_stream_lags(pipes):
     from PIL import Image
 
     from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
+    from lightning_gpu_boost.core.gpu_decode.plan import geometry
 
     def jpeg(seed: int) -> bytes:  # smooth, as photographs are: decoders differ little on it
         buf = io.BytesIO()
@@ -225,7 +226,9 @@ def test_dalis_windows_are_right_while_the_reading_stream_lags(pipes):
         return buf.getvalue()
 
     data = [[jpeg(10 * b + s) for s in range(4)] for b in range(8)]
-    windows = np.array([[3, 5, 60, 70], [10, 20, 20, 24], [0, 0, 80, 96], [1, 2, 30, 40]])
+    windows = [(3, 5, 60, 70), (10, 20, 20, 24), (0, 0, 80, 96), (1, 2, 30, 40)]
+    shapes = [geometry(80, 96, [("crop", *w), ("resize", 32, 32)]) for w in windows]
+    geometries = np.array([[*g[0], *g[1], int(g[2])] for g in shapes])
 
     def rows(jpegs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         out = np.zeros((len(jpegs), max(map(len, jpegs))), np.uint8)
@@ -236,16 +239,17 @@ def test_dalis_windows_are_right_while_the_reading_stream_lags(pipes):
     dali = DaliWindows("cuda", threads=2, pipes=pipes)
     side, out = torch.cuda.Stream(), []
     with torch.cuda.stream(side):
-        tickets = [dali.submit(*rows(data[b]), windows) for b in range(pipes)]
+        tickets = [dali.submit(*rows(data[b]), geometries) for b in range(pipes)]
         for b in range(len(data)):
             torch.cuda._sleep(20_000_000)  # the reads below wait on the GPU while later batches are decoded
             out.append(dali.collect(tickets[b]).clone())
             if b + pipes < len(data):
-                tickets.append(dali.submit(*rows(data[b + pipes]), windows))
+                tickets.append(dali.submit(*rows(data[b + pipes]), geometries))
     torch.cuda.synchronize()
     dali.close()
     for b, got in enumerate(out):
         for k, (top, left, h, w) in enumerate(windows):
-            full = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data[b][k])).convert("RGB")).copy())
-            levels = (got[k, :h, :w].cpu().float() - full[top: top + h, left: left + w].float()).abs()
+            image = Image.open(io.BytesIO(data[b][k])).convert("RGB").crop((left, top, left + w, top + h))
+            full = torch.from_numpy(np.asarray(image.resize((32, 32), Image.BILINEAR)).copy())
+            levels = (got[k].cpu().float() - full.float()).abs()
             assert levels.mean() <= 3.0, (b, k, float(levels.mean()))
