@@ -64,8 +64,10 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
                  torch.randint(0, 100, (bs,), device="cuda"))  # fmt: skip
         return measure_fit(model, ResidentBatches(batch, -(-args.images // bs)), args.steps, args.warmup,
                            precision="bf16-mixed")  # fmt: skip
-    loader = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True)  # the user's loader, as written
-    boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget)
+    fixed = getattr(args, "loader_workers", None)  # a handover variant's fixed worker count (AutoNumWorkers off)
+    loader = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True,  # the user's loader, as written
+                        **({"num_workers": fixed} if fixed is not None else {}))  # fmt: skip
+    boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget, auto_workers=fixed is None)
     cpu0, wall0 = _cpu_seconds(), time.perf_counter()
     warmup = args.auto_warmup if decode == "auto" else args.warmup
     extra: list[Any] = []
@@ -79,7 +81,7 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     wall = time.perf_counter() - wall0
     result["cpu_cores_used"] = (_cpu_seconds() - cpu0) / wall
     result["cpu_cores_per_1000_img_s"] = result["cpu_cores_used"] / (result["samples_per_s"] / 1000)
-    result["num_workers"] = boost.parts["auto_workers"].chosen.get("train")
+    result["num_workers"] = boost.parts["auto_workers"].chosen.get("train") if fixed is None else fixed
     result["decode"] = boost.parts["prefetch"].decode_placement
     return result
 
@@ -106,13 +108,15 @@ class OpenAfterPlacement(Callback):
 
 
 class MainThreadProfile(Callback):
-    """The ``gpu`` cases with ``--profile-steps``: cProfile on the training thread from step ``first`` to ``last``,
-    where its time goes beside the steps' own launches."""
+    """The ``gpu`` cases with ``--profile-steps``: cProfile from step ``first`` to ``last`` (or the fit's end). On
+    Python 3.12 and newer cProfile hooks every thread of the process (``sys.monitoring``) onto one stack: the other
+    threads' calls (the pin-memory thread's, NVML's samplers') are counted, and a function's cumulative time can
+    take in another thread's; read the calls' own times, not where the time went by thread."""
 
     def __init__(self, first: int, last: int) -> None:
         import cProfile
 
-        self.first, self.last, self.prof, self.on = first, last, cProfile.Profile(), False
+        self.first, self.last, self.prof, self.on, self.stopped_at = first, last, cProfile.Profile(), False, None
 
     def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
         if trainer.global_step == self.first:
@@ -122,7 +126,12 @@ class MainThreadProfile(Callback):
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         if self.on and trainer.global_step >= self.last:
             self.prof.disable()
-            self.on = False
+            self.on, self.stopped_at = False, trainer.global_step
+
+    def on_train_end(self, trainer: Any, *args: Any) -> None:
+        if self.on:  # the fit ended first: its teardown stays out
+            self.prof.disable()
+            self.on, self.stopped_at = False, trainer.global_step
 
     def figures(self) -> dict[str, Any]:
         import io
@@ -130,7 +139,7 @@ class MainThreadProfile(Callback):
 
         if self.on:
             self.prof.disable()
-        out: dict[str, Any] = {"main_thread_profiled_steps": [self.first, self.last]}
+        out: dict[str, Any] = {"main_thread_profiled_steps": [self.first, self.stopped_at]}
         for key in ("tottime", "cumtime"):
             text = io.StringIO()
             pstats.Stats(self.prof, stream=text).sort_stats(key).print_stats(30)

@@ -2,7 +2,9 @@
 the ``gpu`` case of a model with DALI's windows taken each way, side by side with the ceiling, in one run.
 
 Variants (:data:`VARIANTS`): how many pipelines take turns; DALI's outputs and the copy waited for by the training
-thread or not; the JPEGs' bytes pinned by the pin-memory thread or not.
+thread or not; the JPEGs' bytes pinned by the pin-memory thread or not; 4 CPU threads per pipeline instead of 8;
+the loader's workers held to 4 (AutoNumWorkers off) instead of the count it picks: what CPU threads beside the
+training process's cost it.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
 
 #: the ``handover`` part's variants: (pipes, what else changes)
 VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""),
-            "copy_2_pinned_jpegs": (2, "pinned")}  # fmt: skip
+            "copy_2_pinned_jpegs": (2, "pinned"), "copy_2_threads_4": (2, "threads_4"),
+            "copy_2_workers_4": (2, "workers_4")}  # fmt: skip
 
 
 def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
     """The ``gpu`` case of ``arch`` with DALI's images taken each way (:data:`VARIANTS`), side by side with the
     ceiling: how many pipelines take turns, DALI's outputs and the copy waited for by the training thread or not,
-    the JPEGs pinned or not. Each case records the training thread's time per batch in DALI's calls
+    the JPEGs pinned or not, DALI's threads, the loader's workers. Each case records the training thread's time per batch in DALI's calls
     (``DaliWindows.timings``); ``fit_case``: ``gpu_decode.py``'s."""
     from unittest import mock
 
@@ -51,7 +54,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         made: list[DaliWindows] = []
 
         def windows(device: Any, made=made, pipes=pipes, extra=extra) -> DaliWindows:
-            made.append(DaliWindows(device, pipes=pipes))
+            made.append(DaliWindows(device, pipes=pipes, threads=4 if extra == "threads_4" else 8))
             made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
             return made[-1]
 
@@ -70,7 +73,8 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         for patch in patches:
             patch.start()
         try:
-            result = fit_case(root, arch, "gpu", args)
+            case_args = argparse.Namespace(**vars(args), loader_workers=4 if extra == "workers_4" else None)
+            result = fit_case(root, arch, "gpu", case_args)
         finally:
             for patch in reversed(patches):
                 patch.stop()
