@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 EXPECTED = {"cpu": "data-bound", "gpu": "data-bound"}
 SIZES = {
-    "cpu": {"images": 96, "classes": 2, "pixels": (1600, 1200), "batch": 4, "crop": 64, "workers": 2, "steps": 12},
+    "cpu": {"images": 192, "classes": 2, "pixels": (1600, 1200), "batch": 4, "crop": 64, "workers": 2, "steps": 12},
     "gpu": {"images": 768, "classes": 2, "pixels": (4000, 3000), "batch": 32, "crop": 224, "workers": 4,
             "epochs": 40},
 }  # fmt: skip
