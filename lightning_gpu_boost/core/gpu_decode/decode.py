@@ -176,8 +176,9 @@ class BatchDecoder:
                                                                     shape))  # fmt: skip
 
     def _assemble(self, records: RecordBatch, jpeg_images: Any) -> torch.Tensor:
-        """The batch's normalized images: the workers' pixels and ``jpeg_images(shape)`` (the JPEGs' resampled
-        images, float) at their positions."""
+        """The batch's normalized images: the workers' pixels and ``jpeg_images(shape)`` (the JPEGs' images: uint8,
+        or float from the batched resampling) at their positions, as 8-bit values (PIL's images hold those),
+        normalized in one pass that reads the 8-bit values."""
         self.last_made_at = records.made_at
         # the share its workers were set to (the placement's search), else the share of JPEGs in it
         share = records.share
@@ -186,21 +187,20 @@ class BatchDecoder:
         else:
             self.last_share = None if math.isnan(share) else share
         shape = self._shape(records)
+        jpegs = _eight_bit(jpeg_images(shape[1:])) if records.jpeg_index else None
         if records.pixels is None and len(records.jpeg_index) == records.size:  # every sample a JPEG, in order
-            out = jpeg_images(shape[1:]).float()
+            out = jpegs
         else:
-            out = torch.empty((records.size, *shape), dtype=torch.float32, device=self.device)
+            out = torch.empty((records.size, *shape), dtype=torch.uint8, device=self.device)
             if records.pixels is not None:
                 pixels = records.pixels.to(self.device, non_blocking=True)
-                out[self._to_device(torch.tensor(records.pixel_index))] = pixels.float()
+                out[self._to_device(torch.tensor(records.pixel_index))] = pixels
                 self.decoded_by_workers += len(records.pixel_index)
-            if records.jpeg_index:
-                index = self._to_device(torch.tensor(records.jpeg_index))
-                out[index] = jpeg_images(shape[1:]).float()
-        out.round_().clamp_(0, 255)  # PIL's images hold 8-bit values
+            if jpegs is not None:
+                out[self._to_device(torch.tensor(records.jpeg_index))] = jpegs
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         images = torch.empty(out.shape, dtype=self.dtype, device=self.device, memory_format=memory_format)
-        return torch.addcmul(self._shift, out, self._scale, out=images)
+        return torch.addcmul(self._shift, out, self._scale, out=images)  # the 8-bit values promoted in the kernel
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A small CPU tensor on the device without waiting for the stream (pinned, then copied asynchronously)."""
@@ -290,6 +290,13 @@ class BatchDecoder:
                     out.append(_decode_on_cpu(t).to(self.device))
                     self.decoded_on_cpu_here += 1
             return out
+
+
+def _eight_bit(images: torch.Tensor) -> torch.Tensor:
+    """``images`` as 8-bit values: uint8 as they are; float rounded and clamped to ``[0, 255]``, as PIL's are."""
+    if images.dtype == torch.uint8:
+        return images
+    return images.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def _axis_weights(length: torch.Tensor, resized: torch.Tensor, offset: torch.Tensor, out: int, longest: int,
