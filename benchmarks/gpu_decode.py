@@ -18,7 +18,8 @@ per-image path's; the CPU path per core, times the usable CPUs). ``handover_resn
 Steady state (``core/steady.py``, ``docs/method.md``): ThroughputMeter times ``--steps`` steps after the warm-up and
 the loader's queue; the ``auto`` cases open their window once the placement is decided (``--auto-warmup``: at the
 latest).
-CPU cores used: the process's and its workers' CPU time over the fit's wall time; per 1,000 img/s.
+CPU cores used: the process's and its workers' CPU time over the fit's wall time; per 1,000 img/s. Each fit also
+records its threads' CPU in the timed window and the GPU decode's counts (``gpu_decode_probes.py``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from typing import Any
 
 import torch
 from _common import beside_training, demo_tree, parser_for, record_batches, resident_training
+from gpu_decode_probes import MainThreadProfile, OpenAfterPlacement, ThreadsAndDecoders
 from gpu_decode_variants import VARIANTS, handover
-from lightning.pytorch import Callback
 
 from lightning_gpu_boost.core.results import bar, write_result
 
@@ -70,7 +71,7 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget, auto_workers=fixed is None)
     cpu0, wall0 = _cpu_seconds(), time.perf_counter()
     warmup = args.auto_warmup if decode == "auto" else args.warmup
-    extra: list[Any] = []
+    extra: list[Any] = [ThreadsAndDecoders(boost)]  # each thread's CPU in the window, the decoders' counts
     if decode == "auto":  # the window opens after the placement is decided (at the latest after --auto-warmup)
         extra.append(OpenAfterPlacement(boost))
     if decode == "gpu" and args.profile_steps:
@@ -84,67 +85,6 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     result["num_workers"] = boost.parts["auto_workers"].chosen.get("train") if fixed is None else fixed
     result["decode"] = boost.parts["prefetch"].decode_placement
     return result
-
-
-class OpenAfterPlacement(Callback):
-    """The ``auto`` cases: once the placement is decided, the throughput meter's warm-up (the most the case waits,
-    ``--auto-warmup``) comes down to that step plus the loader's queue (the batches made before the decision), so
-    the window times the decided placement on every host, however long the search took."""
-
-    def __init__(self, boost: Any) -> None:
-        self.boost, self.decided_at = boost, None
-
-    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-        from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
-
-        placement = self.boost.parts["prefetch"].decode_placement or {}
-        if self.decided_at is None and not str(placement.get("why", "measuring")).startswith("measuring"):
-            self.decided_at = trainer.global_step
-            for meter in (c for c in trainer.callbacks if isinstance(c, ThroughputMeter)):
-                meter.warmup = min(meter.warmup, self.decided_at + meter.queue)
-
-    def figures(self) -> dict[str, Any]:
-        return {"placement_decided_at_step": self.decided_at}
-
-
-class MainThreadProfile(Callback):
-    """The ``gpu`` cases with ``--profile-steps``: cProfile from step ``first`` to ``last`` (or the fit's end). On
-    Python 3.12 and newer cProfile hooks every thread of the process (``sys.monitoring``) onto one stack: the other
-    threads' calls (the pin-memory thread's, NVML's samplers') are counted, and a function's cumulative time can
-    take in another thread's; read the calls' own times, not where the time went by thread."""
-
-    def __init__(self, first: int, last: int) -> None:
-        import cProfile
-
-        self.first, self.last, self.prof, self.on, self.stopped_at = first, last, cProfile.Profile(), False, None
-
-    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
-        if trainer.global_step == self.first:
-            self.prof.enable()
-            self.on = True
-
-    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-        if self.on and trainer.global_step >= self.last:
-            self.prof.disable()
-            self.on, self.stopped_at = False, trainer.global_step
-
-    def on_train_end(self, trainer: Any, *args: Any) -> None:
-        if self.on:  # the fit ended first: its teardown stays out
-            self.prof.disable()
-            self.on, self.stopped_at = False, trainer.global_step
-
-    def figures(self) -> dict[str, Any]:
-        import io
-        import pstats
-
-        if self.on:
-            self.prof.disable()
-        out: dict[str, Any] = {"main_thread_profiled_steps": [self.first, self.stopped_at]}
-        for key in ("tottime", "cumtime"):
-            text = io.StringIO()
-            pstats.Stats(self.prof, stream=text).sort_stats(key).print_stats(30)
-            out[f"main_thread_cprofile_{key}"] = text.getvalue()[-7000:]
-        return out
 
 
 def model_part(root: Path, arch: str, args: argparse.Namespace, cpus: int | None = None) -> dict[str, Any]:

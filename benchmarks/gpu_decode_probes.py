@@ -1,0 +1,134 @@
+"""What ``benchmarks/gpu_decode.py``'s fits record beside the throughput meter: when the ``auto`` placement was
+decided (and the window opened after it), each thread's CPU time in the timed window with the decoders' counts, and
+a cProfile of chosen steps."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback
+
+
+def _decision(boost: Any) -> Any:
+    """The ``auto`` placement's decision while the fit runs (``StreamPrefetch.decode_placement`` is set only at its
+    end), else ``None``."""
+    stage = boost.parts["prefetch"].gpu_decode
+    return None if stage is None or stage.search is None else stage.search.decision
+
+
+class OpenAfterPlacement(Callback):
+    """The ``auto`` cases: once the placement is decided, the throughput meter's warm-up (the most the case waits,
+    ``--auto-warmup``) comes down to that step plus the loader's queue (the batches made before the decision), so
+    the window times the decided placement on every host, however long the search took."""
+
+    def __init__(self, boost: Any) -> None:
+        self.boost, self.decided_at = boost, None
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+
+        if self.decided_at is None and _decision(self.boost) is not None:
+            self.decided_at = trainer.global_step
+            for meter in (c for c in trainer.callbacks if isinstance(c, ThroughputMeter)):
+                meter.warmup = min(meter.warmup, self.decided_at + meter.queue)
+
+    def figures(self) -> dict[str, Any]:
+        return {"placement_decided_at_step": self.decided_at}
+
+
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """This process's threads: id -> (name, CPU seconds so far), from ``/proc/self/task``; a Python thread by its
+    ``threading`` name (``py:...``), the others by the kernel's (DALI's, torch's, the driver's)."""
+    import threading
+
+    python = {t.native_id: f"py:{t.name}" for t in threading.enumerate()}
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name, fields = stat[stat.index("(") + 1: stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        tid = int(task.name)
+        out[tid] = (python.get(tid, name), (int(fields[11]) + int(fields[12])) / tick)  # utime, stime
+    return out
+
+
+class ThreadsAndDecoders(Callback):
+    """Each thread of the training process: its CPU seconds per second of the meter's window (from the step it
+    opened to the fit's end), the busiest first, and the threads counted by name; the GPU decode's counts (samples
+    decoded on the GPU, by the workers, on the CPU here; batches DALI failed on)."""
+
+    def __init__(self, boost: Any) -> None:
+        self.boost, self.start, self.figures_ = boost, None, {}
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+
+        if self.start is None and any(isinstance(c, ThroughputMeter) and c.opened_at is not None
+                                      for c in trainer.callbacks):  # fmt: skip
+            import time
+
+            self.start = (time.perf_counter(), thread_cpu())
+
+    def on_train_end(self, trainer: Any, *args: Any) -> None:
+        import time
+
+        if self.start is not None:
+            wall, before = time.perf_counter() - self.start[0], self.start[1]
+            busy = sorted(((name, (cpu - before.get(tid, (name, 0.0))[1]) / wall) for tid, (name, cpu)
+                           in thread_cpu().items()), key=lambda t: -t[1])  # fmt: skip
+            by_name: dict[str, list[float]] = {}
+            for name, cores in busy:
+                by_name.setdefault(name, []).append(cores)
+            self.figures_["window_thread_cores"] = [[n, round(c, 3)] for n, c in busy[:12]]
+            self.figures_["window_threads_by_name"] = {n: [len(c), round(sum(c), 3)] for n, c in by_name.items()}
+        stage = self.boost.parts["prefetch"].gpu_decode
+        if stage is not None:
+            keys = ("decoded_on_gpu", "decoded_by_workers", "decoded_on_cpu_here", "dali_failures")
+            self.figures_["decoder_counts"] = {k: sum(getattr(d, k) for d in stage._decoders.values()) for k in keys}
+
+    def figures(self) -> dict[str, Any]:
+        return self.figures_
+
+
+class MainThreadProfile(Callback):
+    """The ``gpu`` cases with ``--profile-steps``: cProfile from step ``first`` to ``last`` (or the fit's end). On
+    Python 3.12 and newer cProfile hooks every thread of the process (``sys.monitoring``) onto one stack: the other
+    threads' calls (the pin-memory thread's, NVML's samplers') are counted, and a function's cumulative time can
+    take in another thread's; read the calls' own times, not where the time went by thread."""
+
+    def __init__(self, first: int, last: int) -> None:
+        import cProfile
+
+        self.first, self.last, self.prof, self.on, self.stopped_at = first, last, cProfile.Profile(), False, None
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.first:
+            self.prof.enable()
+            self.on = True
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if self.on and trainer.global_step >= self.last:
+            self.prof.disable()
+            self.on, self.stopped_at = False, trainer.global_step
+
+    def on_train_end(self, trainer: Any, *args: Any) -> None:
+        if self.on:  # the fit ended first: its teardown stays out
+            self.prof.disable()
+            self.on, self.stopped_at = False, trainer.global_step
+
+    def figures(self) -> dict[str, Any]:
+        import io
+        import pstats
+
+        if self.on:
+            self.prof.disable()
+        out: dict[str, Any] = {"main_thread_profiled_steps": [self.first, self.stopped_at]}
+        for key in ("tottime", "cumtime"):
+            text = io.StringIO()
+            pstats.Stats(self.prof, stream=text).sort_stats(key).print_stats(30)
+            out[f"main_thread_cprofile_{key}"] = text.getvalue()[-7000:]
+        return out
