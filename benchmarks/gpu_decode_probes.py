@@ -62,13 +62,15 @@ class ThreadsAndDecoders(Callback):
     decoded on the GPU, by the workers, on the CPU here; batches DALI failed on)."""
 
     def __init__(self, boost: Any) -> None:
-        self.boost, self.start, self.figures_ = boost, None, {}
+        self.boost, self.meter, self.start, self.figures_ = boost, None, None, {}
 
-    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+    def on_train_start(self, trainer: Any, *args: Any) -> None:
         from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
 
-        if self.start is None and any(isinstance(c, ThroughputMeter) and c.opened_at is not None
-                                      for c in trainer.callbacks):  # fmt: skip
+        self.meter = next((c for c in trainer.callbacks if isinstance(c, ThroughputMeter)), None)
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if self.start is None and self.meter is not None and self.meter.opened_at is not None:
             import time
 
             self.start = (time.perf_counter(), thread_cpu())

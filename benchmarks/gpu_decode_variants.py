@@ -40,12 +40,11 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
 def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
     """The ``gpu`` case of ``arch`` with DALI's images taken each way (:data:`VARIANTS`), side by side with the
     ceiling: how many pipelines take turns, DALI's outputs and the copy waited for by the training thread or not,
-    the JPEGs pinned or not, DALI's threads, the loader's workers. Each case records the training thread's time per batch in DALI's calls
-    (``DaliWindows.timings``); ``fit_case``: ``gpu_decode.py``'s."""
+    the JPEGs pinned or not, DALI's threads, the loader's workers. Each case records the training thread's time per
+    batch in DALI's calls (``DaliWindows.timings``); ``fit_case``: ``gpu_decode.py``'s."""
     from unittest import mock
 
     from lightning_gpu_boost.core.gpu_decode import decode as decode_module
-    from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
     cases: dict[str, Any] = {"ceiling": fit_case(root, arch, None, args)}
     print(f"handover {arch}: ceiling {cases['ceiling']['samples_per_s']:,.0f} img/s", flush=True)

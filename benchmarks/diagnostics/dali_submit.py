@@ -92,7 +92,7 @@ def timed_pass(pipe: Any, feeds: list[tuple], rounds: int, counter: list[int] | 
 
 
 def beside(batches: list[Any], bs: int) -> dict[str, Any]:
-    """The package's ``DaliWindows`` (two pipelines, DLPack) fed before each step of ResNet-18 training on resident
+    """The package's ``DaliWindows`` (two pipelines) fed before each step of ResNet-18 training on resident
     batches (the default stream), the JPEGs in pageable or in pinned memory (the DataLoader pins them): the
     training thread's wall and CPU time per submit, split, and the model's rate."""
     import torch
