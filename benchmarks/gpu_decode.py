@@ -497,6 +497,8 @@ def main() -> int:
     parser.add_argument("--suffix", default="", help="with --merge: after the machine in the file's name (a second "
                         "result of one day)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be an int >= 1, got {args.rounds}")
     if args.merge:
         print(f"wrote {merge(args.merge, args.out, args.probes, args.suffix)}")
         return 0
