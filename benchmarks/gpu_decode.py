@@ -138,25 +138,26 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     bs = args.batch_size
     batches = [default_collate(records[k * bs: (k + 1) * bs]) for k in range(len(records) // bs)]  # as workers do
 
-    def timed(fn) -> tuple[float, float]:
-        """img/s of ``fn(batch)`` over the batches, and this thread's CPU s per batch (4 untimed: pipelines built)."""
+    def timed(fn) -> tuple[float, float, float]:
+        """img/s of ``fn(batch)`` over the batches, this thread's CPU s per batch, and the process's CPU cores (every
+        thread: DALI's, the driver's) per 1,000 img/s (4 untimed batches first: pipelines built)."""
         for k in range(4):
             fn(batches[k])
         torch.cuda.synchronize()
-        t0, c0, n = time.perf_counter(), time.thread_time(), len(batches)
+        t0, c0, p0, n = time.perf_counter(), time.thread_time(), time.process_time(), len(batches)
         for batch in batches:
             fn(batch)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        return n * bs / wall, (time.thread_time() - c0) / n
+        return n * bs / wall, (time.thread_time() - c0) / n, (time.process_time() - p0) / (n * bs / 1000)
 
     from torchvision.io import ImageReadMode, decode_jpeg
 
     def nvjpeg_alone(batch):
         decode_jpeg(batch.jpegs(), device="cuda", mode=ImageReadMode.RGB)
 
-    alone, alone_cpu = timed(nvjpeg_alone)
-    full, full_cpu = timed(decoder.images)
+    alone, alone_cpu, alone_cores = timed(nvjpeg_alone)
+    full, full_cpu, full_cores = timed(decoder.images)
     dali: dict[str, Any] = {}
     through = BatchDecoder((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), device="cuda", dtype="bfloat16")
     if through.asynchronous:  # DALI: begun two batches ahead, ended in order, as the prefetcher does
@@ -171,13 +172,14 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
         from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
-        for load, threads, pipes in ((1.0, 8, 2), (1.0, 8, 3), (0.9, 4, 2)):  # side by side
+        # side by side; hw_decoder_load 0: nvJPEG's CUDA decoder alone (its Huffman decoding on DALI's threads)
+        for load, threads, pipes in ((1.0, 8, 2), (1.0, 8, 3), (0.0, 8, 2), (1.0, 4, 2)):
             through._dali = DaliWindows("cuda", threads=threads, hw_decoder_load=load, pipes=pipes)
-            rate, thread_cpu = timed(begun)
+            rate, thread_cpu, cores = timed(begun)
             while held:
                 through.end(held.popleft())
             dali[f"dali_path_hw_load_{load}_threads_{threads}_pipes_{pipes}"] = {
-                "img_s": rate, "thread_cpu_s_per_batch": thread_cpu}
+                "img_s": rate, "thread_cpu_s_per_batch": thread_cpu, "process_cores_per_1000_img_s": cores}
             through._dali.close()
             print(f"decoders: {dali}", flush=True)
         # DALI's images (it resizes and flips them) against the package's per-image path on the same records
@@ -188,8 +190,9 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         dali = {"dali_path": through.dali_unavailable}
     return {**dali, "cpu_path_img_s_per_core": cpu_per_core, "usable_cpus": usable_cpus(),
             "cpu_path_img_s_host": cpu_per_core * usable_cpus(), "nvjpeg_alone_img_s": alone,
-            "nvjpeg_alone_thread_cpu_s_per_batch": alone_cpu, "gpu_path_img_s": full,
-            "gpu_path_thread_cpu_s_per_batch": full_cpu, "gpu_decoder": decoder.decoder_name}  # fmt: skip
+            "nvjpeg_alone_thread_cpu_s_per_batch": alone_cpu, "nvjpeg_alone_process_cores_per_1000_img_s": alone_cores,
+            "gpu_path_img_s": full, "gpu_path_thread_cpu_s_per_batch": full_cpu,
+            "gpu_path_process_cores_per_1000_img_s": full_cores, "gpu_decoder": decoder.decoder_name}  # fmt: skip
 
 
 def dali_parity(batches: list[Any]) -> dict[str, float]:

@@ -59,7 +59,8 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
 class ThreadsAndDecoders(Callback):
     """Each thread of the training process: its CPU seconds per second of the meter's window (from the step it
     opened to the fit's end), the busiest first, and the threads counted by name; the GPU decode's counts (samples
-    decoded on the GPU, by the workers, on the CPU here; batches DALI failed on)."""
+    decoded on the GPU, by the workers, on the CPU here; batches DALI failed on) and the training thread's seconds in
+    DALI's pipelines (``DaliWindows.timings``)."""
 
     def __init__(self, boost: Any) -> None:
         self.boost, self.meter, self.start, self.figures_ = boost, None, None, {}
@@ -91,6 +92,8 @@ class ThreadsAndDecoders(Callback):
         if stage is not None:
             keys = ("decoded_on_gpu", "decoded_by_workers", "decoded_on_cpu_here", "dali_failures")
             self.figures_["decoder_counts"] = {k: sum(getattr(d, k) for d in stage._decoders.values()) for k in keys}
+            # DALI's pipelines (open until the teardown): the training thread's seconds in them, by what it did
+            self.figures_["dali_timings"] = [dict(d._dali.timings) for d in stage._decoders.values() if d._dali]
 
     def figures(self) -> dict[str, Any]:
         return self.figures_
