@@ -97,13 +97,13 @@ class GPUDecodeStage:
         """The GPU share of the last training batch decoded."""
         return self._last_batch()[0]
 
-    def _last_batch(self) -> tuple[float | None, float | None]:
-        """The GPU share of the last training batch decoded, and when its worker made it."""
+    def _last_batch(self) -> tuple[float | None, float | None, int | None]:
+        """The GPU share of the last training batch decoded, and when and by which worker it was made."""
         for loader, (_, stage, _) in list(self._taken.items()):
             decoder = self._decoders.get(loader)
             if stage in _TRAIN and decoder is not None:
-                return decoder.last_share, decoder.last_made_at
-        return None, None
+                return decoder.last_share, decoder.last_made_at, decoder.last_made_by
+        return None, None, None
 
     def on_train_batch_end(self, trainer: Any) -> None:
         """``"auto"``: time this batch for the split search; rank 0 decides, every rank follows."""

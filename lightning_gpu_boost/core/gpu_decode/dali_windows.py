@@ -62,7 +62,7 @@ class DaliWindows:
         timings: seconds the calling thread spent, summed over ``batches``: handing batches over (``submit_s``),
             waiting for DALI's outputs (``wait_s``), taking them into torch (``handover_s``); of the first and of
             feeding waiting batches at a collect, in ``feed_input`` (``feed_s``) and ``schedule_run``
-            (``schedule_s``); building the pipelines (``build_s``, not in ``submit_s``).
+            (``schedule_s``); building the pipelines and their first, full batch (``build_s``, not in ``submit_s``).
 
 
     Tickets are collected in the order they were submitted; more batches than pipelines may be submitted: a batch
@@ -110,6 +110,33 @@ class DaliWindows:
         pipe.build()
         self.timings["build_s"] += time.perf_counter() - t0
         self._pipes[k] = pipe
+        return pipe
+
+    def _primed(self, k: int, inputs: dict[str, np.ndarray]) -> Any:
+        """Pipeline ``k`` built and run once on a full batch (``inputs``' samples repeated to the capacity), waited
+        for and dropped: nvImageCodec sizes the JPEG engines' share of a batch once, from the first batch it
+        decodes, and sends the rest of every batch to nvJPEG's CUDA decoder, which decodes the Huffman codes on
+        DALI's CPU threads. Primed by a batch of a few JPEGs (the first after the placement's search moved a share
+        to the GPU), on the H200 the engines took only those few of every later batch and the training process's
+        CPU threads decoded the rest (5-8 cores beside ResNet-50). Where that run fails, the pipeline is built again
+        unprimed (the batch itself then fails at its collect, and its pipeline is built again)."""
+        pipe = self._build(k)
+        t0 = time.perf_counter()
+        repeat = np.arange(self._capacity) % len(inputs["jpegs"])
+        full = {name: np.ascontiguousarray(value[repeat]) for name, value in inputs.items()}
+        try:
+            for name, value in full.items():
+                pipe.feed_input(name, value)
+            pipe.schedule_run()
+            pipe.share_outputs()
+            if self._stream is not None:
+                torch.cuda.synchronize(self.device)  # DALI's work on the repeated rows (read in place) is done
+            pipe.release_outputs()
+        except Exception as e:
+            log.debug("DALI failed on a pipeline's first, full batch: %s", e)
+            return self._build(k)
+        finally:
+            self.timings["build_s"] += time.perf_counter() - t0
         return pipe
 
     def _graph(self, fn: Any, types: Any, gpu: bool) -> Any:
@@ -180,7 +207,7 @@ class DaliWindows:
             if any(t % self.pipes == k for t in self._fed):
                 return
             self._waiting.popleft()
-            pipe = self._pipes[k] or self._build(k)
+            pipe = self._pipes[k] or self._primed(k, inputs)
             if self._copied[k] is not None:  # DALI may write where its last output was: the copy is done by now
                 self._copied[k][1].synchronize()
                 self._copied[k] = None

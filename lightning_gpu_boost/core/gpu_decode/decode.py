@@ -72,7 +72,8 @@ class BatchDecoder:
         decoder_name: what decodes the JPEGs on the GPU (the JPEG engines or nvJPEG, and why not the engines).
         last_share: the GPU share the last batch's samples were made under (where its records say), else the share
             of its samples the workers sent as JPEGs.
-        last_made_at: when its worker collated the last batch (``time.monotonic()``), where its records say.
+        last_made_at, last_made_by: when its worker collated the last batch (``time.monotonic()``) and which
+            worker (``-1``: the training process), where its records say.
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], device: torch.device | str = "cpu",
@@ -91,6 +92,7 @@ class BatchDecoder:
         self.decoded_on_gpu = self.decoded_by_workers = self.decoded_on_cpu_here = 0
         self.last_share: float | None = None  # None: the last batch's samples were made under several shares
         self.last_made_at: float | None = None  # when its worker collated the last batch (time.monotonic())
+        self.last_made_by: int | None = None
         self._engines: Any = None if engines else False  # None: not opened yet; False: none here, or not wanted
         self.decoder_name = "not used yet" if engines else "nvJPEG (torchvision): engines=False"
         self._dali: Any = None if dali else False  # None: not opened yet; False: not installed, or not wanted
@@ -179,7 +181,7 @@ class BatchDecoder:
         """The batch's normalized images: the workers' pixels and ``jpeg_images(shape)`` (the JPEGs' images: uint8,
         or float from the batched resampling) at their positions, as 8-bit values (PIL's images hold those),
         normalized in one pass that reads the 8-bit values."""
-        self.last_made_at = records.made_at
+        self.last_made_at, self.last_made_by = records.made_at, records.made_by
         # the share its workers were set to (the placement's search), else the share of JPEGs in it
         share = records.share
         if share is None:

@@ -10,24 +10,41 @@ loader's queue, the prefetcher's look-ahead); the time of an epoch's end or a va
 batches queued during it. A queue can outlast that settle: where the workers make batches only a little slower than
 the step takes them, it drains for hundreds of batches (H200, ResNet-50: the CPU decode's window read 18.2
 batches/s, its workers made 15.1). So a window's rate is the lower of the step's (batches over the time they took)
-and the workers' (the same batches over the time between the first and the last one's collation, where the batches
-say when they were made). Framework-free.
+and the workers' (where the batches say when and by which worker they were made: the workers seen, over the mean
+time a worker took from one of its batches to its next). Each worker's own pace is read because workers that start
+together (at the run's start, or when a share change reaches them) finish their batches together: the time between
+the window's first and last batch measures how those bursts fall in the window, not the pace. Each window's figures
+are kept (:attr:`Decision.windows`). Framework-free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Decision", "SplitSearch"]
+__all__ = ["Decision", "SplitSearch", "workers_rate"]
 
 
 @dataclass
 class Decision:
-    """What :class:`SplitSearch` chose: the GPU ``share``, the measured ``rates`` (batches/s by share) and why."""
+    """What :class:`SplitSearch` chose: the GPU ``share``, the measured ``rates`` (batches/s by share), why, and
+    each timed window (its share, batches, the step's and the workers' batches/s; the workers' is 0 where the batches
+    did not say)."""
 
     share: float
     rates: dict[float, float] = field(default_factory=dict)
     why: str = ""
+    windows: list[dict[str, float]] = field(default_factory=list)
+
+
+def workers_rate(made: list[tuple[float, int | None]]) -> float | None:
+    """Batches/s the workers made, from when (``time.monotonic()``) and by which worker each batch of a window was
+    made: the workers seen, over the mean time a worker took from one of its batches to its next (batches that do
+    not name their worker count as one worker's); ``None`` where no worker made two batches at distinct times."""
+    by: dict[int | None, list[float]] = {}
+    for at, worker in made:
+        by.setdefault(worker, []).append(at)
+    paces = [(max(t) - min(t)) / (len(t) - 1) for t in by.values() if len(t) > 1 and max(t) > min(t)]
+    return len(by) * len(paces) / sum(paces) if paces else None
 
 
 class SplitSearch:
@@ -58,7 +75,8 @@ class SplitSearch:
         self.decision: Decision | None = None
         self._shown = 0  # batches in a row showing the current share
         self._n, self._time = 0, 0.0  # timed batches of the current share, and their time
-        self._made: list[float] = []  # when the timed batches were made, where they say
+        self._made: list[tuple[float, int | None]] = []  # when and by which worker the timed batches were made
+        self.windows: list[dict[str, float]] = []
         self._last: float | None = None
         self._paused = False
         self._skip = 0  # batches still to skip after a break
@@ -76,16 +94,19 @@ class SplitSearch:
         self._paused = True
         self._breaks += 1
 
-    def step(self, now: float, batch_share: float | None, made_at: float | None = None) -> float | None:
+    def step(self, now: float, batch_share: float | None, made_at: float | None = None,
+             made_by: int | None = None) -> float | None:  # fmt: skip
         """One training batch ended at ``now`` (seconds); ``batch_share``: the GPU share its samples were made under
-        (``None`` where they were made under several); ``made_at``: when its worker made it (the same clock as
-        ``now``), where known; the share to set from now on where it changes, else ``None``."""
+        (``None`` where they were made under several); ``made_at``, ``made_by``: when and by which worker it was
+        made (the same clock as ``now``), where known; the share to set from now on where it changes, else
+        ``None``."""
         if self.decision is not None:
             return None
         if self._breaks > self.max_breaks:  # epochs too short to hold a window after the queue: keep the CPU decode
             shown = ", ".join(f"{s:.2f}: {r:.2f}" for s, r in sorted(self.rates.items())) or "none"
             self.decision = Decision(0.0, dict(self.rates), f"the CPU decode is kept: {self._breaks} epoch ends or "
-                                     f"validation runs came before the shares were timed (timed: {shown})")  # fmt: skip
+                                     f"validation runs came before the shares were timed (timed: {shown})",
+                                     list(self.windows))  # fmt: skip
             return 0.0
         target = self.todo[0]
         last, paused = self._last, self._paused
@@ -102,12 +123,14 @@ class SplitSearch:
         self._n += 1
         self._time += now - last
         if made_at is not None:
-            self._made.append(made_at)
+            self._made.append((made_at, made_by))
         if self._n < self.window:
             return None
-        rate = self._n / max(self._time, 1e-9)
-        if len(self._made) == self._n and max(self._made) > min(self._made):  # the workers' rate, where slower
-            rate = min(rate, (self._n - 1) / (max(self._made) - min(self._made)))
+        stepped = self._n / max(self._time, 1e-9)
+        made = workers_rate(self._made) if len(self._made) == self._n else None
+        rate = stepped if made is None else min(stepped, made)  # the workers' rate, where slower
+        self.windows.append({"share": target, "batches": self._n, "step_batches_s": stepped,
+                             "workers_batches_s": made or 0.0})  # fmt: skip
         self.rates[target] = max(rate, self.rates.get(target, 0.0))  # the CPU decode's best of its two windows
         self.todo.pop(0)
         self._shown, self._n, self._time, self._made = 0, 0, 0.0, []
@@ -132,7 +155,7 @@ class SplitSearch:
         if best != 0.0 and self.rates[best] >= cpu * (1 + self.margin):
             why = (f"the GPU decodes {best:.0%} of the samples: {self.rates[best] / cpu:.2f}x the CPU decode's "
                    f"training batches/s (by GPU share: {shown})")  # fmt: skip
-            return Decision(best, dict(self.rates), why)
+            return Decision(best, dict(self.rates), why, list(self.windows))
         why = (f"the CPU decode is kept: no GPU share was more than {self.margin:.0%} faster (training batches/s by "
                f"GPU share: {shown})")  # fmt: skip
-        return Decision(0.0, dict(self.rates), why)
+        return Decision(0.0, dict(self.rates), why, list(self.windows))

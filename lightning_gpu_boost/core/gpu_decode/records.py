@@ -63,14 +63,15 @@ class RecordBatch:
     differ, ``None`` where the records do not say); ``geometry``: the JPEGs' geometries, ``(len(jpeg_index),
     11)`` int64, where every JPEG record has one, else ``None``; ``made_at``: when it was collated
     (``time.monotonic()``, one clock for every process of the machine: the placement's search reads how fast the
-    workers make batches from it)."""
+    workers make batches from it) and ``made_by``: by which worker (``-1``: the training process)."""
 
     def __init__(self, size: int, pixels: torch.Tensor | None, pixel_index: list[int], jpeg: torch.Tensor | None,
                  lengths: list[int], ops: list[list], jpeg_index: list[int], share: float | None = None,
-                 geometry: torch.Tensor | None = None, made_at: float | None = None) -> None:  # fmt: skip
+                 geometry: torch.Tensor | None = None, made_at: float | None = None,
+                 made_by: int | None = None) -> None:  # fmt: skip
         self.size, self.pixels, self.pixel_index, self.share = size, pixels, pixel_index, share
         self.jpeg, self.lengths, self.ops, self.jpeg_index = jpeg, lengths, ops, jpeg_index
-        self.geometry, self.made_at = geometry, made_at
+        self.geometry, self.made_at, self.made_by = geometry, made_at, made_by
 
     @property
     def shape(self) -> tuple[int]:
@@ -91,7 +92,7 @@ class RecordBatch:
         fast as from pinned ones), and pinning them was a copy of every batch's bytes."""
         pixels = self.pixels.pin_memory() if self.pixels is not None else None
         return RecordBatch(self.size, pixels, self.pixel_index, self.jpeg, self.lengths, self.ops,
-                           self.jpeg_index, self.share, self.geometry, self.made_at)  # fmt: skip
+                           self.jpeg_index, self.share, self.geometry, self.made_at, self.made_by)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"RecordBatch({self.size} samples: {len(self.jpeg_index)} JPEGs, {len(self.pixel_index)} decoded)"
@@ -112,12 +113,13 @@ def collate_records(batch: list[Record], *, collate_fn_map: Any = None) -> Recor
         for k, (_, r) in enumerate(jpegs):
             view[k, : lengths[k]] = np.frombuffer(r.jpeg, dtype=np.uint8)
     shares = {r.share for r in batch}
+    worker = get_worker_info()
     geometry = None
     if jpegs and all(r.geometry is not None for _, r in jpegs):
         geometry = torch.tensor([r.geometry for _, r in jpegs], dtype=torch.int64)
     return RecordBatch(len(batch), stacked, [k for k, _ in pixels], rows, lengths, [r.ops for _, r in jpegs],
                        [k for k, _ in jpegs], shares.pop() if len(shares) == 1 else math.nan, geometry,
-                       time.monotonic())  # fmt: skip
+                       time.monotonic(), -1 if worker is None else worker.id)  # fmt: skip
 
 
 default_collate_fn_map[Record] = collate_records

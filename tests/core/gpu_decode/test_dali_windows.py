@@ -92,6 +92,29 @@ def test_batches_in_flight_beyond_the_pipelines_come_back_in_order(pipes):
         dali.submit(*_rows([_jpeg(8, 8, 0)] * 2), np.array([one]))
 
 
+def test_a_first_batch_smaller_than_the_capacity_primes_the_pipeline_with_a_full_one(monkeypatch):
+    """A new pipeline first runs once on the first batch's samples repeated to the capacity (nvImageCodec sizes the
+    JPEG engines' share from the first batch it decodes); the batches handed over come back as they are."""
+    fed: list[tuple[str, int]] = []
+    build = DaliWindows._build
+
+    def recorded(self, k):
+        pipe = build(self, k)
+        feed = pipe.feed_input
+        pipe.feed_input = lambda name, value: (fed.append((name, len(value))), feed(name, value))[1]
+        return pipe
+
+    monkeypatch.setattr(DaliWindows, "_build", recorded)
+    dali = DaliWindows("cpu", threads=1, pipes=1)
+    data = [_jpeg(96, 80, s) for s in range(len(OPS))]
+    first = dali.collect(dali.submit(*_rows(data[:1]), np.array([_geometry(OPS[0])]), capacity=4))
+    full = dali.collect(dali.submit(*_rows(data), np.array([_geometry(ops) for ops in OPS])))
+    names = len({name for name, _ in fed})
+    assert [n for _, n in fed] == [4] * names + [1] * names + [4] * names  # primed, then the batches as they are
+    assert first.shape == (1, 32, 32, 3) and torch.equal(first[0], full[0])
+    assert dali.timings["batches"] == 2 and dali.timings["build_s"] > 0
+
+
 def test_dali_windows_arguments_are_checked():
     with pytest.raises(ValueError, match="threads must be an int >= 1, got 0"):
         DaliWindows("cpu", threads=0)

@@ -13,6 +13,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, default_collate
 
 from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Record, RecordBatch, SplitSearch, is_records
+from lightning_gpu_boost.core.gpu_decode.placement import workers_rate
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -232,14 +233,36 @@ def test_a_queue_that_outlasts_the_settle_is_not_timed():
     assert unstamped.decision.share == 0.0  # the old reading: the draining queue, 18 batches/s
 
 
+@pytest.mark.parametrize("first", [5, 15])
+def test_workers_that_start_together_are_read_at_their_pace(first):
+    """16 workers that started together (the run's start, a share change) finish their batches together, every 1.0
+    s: 16 batches/s. The time between a window's first and last batch read 23 batches over 1 s or over 2 s (1.44x
+    or 0.72x the pace, as the window falls); each worker's own pace reads 16."""
+    made = [(float(k // 16 + 1), k % 16) for k in range(first, first + 24)]
+    assert workers_rate(made) == pytest.approx(16.0)
+    span = max(t for t, _ in made) - min(t for t, _ in made)
+    assert 23 / span in (pytest.approx(23.0), pytest.approx(11.5))
+    assert workers_rate([(t, None) for t, _ in made]) == pytest.approx(23 / span)  # unnamed: one worker's
+    assert workers_rate([(1.0, 0), (2.0, 1)]) is None
+
+
+def test_the_decision_keeps_each_window():
+    search = _run_with_a_queue(SplitSearch(window=24, settle=35), lambda s: 15.0 if s == 0.0 else 100.0,
+                               lambda s: 18.0 if s == 0.0 else 16.4)  # fmt: skip
+    windows = search.decision.windows
+    assert [w["share"] for w in windows][:2] == [0.0, 1.0] and all(w["batches"] == 24 for w in windows)
+    assert windows[0]["workers_batches_s"] == pytest.approx(15.0, rel=0.02)
+    assert windows[0]["step_batches_s"] > windows[0]["workers_batches_s"]  # the draining queue
+
+
 def test_batches_say_when_their_worker_made_them():
     loader = DataLoader(_Samples(), batch_size=4, num_workers=2)
     before = time.monotonic()
-    stamps = [images.made_at for images, _ in loader]
-    assert all(before < t < time.monotonic() for t in stamps)
+    stamps = [(images.made_at, images.made_by) for images, _ in loader]
+    assert all(before < t < time.monotonic() for t, _ in stamps) and {w for _, w in stamps} == {0, 1}
     decoder = BatchDecoder(MEAN, STD, device="cpu")
     decoder.images(default_collate([Record(pixels=torch.zeros(3, 4, 4, dtype=torch.uint8))]))
-    assert decoder.last_made_at is not None
+    assert decoder.last_made_at is not None and decoder.last_made_by == -1
 
 
 def test_epochs_too_short_to_time_keep_the_cpu_decode():

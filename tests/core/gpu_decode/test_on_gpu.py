@@ -253,3 +253,56 @@ def test_dalis_images_are_right_while_the_reading_stream_lags(pipes):
             full = torch.from_numpy(np.asarray(image.resize((32, 32), Image.BILINEAR)).copy())
             levels = (got[k].cpu().float() - full.float()).abs()
             assert levels.mean() <= 3.0, (b, k, float(levels.mean()))
+
+
+def test_a_small_first_batch_leaves_the_jpeg_engines_their_share():
+    """DALI's decoder (nvImageCodec) sizes the JPEG engines' share of a batch from the first batch it decodes, and
+    the rest of every batch goes to nvJPEG's CUDA decoder, whose Huffman decoding runs on DALI's CPU threads: a
+    pipeline whose first batch holds one JPEG (the first after ``decode="auto"`` moves a share to the GPU) spends
+    no more of those threads' CPU on full batches than one whose first batch is full (on a GPU without engines,
+    both decode on the CUDA decoder alike)."""
+    _need_cuda()
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    import io
+    from pathlib import Path
+
+    from PIL import Image
+
+    from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
+    from lightning_gpu_boost.core.gpu_decode.plan import geometry
+
+    def jpeg(seed: int) -> bytes:  # noise: Huffman decoding costs what it costs on a large photograph
+        buf = io.BytesIO()
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (375, 500, 3), dtype=np.uint8)).save(buf, "JPEG")
+        return buf.getvalue()
+
+    data = [jpeg(s) for s in range(64)]
+    rows = np.zeros((64, max(map(len, data))), np.uint8)
+    for k, d in enumerate(data):
+        rows[k, : len(d)] = np.frombuffer(d, np.uint8)
+    lengths = np.array([len(d) for d in data])
+    g = geometry(375, 500, [("crop", 10, 20, 300, 400), ("resize", 224, 224)])
+    geometries = np.array([[*g[0], *g[1], int(g[2])]] * 64)
+
+    def decoder_threads_cpu() -> float:  # DALI's decoder threads ("[DALI][TPn]Mixe..."), CPU seconds so far
+        total = 0.0
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            if "Mixe" in stat[stat.index("(") + 1: stat.rindex(")")]:
+                fields = stat[stat.rindex(")") + 2:].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+    spent = {}
+    for first in (64, 1):
+        dali = DaliWindows("cuda", threads=4, pipes=1)
+        dali.collect(dali.submit(rows[:first], lengths[:first], geometries[:first], capacity=64))
+        before = decoder_threads_cpu()
+        for _ in range(8):
+            dali.collect(dali.submit(rows, lengths, geometries))
+        spent[first] = decoder_threads_cpu() - before
+        dali.close()
+    assert spent[1] <= 2 * spent[64] + 0.1, spent
