@@ -66,7 +66,8 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             def pin_all(self: Any, device: Any = None) -> Any:
                 pin = (lambda x: x.pin_memory() if x is not None else None)  # noqa: E731
                 return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.lengths,
-                                   self.ops, self.jpeg_index, self.share, self.geometry, self.made_at)  # fmt: skip
+                                   self.ops, self.jpeg_index, self.share, self.geometry, self.made_at,
+                                   self.made_by)  # fmt: skip
 
             patches.append(mock.patch.object(RecordBatch, "pin_memory", pin_all))
         for patch in patches:

@@ -116,10 +116,10 @@ class DaliWindows:
         """Pipeline ``k`` built and run once on a full batch (``inputs``' samples repeated to the capacity), waited
         for and dropped: nvImageCodec sizes the JPEG engines' share of a batch once, from the first batch it
         decodes, and sends the rest of every batch to nvJPEG's CUDA decoder, which decodes the Huffman codes on
-        DALI's CPU threads. Primed by a batch of a few JPEGs (the first after the placement's search moved a share
-        to the GPU), on the H200 the engines took only those few of every later batch and the training process's
-        CPU threads decoded the rest (5-8 cores beside ResNet-50). Where that run fails, the pipeline is built again
-        unprimed (the batch itself then fails at its collect, and its pipeline is built again)."""
+        DALI's CPU threads. A first batch of a few JPEGs (the first after the placement's search moves a share to
+        the GPU) would leave the engines those few of every later batch, and the training process's CPU threads the
+        rest. Where that run fails, the pipeline is built again unprimed (the batch itself then fails at its
+        collect, and its pipeline is built again)."""
         pipe = self._build(k)
         t0 = time.perf_counter()
         repeat = np.arange(self._capacity) % len(inputs["jpegs"])
