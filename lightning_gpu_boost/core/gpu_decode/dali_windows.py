@@ -143,17 +143,18 @@ class DaliWindows:
         """The pipeline: each row cut to its JPEG, its window decoded, the region the output covers resized to the
         output's size and flipped where drawn. Its external sources are the inputs :meth:`submit` hands over."""
         rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
-        # each sample's numbers in one input (one feed a batch, not eight): its JPEG's length, the window's anchor
-        # and shape, the output size, the region resized (window pixels), whether to flip
-        numbers = fn.external_source(name="numbers", dtype=types.FLOAT, ndim=1)
-        integers = fn.cast(numbers, dtype=types.INT32)  # the counts, exact in float32 (below 2**24)
-        jpegs = fn.slice(rows, start=[0], shape=integers[0:1], axes=[0])  # each row's JPEG, in DALI's threads
+        lengths = fn.external_source(name="lengths", dtype=types.INT32)
+        jpegs = fn.slice(rows, start=[0], shape=lengths, axes=[0])  # each row's JPEG, in DALI's threads
+        anchor = fn.external_source(name="anchor", dtype=types.INT32)
+        shape = fn.external_source(name="shape", dtype=types.INT32)
         extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
-        windows = fn.decoders.image_slice(jpegs, integers[1:3], integers[3:5], axis_names="HW", output_type=types.RGB,
+        windows = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
                                           device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
-        images = fn.resize(windows, size=numbers[5:7], roi_start=numbers[7:9], roi_end=numbers[9:11],
-                           roi_relative=False, antialias=True, interp_type=types.INTERP_LINEAR)  # fmt: skip
-        return fn.flip(images, horizontal=integers[11])
+        images = fn.resize(windows, size=fn.external_source(name="size", dtype=types.FLOAT),
+                           roi_start=fn.external_source(name="roi_start", dtype=types.FLOAT),
+                           roi_end=fn.external_source(name="roi_end", dtype=types.FLOAT), roi_relative=False,
+                           antialias=True, interp_type=types.INTERP_LINEAR)  # fmt: skip
+        return fn.flip(images, horizontal=fn.external_source(name="flip", dtype=types.INT32))
 
     def submit(self, jpegs: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, capacity: int = 0) -> int:
         """Hand over one batch: its JPEGs, one per row of ``jpegs`` (``(n, longest)`` uint8: ``lengths[k]`` bytes of
@@ -174,9 +175,13 @@ class DaliWindows:
         g = np.asarray(geometry, dtype=np.float64)
         scale = g[:, [1, 6]] / g[:, [2, 7]]  # window pixels per resized pixel, rows and columns
         start = g[:, [3, 8]] * scale
-        numbers = np.concatenate([np.asarray(lengths, np.float64).reshape(n, 1), g[:, [0, 5]], g[:, [1, 6]],
-                                  g[:, [4, 9]], start, start + g[:, [4, 9]] * scale, g[:, 10:11]], axis=1)  # fmt: skip
-        inputs = {"jpegs": jpegs, "numbers": np.ascontiguousarray(numbers, dtype=np.float32)}
+        inputs = {"jpegs": jpegs, "lengths": np.asarray(lengths, np.int32).reshape(n, 1),
+                  "anchor": np.ascontiguousarray(geometry[:, [0, 5]], dtype=np.int32),
+                  "shape": np.ascontiguousarray(geometry[:, [1, 6]], dtype=np.int32),
+                  "size": np.ascontiguousarray(g[:, [4, 9]], dtype=np.float32),
+                  "roi_start": np.ascontiguousarray(start, dtype=np.float32),
+                  "roi_end": np.ascontiguousarray(start + g[:, [4, 9]] * scale, dtype=np.float32),
+                  "flip": np.ascontiguousarray(geometry[:, 10], dtype=np.int32)}  # fmt: skip
         return self._hand_over(n, capacity, inputs)
 
     def _hand_over(self, n: int, capacity: int, inputs: dict[str, np.ndarray]) -> int:
