@@ -183,8 +183,7 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             through._dali.close()
             print(f"decoders: {dali}", flush=True)
         # DALI's images (it resizes and flips them) against the package's per-image path on the same records
-        dali["dali_vs_package_levels"] = dali_parity([default_collate(records[k * bs: (k + 1) * bs])
-                                                      for k in range(2)])  # fmt: skip
+        dali["dali_vs_package_levels"] = dali_parity(batches[:2])
         print(f"decoders: {dali}", flush=True)
     else:
         dali = {"dali_path": through.dali_unavailable}

@@ -118,9 +118,11 @@ class DaliWindows:
         decodes, and sends the rest of every batch to nvJPEG's CUDA decoder, which decodes the Huffman codes on
         DALI's CPU threads. A first batch of a few JPEGs (the first after the placement's search moves a share to
         the GPU) would leave the engines those few of every later batch, and the training process's CPU threads the
-        rest. Where that run fails, the pipeline is built again unprimed (the batch itself then fails at its
-        collect, and its pipeline is built again)."""
+        rest. A first batch that is full already is not run twice. Where that run fails, the pipeline is built again
+        unprimed (the batch itself then fails at its collect, and its pipeline is built again)."""
         pipe = self._build(k)
+        if len(inputs["jpegs"]) >= self._capacity:
+            return pipe
         t0 = time.perf_counter()
         repeat = np.arange(self._capacity) % len(inputs["jpegs"])
         full = {name: np.ascontiguousarray(value[repeat]) for name, value in inputs.items()}
