@@ -494,6 +494,8 @@ def main() -> int:
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="leave the ceiling out")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="the handover part's variants, of "
                         + ",".join(VARIANTS))  # fmt: skip
+    parser.add_argument("--dali-pipes", type=int, help="the model parts' DALI pipelines that take turns (batches "
+                        "decoded at once; the package's default where not given)")  # fmt: skip
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
     parser.add_argument("--probes", nargs="+", help="with --merge: the probes' JSON files, kept in the result")
     parser.add_argument("--suffix", default="", help="with --merge: after the machine in the file's name (a second "
@@ -501,6 +503,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be an int >= 1, got {args.rounds}")
+    if args.dali_pipes is not None and args.dali_pipes < 1:
+        parser.error(f"--dali-pipes must be an int >= 1, got {args.dali_pipes}")
     if args.merge:
         print(f"wrote {merge(args.merge, args.out, args.probes, args.suffix)}")
         return 0
@@ -511,7 +515,14 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants",
-                                            "profile_steps", "rounds")}  # fmt: skip
+                                            "profile_steps", "rounds", "dali_pipes")}  # fmt: skip
+    if args.dali_pipes is not None:  # the model parts' pipelines (the handover part's variants set their own)
+        from functools import partial
+
+        from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
+        from lightning_gpu_boost.core.gpu_decode import decode as decode_module
+
+        decode_module.DaliWindows = partial(DaliWindows, pipes=args.dali_pipes)
     parts: dict[str, Any] = {}
     for part in args.parts.split(","):
         if part == "decoders":

@@ -30,3 +30,5 @@ def test_the_engines_argument_is_checked_and_named():
     assert "engines=False" in BatchDecoder((0.5,), (0.5,), engines=False).decoder_name
     with pytest.raises(ValueError, match="max_breaks must be >= 0, got -1"):
         SplitSearch(max_breaks=-1)
+    with pytest.raises(ValueError, match=r"headroom must be in \[0, 1\), got 1.5"):
+        SplitSearch(headroom=1.5)
