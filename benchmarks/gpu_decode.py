@@ -519,8 +519,8 @@ def main() -> int:
     if args.dali_pipes is not None:  # the model parts' pipelines (the handover part's variants set their own)
         from functools import partial
 
-        from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
         from lightning_gpu_boost.core.gpu_decode import decode as decode_module
+        from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
         decode_module.DaliWindows = partial(DaliWindows, pipes=args.dali_pipes)
     parts: dict[str, Any] = {}

@@ -4,9 +4,8 @@ the ``gpu`` case of a model with DALI's windows taken each way, side by side wit
 Variants (:data:`VARIANTS`): how many pipelines take turns; DALI's outputs and the copy waited for by the training
 thread or not; the JPEGs' bytes pinned by the pin-memory thread or not; 4 CPU threads per pipeline instead of 8;
 the loader's workers held to 4 (AutoNumWorkers off) instead of the count it picks: what CPU threads beside the
-training process's cost it; each batch's per-sample numbers handed to DALI as one input instead of seven
-(:class:`PackedWindows`: the training thread's submit took 0.38 ms a batch instead of 0.70 with DALI's CPU backend
-on a 2-CPU machine, the images bit-identical).
+training process's cost it; each batch's per-sample numbers handed to DALI as seven inputs instead of one
+(:class:`SevenInputWindows`).
 """
 
 from __future__ import annotations
@@ -22,31 +21,38 @@ import torch
 from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
 
-class PackedWindows(DaliWindows):
-    """:class:`DaliWindows` fed each batch's per-sample numbers (the JPEG's length, the window's anchor and shape,
-    the output size, the region resized, the flip) as one float32 input, cut and cast inside the graph: one
-    ``feed_input`` a batch for them instead of seven (the ``packed`` variant)."""
+class SevenInputWindows(DaliWindows):
+    """:class:`DaliWindows` fed each batch's per-sample numbers as seven inputs (the JPEG's length, the window's
+    anchor, its shape, the output size, the region's start and end, the flip) instead of one float32 row (the
+    ``seven_inputs`` variant)."""
 
     def _graph(self, fn: Any, types: Any, gpu: bool) -> Any:
         rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
-        numbers = fn.external_source(name="numbers", dtype=types.FLOAT, ndim=1)
-        integers = fn.cast(numbers, dtype=types.INT32)  # the counts, exact in float32 (below 2**24)
-        jpegs = fn.slice(rows, start=[0], shape=integers[0:1], axes=[0])
+        jpegs = fn.slice(rows, start=[0], shape=fn.external_source(name="lengths", dtype=types.INT32), axes=[0])
+        anchor = fn.external_source(name="anchor", dtype=types.INT32)
+        shape = fn.external_source(name="shape", dtype=types.INT32)
         extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
-        windows = fn.decoders.image_slice(jpegs, integers[1:3], integers[3:5], axis_names="HW", output_type=types.RGB,
+        windows = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="HW", output_type=types.RGB,
                                           device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
-        images = fn.resize(windows, size=numbers[5:7], roi_start=numbers[7:9], roi_end=numbers[9:11],
-                           roi_relative=False, antialias=True, interp_type=types.INTERP_LINEAR)  # fmt: skip
-        return fn.flip(images, horizontal=integers[11])
+        images = fn.resize(windows, size=fn.external_source(name="size", dtype=types.FLOAT),
+                           roi_start=fn.external_source(name="roi_start", dtype=types.FLOAT),
+                           roi_end=fn.external_source(name="roi_end", dtype=types.FLOAT), roi_relative=False,
+                           antialias=True, interp_type=types.INTERP_LINEAR)  # fmt: skip
+        return fn.flip(images, horizontal=fn.external_source(name="flip", dtype=types.INT32))
 
     def submit(self, jpegs: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, capacity: int = 0) -> int:
         n = len(jpegs)
         g = np.asarray(geometry, dtype=np.float64)
         scale = g[:, [1, 6]] / g[:, [2, 7]]
         start = g[:, [3, 8]] * scale
-        numbers = np.concatenate([np.asarray(lengths, np.float64).reshape(n, 1), g[:, [0, 5]], g[:, [1, 6]],
-                                  g[:, [4, 9]], start, start + g[:, [4, 9]] * scale, g[:, 10:11]], axis=1)  # fmt: skip
-        return self._hand_over(n, capacity, {"jpegs": jpegs, "numbers": np.ascontiguousarray(numbers, np.float32)})
+        inputs = {"jpegs": jpegs, "lengths": np.asarray(lengths, np.int32).reshape(n, 1),
+                  "anchor": np.ascontiguousarray(geometry[:, [0, 5]], dtype=np.int32),
+                  "shape": np.ascontiguousarray(geometry[:, [1, 6]], dtype=np.int32),
+                  "size": np.ascontiguousarray(g[:, [4, 9]], dtype=np.float32),
+                  "roi_start": np.ascontiguousarray(start, dtype=np.float32),
+                  "roi_end": np.ascontiguousarray(start + g[:, [4, 9]] * scale, dtype=np.float32),
+                  "flip": np.ascontiguousarray(geometry[:, 10], dtype=np.int32)}  # fmt: skip
+        return self._hand_over(n, capacity, inputs)
 
 
 def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
@@ -64,7 +70,7 @@ def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
 #: the ``handover`` part's variants: (pipes, what else changes)
 VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""), "copy_4": (4, ""),
             "copy_2_pinned_jpegs": (2, "pinned"), "copy_2_threads_4": (2, "threads_4"),
-            "copy_2_workers_4": (2, "workers_4"), "copy_2_packed": (2, "packed")}  # fmt: skip
+            "copy_2_workers_4": (2, "workers_4"), "copy_3_seven_inputs": (3, "seven")}  # fmt: skip
 
 
 def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
@@ -83,7 +89,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         made: list[DaliWindows] = []
 
         def windows(device: Any, made=made, pipes=pipes, extra=extra) -> DaliWindows:
-            kind = PackedWindows if extra == "packed" else DaliWindows
+            kind = SevenInputWindows if extra == "seven" else DaliWindows
             made.append(kind(device, pipes=pipes, threads=4 if extra == "threads_4" else 8))
             made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
             return made[-1]
