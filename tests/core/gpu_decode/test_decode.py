@@ -165,6 +165,30 @@ def test_the_search_keeps_the_fastest_share():
         0.0, 1.0, round(1 - 10 / 14, 2)}
 
 
+def test_a_split_that_reads_fast_once_is_timed_again_and_its_slower_window_counts():
+    """H200, ResNet-50: the split's first window after share 1 read 16.8 batches/s, the split then trained at 15.6,
+    below share 1's 16.2."""
+    seen = {"split": 0}
+
+    def rate(s):
+        if s == 0.0:
+            return 14.0
+        if s == 1.0:
+            return 16.2
+        seen["split"] += 1
+        return 16.8 if seen["split"] <= 12 else 15.6  # its first window (and settle) fast, then steady
+
+    search = _run_search(rate)
+    split = round(1 - 14.0 / (16.2 * 1.1), 2)
+    assert [w["share"] for w in search.decision.windows] == [0.0, 1.0, split, split, 0.0]
+    assert search.decision.rates[split] == pytest.approx(15.6) and search.decision.share == 1.0
+
+
+def test_a_split_within_the_margin_of_share_1_is_not_kept():
+    search = _run_search(lambda s: {0.0: 10.0, 1.0: 16.0}.get(s, 16.3))  # 2 % over share 1: inside the margin
+    assert search.decision.share == 1.0 and len([w for w in search.decision.windows if 0 < w["share"] < 1]) == 2
+
+
 def test_the_search_keeps_the_cpu_decode_when_nothing_is_faster():
     search = _run_search(lambda s: 10.0 - 2 * s)  # the GPU decode slows the step, the CPU keeps up
     assert search.decision.share == 0.0 and "kept" in search.decision.why and search.decision.rates[1.0] < 10
