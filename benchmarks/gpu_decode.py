@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 from _common import beside_training, demo_tree, parser_for, record_batches, resident_training
-from gpu_decode_probes import MainThreadProfile, OpenAfterPlacement, ThreadsAndDecoders
+from gpu_decode_probes import GpuTimeline, MainThreadProfile, OpenAfterPlacement, ThreadsAndDecoders
 from gpu_decode_variants import VARIANTS, handover
 
 from lightning_gpu_boost.core.results import bar, write_result
@@ -63,8 +63,12 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     if decode is None:  # the resident ceiling: the same batches, in GPU memory
         batch = (torch.randint(0, 256, (bs, 3, 224, 224), dtype=torch.uint8, device="cuda"),
                  torch.randint(0, 100, (bs,), device="cuda"))  # fmt: skip
-        return measure_fit(model, ResidentBatches(batch, -(-args.images // bs)), args.steps, args.warmup,
-                           precision="bf16-mixed")  # fmt: skip
+        timeline = [GpuTimeline()] if getattr(args, "timeline", False) else []
+        result = measure_fit(model, ResidentBatches(batch, -(-args.images // bs)), args.steps, args.warmup,
+                             tuple(timeline), precision="bf16-mixed")  # fmt: skip
+        for callback in timeline:
+            result.update(callback.figures())
+        return result
     fixed = getattr(args, "loader_workers", None)  # a handover variant's fixed worker count (AutoNumWorkers off)
     loader = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True,  # the user's loader, as written
                         **({"num_workers": fixed} if fixed is not None else {}))  # fmt: skip
@@ -76,6 +80,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         extra.append(OpenAfterPlacement(boost))
     if decode == "gpu" and args.profile_steps:
         extra.append(MainThreadProfile(*args.profile_steps))
+    if getattr(args, "timeline", False):
+        extra.append(GpuTimeline())
     result = measure_fit(model, loader, args.steps, warmup, (boost, *extra), precision="bf16-mixed")
     for callback in extra:
         result.update(callback.figures())
@@ -494,6 +500,8 @@ def main() -> int:
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="leave the ceiling out")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="the handover part's variants, of "
                         + ",".join(VARIANTS))  # fmt: skip
+    parser.add_argument("--timeline", action="store_true", help="each case's last 96 steps on the training stream: "
+                        "the GPU's step time, the gaps between steps, whether the training thread was ahead")
     parser.add_argument("--dali-pipes", type=int, help="the model parts' DALI pipelines that take turns (batches "
                         "decoded at once; the package's default where not given)")  # fmt: skip
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
@@ -515,7 +523,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants",
-                                            "profile_steps", "rounds", "dali_pipes")}  # fmt: skip
+                                            "profile_steps", "rounds", "dali_pipes", "timeline")}  # fmt: skip
     if args.dali_pipes is not None:  # the model parts' pipelines (the handover part's variants set their own)
         from functools import partial
 

@@ -1,6 +1,6 @@
 """What ``benchmarks/gpu_decode.py``'s fits record beside the throughput meter: when the ``auto`` placement was
-decided (and the window opened after it), each thread's CPU time in the timed window with the decoders' counts, and
-a cProfile of chosen steps."""
+decided (and the window opened after it), each thread's CPU time in the timed window with the decoders' counts,
+a cProfile of chosen steps, and the training stream's timeline (its steps and the gaps between them)."""
 
 from __future__ import annotations
 
@@ -137,3 +137,62 @@ class MainThreadProfile(Callback):
             pstats.Stats(self.prof, stream=text).sort_stats(key).print_stats(30)
             out[f"main_thread_cprofile_{key}"] = text.getvalue()[-7000:]
         return out
+
+
+class GpuTimeline(Callback):
+    """The cases with ``--timeline``: where the training stream's GPU time goes over the fit's last ``keep`` steps.
+    An event is recorded on the training stream as each step starts (after its batch was handed out: the wait for
+    the batch's decode is enqueued before it) and as it ends; at the fit's end they are read once. A step's GPU time
+    is start to end; the gap before it is the last step's end to its start: the training stream idle, waiting for
+    the batch's decode (its ready event) or for the training thread to enqueue the step. Which one: as a step
+    starts, the thread asks whether the GPU has finished the last step; where not (the thread is ahead), a gap after
+    it is the decode's; where it has, the thread was late. No synchronization inside the run."""
+
+    def __init__(self, keep: int = 96) -> None:
+        self.keep, self.steps = keep, []  # (start event, end event or None, the thread ahead of the GPU)
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        import torch
+
+        ahead = bool(self.steps) and self.steps[-1][1] is not None and not self.steps[-1][1].query()
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.steps.append([start, None, ahead])
+        del self.steps[: -self.keep - 1]
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        import torch
+
+        if self.steps and self.steps[-1][1] is None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.steps[-1][1] = end
+
+    def figures(self) -> dict[str, Any]:
+        try:
+            return self._figures()
+        except Exception as e:  # a probe's failure must not lose the case's figures
+            return {"timeline_error": f"{type(e).__name__}: {e}"}
+
+    def _figures(self) -> dict[str, Any]:
+        import statistics
+        from itertools import pairwise
+
+        import torch
+
+        done = [s for s in self.steps if s[1] is not None]
+        if len(done) < 3:
+            return {}
+        torch.cuda.synchronize()
+        step_ms = [s[0].elapsed_time(s[1]) for s in done[1:]]
+        gaps = [(a[1].elapsed_time(b[0]), b[2]) for a, b in pairwise(done)]  # (ms, the thread ahead)
+        ahead = [g for g, a in gaps if a]
+        late = [g for g, a in gaps if not a]
+        total = sum(step_ms) + sum(g for g, _ in gaps)
+        return {"timeline": {
+            "steps": len(step_ms), "gpu_step_ms_median": statistics.median(step_ms),
+            "gpu_step_ms_mean": statistics.fmean(step_ms), "gap_ms_mean": statistics.fmean(g for g, _ in gaps),
+            "gap_ms_max": max(g for g, _ in gaps), "idle_frac": sum(g for g, _ in gaps) / total,
+            "thread_ahead_frac": len(ahead) / len(gaps),
+            "gap_ms_mean_thread_ahead": statistics.fmean(ahead) if ahead else None,
+            "gap_ms_mean_thread_late": statistics.fmean(late) if late else None}}  # fmt: skip
