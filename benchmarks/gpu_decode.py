@@ -35,7 +35,13 @@ from typing import Any
 
 import torch
 from _common import beside_training, demo_tree, parser_for, record_batches, resident_training
-from gpu_decode_probes import GpuTimeline, MainThreadProfile, OpenAfterPlacement, ThreadsAndDecoders
+from gpu_decode_probes import (
+    GpuTimeline,
+    MainThreadProfile,
+    OpenAfterPlacement,
+    ThreadsAndDecoders,
+    TrainOnPriorityStream,
+)
 from gpu_decode_variants import VARIANTS, handover
 
 from lightning_gpu_boost.core.results import bar, write_result
@@ -80,6 +86,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         extra.append(OpenAfterPlacement(boost))
     if decode == "gpu" and args.profile_steps:
         extra.append(MainThreadProfile(*args.profile_steps))
+    if getattr(args, "train_priority", False):  # a handover variant's: first, so the others record on its stream
+        extra.insert(0, TrainOnPriorityStream())
     if getattr(args, "timeline", False):
         extra.append(GpuTimeline())
     result = measure_fit(model, loader, args.steps, warmup, (boost, *extra), precision="bf16-mixed")

@@ -196,3 +196,32 @@ class GpuTimeline(Callback):
             "thread_ahead_frac": len(ahead) / len(gaps),
             "gap_ms_mean_thread_ahead": statistics.fmean(ahead) if ahead else None,
             "gap_ms_mean_thread_late": statistics.fmean(late) if late else None}}  # fmt: skip
+
+
+class TrainOnPriorityStream(Callback):
+    """The hand-over variant ``copy_3_train_priority``: the fit trains on a stream of the device's highest priority,
+    made current in the training thread as training starts (after the work queued before it) and put back at its
+    end; the GPU schedules the decode's kernels (DALI's streams and the copies, priority 0) only on the SMs the
+    step's leave free. The figures say the priority the stream got."""
+
+    def __init__(self) -> None:
+        self.stream: Any = None
+        self.previous: Any = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        import torch
+
+        self.previous = torch.cuda.current_stream(pl_module.device)
+        self.stream = torch.cuda.Stream(pl_module.device, priority=-100)  # mapped to the highest the device has
+        self.stream.wait_stream(self.previous)
+        torch.cuda.set_stream(self.stream)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        import torch
+
+        if self.stream is not None:
+            self.previous.wait_stream(self.stream)
+            torch.cuda.set_stream(self.previous)
+
+    def figures(self) -> dict[str, Any]:
+        return {"train_stream_priority": self.stream.priority if self.stream is not None else None}

@@ -5,7 +5,9 @@ Variants (:data:`VARIANTS`): how many pipelines take turns; DALI's outputs and t
 thread or not; the JPEGs' bytes pinned by the pin-memory thread or not; 4 CPU threads per pipeline instead of 8;
 the loader's workers held to 4 (AutoNumWorkers off) instead of the count it picks: what CPU threads beside the
 training process's cost it; each batch's per-sample numbers handed to DALI as seven inputs instead of one
-(:class:`SevenInputWindows`).
+(:class:`SevenInputWindows`); the training on a stream of the highest priority (``TrainOnPriorityStream``: the
+decode's kernels take only the SMs the step leaves free; with the decode beside it, ResNet-50's step took 60.9 ms
+of GPU time instead of 54.4, with no gaps between steps).
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
 #: the ``handover`` part's variants: (pipes, what else changes)
 VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""), "copy_4": (4, ""),
             "copy_2_pinned_jpegs": (2, "pinned"), "copy_2_threads_4": (2, "threads_4"),
-            "copy_2_workers_4": (2, "workers_4"), "copy_3_seven_inputs": (3, "seven")}  # fmt: skip
+            "copy_2_workers_4": (2, "workers_4"), "copy_3_seven_inputs": (3, "seven"),
+            "copy_3_train_priority": (3, "priority")}  # fmt: skip
 
 
 def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
@@ -110,7 +113,8 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         for patch in patches:
             patch.start()
         try:
-            case_args = argparse.Namespace(**vars(args), loader_workers=4 if extra == "workers_4" else None)
+            case_args = argparse.Namespace(**vars(args), loader_workers=4 if extra == "workers_4" else None,
+                                           train_priority=extra == "priority")  # fmt: skip
             result = fit_case(root, arch, "gpu", case_args)
         finally:
             for patch in reversed(patches):
