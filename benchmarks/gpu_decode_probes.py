@@ -146,10 +146,13 @@ class GpuTimeline(Callback):
     is start to end; the gap before it is the last step's end to its start: the training stream idle, waiting for
     the batch's decode (its ready event) or for the training thread to enqueue the step. Which one: as a step
     starts, the thread asks whether the GPU has finished the last step; where not (the thread is ahead), a gap after
-    it is the decode's; where it has, the thread was late. No synchronization inside the run."""
+    it is the decode's; where it has, the thread was late. No synchronization inside the run. As each step ends, NVML
+    is read for the SMs' clock (MHz) and the board's power (W): a step slower at a lower clock is held by power."""
 
     def __init__(self, keep: int = 96) -> None:
         self.keep, self.steps = keep, []  # (start event, end event or None, the thread ahead of the GPU)
+        self.clocks: list[tuple[int, float]] = []  # (SM MHz, W) as steps ended
+        self._nvml: Any = None
 
     def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
         import torch
@@ -167,6 +170,21 @@ class GpuTimeline(Callback):
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self.steps[-1][1] = end
+        self._read_clocks(torch.cuda.current_device())
+
+    def _read_clocks(self, index: int) -> None:
+        try:
+            import pynvml
+
+            if self._nvml is None:
+                pynvml.nvmlInit()
+                self._nvml = pynvml.nvmlDeviceGetHandleByIndex(index)
+            if self._nvml is not False:
+                self.clocks.append((pynvml.nvmlDeviceGetClockInfo(self._nvml, pynvml.NVML_CLOCK_SM),
+                                    pynvml.nvmlDeviceGetPowerUsage(self._nvml) / 1000.0))  # fmt: skip
+                del self.clocks[: -self.keep]
+        except Exception:
+            self._nvml = False  # no NVML here: the timeline goes without clocks
 
     def figures(self) -> dict[str, Any]:
         try:
@@ -195,7 +213,9 @@ class GpuTimeline(Callback):
             "gap_ms_max": max(g for g, _ in gaps), "idle_frac": sum(g for g, _ in gaps) / total,
             "thread_ahead_frac": len(ahead) / len(gaps),
             "gap_ms_mean_thread_ahead": statistics.fmean(ahead) if ahead else None,
-            "gap_ms_mean_thread_late": statistics.fmean(late) if late else None}}  # fmt: skip
+            "gap_ms_mean_thread_late": statistics.fmean(late) if late else None,
+            "sm_clock_mhz_median": statistics.median(c for c, _ in self.clocks) if self.clocks else None,
+            "power_w_median": statistics.median(w for _, w in self.clocks) if self.clocks else None}}  # fmt: skip
 
 
 class TrainOnPriorityStream(Callback):
