@@ -86,8 +86,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         extra.append(OpenAfterPlacement(boost))
     if decode == "gpu" and args.profile_steps:
         extra.append(MainThreadProfile(*args.profile_steps))
-    if getattr(args, "train_priority", False):  # a handover variant's: first, so the others record on its stream
-        extra.insert(0, TrainOnPriorityStream())
+    if getattr(args, "train_priority", False):  # a handover variant's: the steps run on its stream
+        extra.append(TrainOnPriorityStream())
     if getattr(args, "timeline", False):
         extra.append(GpuTimeline())
     result = measure_fit(model, loader, args.steps, warmup, (boost, *extra), precision="bf16-mixed")

@@ -176,9 +176,13 @@ class GpuTimeline(Callback):
         try:
             import pynvml
 
+            from lightning_gpu_boost.core.nvml import nvml_device
+
             if self._nvml is None:
                 pynvml.nvmlInit()
-                self._nvml = pynvml.nvmlDeviceGetHandleByIndex(index)
+                device = nvml_device(index)  # CUDA_VISIBLE_DEVICES honoured: an index or a UUID
+                self._nvml = (pynvml.nvmlDeviceGetHandleByIndex(device) if isinstance(device, int) else
+                              pynvml.nvmlDeviceGetHandleByUUID(device))  # fmt: skip
             if self._nvml is not False:
                 self.clocks.append((pynvml.nvmlDeviceGetClockInfo(self._nvml, pynvml.NVML_CLOCK_SM),
                                     pynvml.nvmlDeviceGetPowerUsage(self._nvml) / 1000.0))  # fmt: skip

@@ -70,8 +70,8 @@ def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
 
 
 #: the ``handover`` part's variants: (pipes, what else changes)
-VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""), "copy_4": (4, ""),
-            "copy_2_pinned_jpegs": (2, "pinned"), "copy_2_threads_4": (2, "threads_4"),
+VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""),
+            "copy_4": (4, ""), "copy_2_pinned_jpegs": (2, "pinned"), "copy_2_threads_4": (2, "threads_4"),
             "copy_2_workers_4": (2, "workers_4"), "copy_3_seven_inputs": (3, "seven"),
             "copy_3_train_priority": (3, "priority")}  # fmt: skip
 

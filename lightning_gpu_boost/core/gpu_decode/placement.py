@@ -174,7 +174,7 @@ class SplitSearch:
         # a split (the workers and the GPU both decoding) is kept over share 1 only where it beats it by the margin
         best = splits[0] if splits and self.rates[splits[0]] >= self.rates[1.0] * (1 + self.margin) else 1.0
         shown = ", ".join(f"{s:.2f}: {r:.2f}" for s, r in sorted(self.rates.items()))
-        if best != 0.0 and self.rates[best] >= cpu * (1 + self.margin):
+        if self.rates[best] >= cpu * (1 + self.margin):
             why = (f"the GPU decodes {best:.0%} of the samples: {self.rates[best] / cpu:.2f}x the CPU decode's "
                    f"training batches/s (by GPU share: {shown})")  # fmt: skip
             return Decision(best, dict(self.rates), why, list(self.windows))
