@@ -144,32 +144,40 @@ class GpuTimeline(Callback):
     An event is recorded on the training stream as each step starts (after its batch was handed out: the wait for
     the batch's decode is enqueued before it) and as it ends; at the fit's end they are read once. A step's GPU time
     is start to end; the gap before it is the last step's end to its start: the training stream idle, waiting for
-    the batch's decode (its ready event) or for the training thread to enqueue the step. Which one: as a step
+    the batch's decode (its ready event) or for the training thread to enqueue the step. The thread's own times: from
+    a step's start to its end (enqueuing it) and to the next step's start (a cycle, the next batch's fetch in it); a
+    cycle as long as the GPU's step means the thread, not the GPU, sets the pace. Which one: as a step
     starts, the thread asks whether the GPU has finished the last step; where not (the thread is ahead), a gap after
     it is the decode's; where it has, the thread was late. No synchronization inside the run. As each step ends, NVML
-    is read for the SMs' clock (MHz) and the board's power (W): a step slower at a lower clock is held by power."""
+    is read for the SMs' clock (MHz), the board's power (W) and the JPEG engines' busy percent: a step slower at a
+    lower clock is held by power; engines idle beside the decode mean it runs on the SMs."""
 
     def __init__(self, keep: int = 96) -> None:
-        self.keep, self.steps = keep, []  # (start event, end event or None, the thread ahead of the GPU)
-        self.clocks: list[tuple[int, float]] = []  # (SM MHz, W) as steps ended
+        self.keep, self.steps = keep, []  # [start event, end event or None, the thread ahead, its start and end times]
+        self.clocks: list[tuple[int, float, float | None]] = []  # (SM MHz, W, JPEG engines %) as steps ended
         self._nvml: Any = None
 
     def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        import time
+
         import torch
 
         ahead = bool(self.steps) and self.steps[-1][1] is not None and not self.steps[-1][1].query()
         start = torch.cuda.Event(enable_timing=True)
         start.record()
-        self.steps.append([start, None, ahead])
+        self.steps.append([start, None, ahead, time.perf_counter(), None])
         del self.steps[: -self.keep - 1]
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        import time
+
         import torch
 
         if self.steps and self.steps[-1][1] is None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self.steps[-1][1] = end
+            self.steps[-1][4] = time.perf_counter()
         self._read_clocks(torch.cuda.current_device())
 
     def _read_clocks(self, index: int) -> None:
@@ -185,10 +193,19 @@ class GpuTimeline(Callback):
                               pynvml.nvmlDeviceGetHandleByUUID(device))  # fmt: skip
             if self._nvml is not False:
                 self.clocks.append((pynvml.nvmlDeviceGetClockInfo(self._nvml, pynvml.NVML_CLOCK_SM),
-                                    pynvml.nvmlDeviceGetPowerUsage(self._nvml) / 1000.0))  # fmt: skip
+                                    pynvml.nvmlDeviceGetPowerUsage(self._nvml) / 1000.0,
+                                    self._engines_busy(pynvml)))  # fmt: skip
                 del self.clocks[: -self.keep]
         except Exception:
             self._nvml = False  # no NVML here: the timeline goes without clocks
+
+    def _engines_busy(self, pynvml: Any) -> float | None:
+        """The JPEG engines' busy percent over NVML's last sampling period (``None`` where the driver has none):
+        whether DALI's decode runs on them or on the SMs."""
+        try:
+            return float(pynvml.nvmlDeviceGetJpgUtilization(self._nvml)[0])
+        except Exception:
+            return None
 
     def figures(self) -> dict[str, Any]:
         try:
@@ -211,15 +228,20 @@ class GpuTimeline(Callback):
         ahead = [g for g, a in gaps if a]
         late = [g for g, a in gaps if not a]
         total = sum(step_ms) + sum(g for g, _ in gaps)
+        jpg = [c[2] for c in self.clocks if c[2] is not None]
+        thread_ms = [1000 * (s[4] - s[3]) for s in done[1:]]  # the thread enqueuing the step
+        cycle_ms = [1000 * (b[3] - a[3]) for a, b in pairwise(done)]  # one step's start to the next's
         return {"timeline": {
-            "steps": len(step_ms), "gpu_step_ms_median": statistics.median(step_ms),
+            "steps": len(step_ms), "thread_step_ms_median": statistics.median(thread_ms),
+            "thread_cycle_ms_median": statistics.median(cycle_ms), "gpu_step_ms_median": statistics.median(step_ms),
             "gpu_step_ms_mean": statistics.fmean(step_ms), "gap_ms_mean": statistics.fmean(g for g, _ in gaps),
             "gap_ms_max": max(g for g, _ in gaps), "idle_frac": sum(g for g, _ in gaps) / total,
             "thread_ahead_frac": len(ahead) / len(gaps),
             "gap_ms_mean_thread_ahead": statistics.fmean(ahead) if ahead else None,
             "gap_ms_mean_thread_late": statistics.fmean(late) if late else None,
-            "sm_clock_mhz_median": statistics.median(c for c, _ in self.clocks) if self.clocks else None,
-            "power_w_median": statistics.median(w for _, w in self.clocks) if self.clocks else None}}  # fmt: skip
+            "sm_clock_mhz_median": statistics.median(c[0] for c in self.clocks) if self.clocks else None,
+            "power_w_median": statistics.median(c[1] for c in self.clocks) if self.clocks else None,
+            "jpeg_engines_busy_pct_median": statistics.median(jpg) if jpg else None}}  # fmt: skip
 
 
 class TrainOnPriorityStream(Callback):
