@@ -2,8 +2,9 @@
 the ``gpu`` case of a model with DALI's windows taken each way, side by side with the ceiling, in one run.
 
 Variants (:data:`VARIANTS`): how many pipelines take turns; DALI's outputs and the copy waited for by the training
-thread or not; the JPEGs' bytes pinned by the pin-memory thread or not; 4 CPU threads per pipeline instead of 8;
-the loader's workers held to 4 (AutoNumWorkers off) instead of the count it picks: what CPU threads beside the
+thread or not; the JPEGs' bytes pinned by the pin-memory thread or not; 4 or 2 CPU threads per pipeline instead
+of 8 (with the JPEG engines decoding, DALI's threads only parse and cut: fewer leave the training thread more of
+the CPU); the loader's workers held to 4 (AutoNumWorkers off) instead of the count it picks: what CPU threads beside the
 training process's cost it; each batch's per-sample numbers handed to DALI as seven inputs instead of one
 (:class:`SevenInputWindows`); the training on a stream of the highest priority (``TrainOnPriorityStream``: the
 decode's kernels take only the SMs the step leaves free; with the decode beside it, ResNet-50's step took 60.9 ms
@@ -73,7 +74,7 @@ def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
 VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""),
             "copy_4": (4, ""), "copy_2_pinned_jpegs": (2, "pinned"), "copy_2_threads_4": (2, "threads_4"),
             "copy_2_workers_4": (2, "workers_4"), "copy_3_seven_inputs": (3, "seven"),
-            "copy_3_train_priority": (3, "priority")}  # fmt: skip
+            "copy_3_train_priority": (3, "priority"), "copy_3_threads_2": (3, "threads_2")}  # fmt: skip
 
 
 def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
@@ -93,7 +94,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
 
         def windows(device: Any, made=made, pipes=pipes, extra=extra) -> DaliWindows:
             kind = SevenInputWindows if extra == "seven" else DaliWindows
-            made.append(kind(device, pipes=pipes, threads=4 if extra == "threads_4" else 8))
+            made.append(kind(device, pipes=pipes, threads=int(extra[8:]) if extra.startswith("threads_") else 8))
             made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
             return made[-1]
 
