@@ -1,5 +1,6 @@
-"""One GPU vs several: the ceiling, the boosted CPU path, LMDBDataModule and DALIDataModule (folder and LMDB), every
-configuration in one run, ResNet-50 bf16 on the generated demo JPEGs (issue 20).
+"""One GPU vs several: the ceiling, the boosted CPU path, LMDBDataModule and DALIDataModule (folder and LMDB), and
+torchvision's ``ImageFolder`` loader with ``GPUBoost`` (``gpu_decode``: ``decode="gpu"``; ``one_line``: its default),
+every configuration in one run, ResNet-50 bf16 on the generated demo JPEGs.
 
     python benchmarks/scale.py --data /tmp/demo                 # the 2 x H200 machine: 1 GPU vs 2
     python benchmarks/scale.py --size cpu --data /tmp/scale     # a smoke run: 1 vs 2 gloo processes on CPU
@@ -13,7 +14,7 @@ same way. The ceiling is each rank's batch resident on its GPU (no loader), with
 
 Bars (``scale-<date>-<gpu>.json``): DALIDataModule from the folder on N GPUs >= 1.9x its one-GPU figure and >= 95 %
 of the N-GPU ceiling; the boosted CPU path and LMDBDataModule >= 1.8x; ``ddp_boost`` on resident batches >= 1.93x;
-every window steady (halves <= 5 % apart).
+per GPU with ``GPUBoost`` on torchvision's loader >= 0.95x one GPU's; every window steady (halves <= 5 % apart).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parent.parent)
 )  # the checkout, for `python benchmarks/scale.py`
 
-CASES = ("ceiling", "boosted_cpu", "lmdb", "dali_folder", "dali_lmdb")
+CASES = ("ceiling", "boosted_cpu", "lmdb", "dali_folder", "dali_lmdb", "gpu_decode", "one_line")
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -72,6 +73,7 @@ def child(args: argparse.Namespace) -> None:
     boosted = dict(
         image_size=size, batch_size=bs, num_workers="auto", workers_budget_s=args.workers_budget
     )
+    callbacks: list = []
     if args.run == "ceiling":
         # this rank's batch on its own GPU (Lightning's launcher starts each rank with LOCAL_RANK set; rank 0 has
         # none before fit), one epoch as long as the loaders' epochs per rank
@@ -80,6 +82,16 @@ def child(args: argparse.Namespace) -> None:
         batch = (torch.randint(0, 256, (bs, 3, size, size), dtype=torch.uint8, device=device, generator=g),
                  torch.randint(0, cfg["classes"], (bs,), device=device, generator=g))  # fmt: skip
         data = ResidentBatches(batch, -(-cfg["images"] // (bs * args.devices)))
+    elif args.run in ("gpu_decode", "one_line"):
+        # the user's torchvision loader as written, GPUBoost deciding the rest: decode="gpu" forced, or its default
+        from torch.utils.data import DataLoader
+
+        from lightning_gpu_boost.baselines import plain_image_folder
+        from lightning_gpu_boost.callbacks import GPUBoost
+
+        data = DataLoader(plain_image_folder(root, size), batch_size=bs, shuffle=True)
+        callbacks.append(GPUBoost(decode="gpu" if args.run == "gpu_decode" else "auto",
+                                  workers_budget_s=args.workers_budget))  # fmt: skip
     elif args.run == "boosted_cpu":
         from lightning_gpu_boost.datamodules import ImageFolderDataModule
 
@@ -95,6 +107,10 @@ def child(args: argparse.Namespace) -> None:
                               dtype="bfloat16" if gpu else "float32", channels_last=gpu,
                               **({} if gpu else {"device": "cpu"}))  # fmt: skip
     queue = queue_bound(data, args.devices)  # each rank's workers get its share of the node's CPUs
+    if callbacks:  # GPUBoost picks the workers (its share of the node's CPUs) and decodes 3 batches ahead
+        from lightning_gpu_boost.core.cpus import usable_cpus
+
+        queue = max(1, usable_cpus() // args.devices) * 4 + 2 + 3
     meter = ThroughputMeter(warmup=cfg["warmup"], sample_gpu_util=False)
     torch.backends.cudnn.benchmark = gpu
     trainer = pl.Trainer(
@@ -102,7 +118,7 @@ def child(args: argparse.Namespace) -> None:
         strategy=args.strategy if args.devices > 1 else "auto", precision="bf16-mixed" if gpu else "32-true",
         # every rank runs the same number of steps (the meter does not stop the fit: ranks would disagree)
         max_steps=min_warmup(queue, cfg["warmup"]) + 2 * queue + EXTRA_WARMUP + cfg["steps"],
-        callbacks=[meter], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        callbacks=[meter, *callbacks], logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -236,6 +252,9 @@ def main() -> None:
     for name in ("boosted_cpu", "lmdb"):
         if name in results:
             bars[f"{name}_scaling"] = bar(results[name]["scaling"], 0.9 * args.devices, "x")
+    for name in ("gpu_decode", "one_line"):  # per GPU on N against one GPU of the same host
+        if name in results:
+            bars[f"{name}_per_gpu_of_one"] = bar(results[name]["scaling"] / args.devices, 0.95, "ratio")
     if "ceiling" in results:
         key = "independent_resident_scaling" if args.independent else f"{args.strategy}_resident_scaling"
         bars[key] = bar(results["ceiling"]["scaling"], 0.965 * args.devices, "x")
