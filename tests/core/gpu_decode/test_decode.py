@@ -180,7 +180,7 @@ def test_a_split_that_reads_fast_once_is_timed_again_and_its_slower_window_count
 
     search = _run_search(rate)
     split = round(1 - 14.0 / (16.2 * 1.1), 2)
-    assert [w["share"] for w in search.decision.windows] == [0.0, 1.0, split, split, 0.0]
+    assert [w["share"] for w in search.decision.windows] == [0.0, 1.0, split, split, 0.0, 1.0]
     assert search.decision.rates[split] == pytest.approx(15.6) and search.decision.share == 1.0
 
 
@@ -319,6 +319,25 @@ def test_the_cpu_decode_is_timed_again_before_another_share_wins():
 
     search = _run_search(rate)
     assert search.decision.share == 0.0 and search.decision.rates[0.0] == pytest.approx(12.0)
+
+
+def test_share_1_is_timed_again_and_its_slower_window_counts():
+    """A fast host (H200, ResNet-50): the CPU decode trained at 17.4 batches/s steady, the GPU decode at 16.8, but
+    their first windows read 16.4 and 17.6. The GPU decode's second window decides: the CPU decode is kept."""
+    calls = {0.0: 0, 1.0: 0}
+
+    def rate(share):
+        if share in calls:
+            calls[share] += 1
+            first = calls[share] <= 20
+            return (16.4 if first else 17.4) if share == 0.0 else (17.6 if first else 16.8)
+        return 15.0  # a split: the workers' decode takes the CPU the step needs
+
+    search = _run_search(rate)
+    assert [w["share"] for w in search.decision.windows][-2:] == [0.0, 1.0]
+    assert search.decision.rates[1.0] == pytest.approx(16.8) and search.decision.share == 0.0
+    faster = _run_search(lambda s: {0.0: 10.0, 1.0: 15.0}.get(s, 12.0))  # where the GPU decode wins, it still does
+    assert faster.decision.share == 1.0 and [w["share"] for w in faster.decision.windows][-2:] == [0.0, 1.0]
 
 
 def test_search_arguments_are_checked():
