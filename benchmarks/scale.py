@@ -74,6 +74,7 @@ def child(args: argparse.Namespace) -> None:
         image_size=size, batch_size=bs, num_workers="auto", workers_budget_s=args.workers_budget
     )
     callbacks: list = []
+    warmup = cfg["warmup"]
     if args.run == "ceiling":
         # this rank's batch on its own GPU (Lightning's launcher starts each rank with LOCAL_RANK set; rank 0 has
         # none before fit), one epoch as long as the loaders' epochs per rank
@@ -90,8 +91,13 @@ def child(args: argparse.Namespace) -> None:
         from lightning_gpu_boost.callbacks import GPUBoost
 
         data = DataLoader(plain_image_folder(root, size), batch_size=bs, shuffle=True)
-        callbacks.append(GPUBoost(decode="gpu" if args.run == "gpu_decode" else "auto",
-                                  workers_budget_s=args.workers_budget))  # fmt: skip
+        boost = GPUBoost(decode="gpu" if args.run == "gpu_decode" else "auto", workers_budget_s=args.workers_budget)
+        callbacks.append(boost)
+        if args.run == "one_line":  # the window opens once the placement is decided (rank 0's, broadcast)
+            from gpu_decode_probes import OpenAfterPlacement
+
+            callbacks.append(OpenAfterPlacement(boost))
+            warmup = args.auto_warmup
     elif args.run == "boosted_cpu":
         from lightning_gpu_boost.datamodules import ImageFolderDataModule
 
@@ -111,13 +117,13 @@ def child(args: argparse.Namespace) -> None:
         from lightning_gpu_boost.core.cpus import usable_cpus
 
         queue = max(1, usable_cpus() // args.devices) * 4 + 2 + 3
-    meter = ThroughputMeter(warmup=cfg["warmup"], sample_gpu_util=False)
+    meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
     torch.backends.cudnn.benchmark = gpu
     trainer = pl.Trainer(
         accelerator="gpu" if gpu else "cpu", devices=args.devices,
         strategy=args.strategy if args.devices > 1 else "auto", precision="bf16-mixed" if gpu else "32-true",
         # every rank runs the same number of steps (the meter does not stop the fit: ranks would disagree)
-        max_steps=min_warmup(queue, cfg["warmup"]) + 2 * queue + EXTRA_WARMUP + cfg["steps"],
+        max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + cfg["steps"],
         callbacks=[meter, *callbacks], logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
     )  # fmt: skip
@@ -163,6 +169,8 @@ def main() -> None:
     parser.add_argument(
         "--strategy", default="ddp_boost", help="the several-device strategy (ddp, ddp_boost, ddp_boost_bf16, ...)"
     )
+    parser.add_argument("--auto-warmup", type=int, default=400, help="one_line: the most steps before its window "
+                        "opens (it opens once the decode's placement is decided: the fit runs this many more steps)")
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
     parser.add_argument(
         "--independent", action="store_true",
@@ -216,7 +224,7 @@ def main() -> None:
                 old.unlink()
             alone = args.independent and devices > 1  # N one-GPU processes at once
             cmd = [sys.executable, __file__, "--run", name, "--size", args.size, "--devices", "1" if alone else str(devices),
-                   "--data", args.data, "--rank-dir", args.rank_dir, "--strategy", args.strategy, "--workers-budget", str(args.workers_budget),
+                   "--data", args.data, "--rank-dir", args.rank_dir, "--strategy", args.strategy, "--workers-budget", str(args.workers_budget), "--auto-warmup", str(args.auto_warmup),
                    *sum(([f"--{k.replace('_', '-')}", str(getattr(args, k))] for k in ("images", "steps", "batch_size")
                          if getattr(args, k) is not None), [])]  # fmt: skip
             print(f"scale: {name} on {devices}{' (independent processes)' if alone else ''} ...", flush=True)
