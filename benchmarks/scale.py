@@ -5,6 +5,7 @@ every configuration in one run, ResNet-50 bf16 on the generated demo JPEGs.
     python benchmarks/scale.py --data /tmp/demo                 # the 2 x H200 machine: 1 GPU vs 2
     python benchmarks/scale.py --size cpu --data /tmp/scale     # a smoke run: 1 vs 2 gloo processes on CPU
     python benchmarks/scale.py --only ceiling --devices 4 --independent   # 4 one-GPU processes at once, no DDP
+    python benchmarks/scale.py --only ceiling --bucket-cap-mb 100 --nccl-channels 8   # what DDP costs, tuned
 
 Each configuration runs in its own process, and Lightning launches the ranks (``strategy="ddp_boost"`` on several
 devices); every rank times its own steady window (``ThroughputMeter``: the loader's queue skipped, halves compared)
@@ -52,6 +53,17 @@ def _config(args: argparse.Namespace) -> dict:
 def _roots(args: argparse.Namespace, cfg: dict) -> tuple[Path, Path]:
     root = Path(args.data) / f"jpeg-{cfg['images']}-{cfg['classes']}"
     return root, Path(f"{root}.lmdb")
+
+
+def _strategy(args: argparse.Namespace) -> object:
+    """The several-device strategy: its name, or ``ddp_boost`` with ``--bucket-cap-mb``."""
+    if args.bucket_cap_mb is None:
+        return args.strategy
+    if args.strategy != "ddp_boost":
+        raise SystemExit(f"--bucket-cap-mb goes with --strategy ddp_boost, not {args.strategy!r}")
+    from lightning_gpu_boost.strategies import DDPBoostStrategy
+
+    return DDPBoostStrategy(bucket_cap_mb=args.bucket_cap_mb)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -121,7 +133,7 @@ def child(args: argparse.Namespace) -> None:
     torch.backends.cudnn.benchmark = gpu
     trainer = pl.Trainer(
         accelerator="gpu" if gpu else "cpu", devices=args.devices,
-        strategy=args.strategy if args.devices > 1 else "auto", precision="bf16-mixed" if gpu else "32-true",
+        strategy=_strategy(args) if args.devices > 1 else "auto", precision="bf16-mixed" if gpu else "32-true",
         # every rank runs the same number of steps (the meter does not stop the fit: ranks would disagree)
         max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + cfg["steps"],
         callbacks=[meter, *callbacks], logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -171,6 +183,9 @@ def main() -> None:
     )
     parser.add_argument("--auto-warmup", type=int, default=400, help="one_line: the most steps before its window "
                         "opens (it opens once the decode's placement is decided: the fit runs this many more steps)")
+    parser.add_argument("--bucket-cap-mb", type=float, help="ddp_boost's gradient buckets (MiB; its default 25)")
+    parser.add_argument("--nccl-channels", type=int, help="NCCL_MAX_NCHANNELS for every rank: fewer channels take "
+                        "fewer SMs from the step while gradients are all-reduced (NCCL's default where unset)")
     parser.add_argument("--out", default="benchmarks/results", help="where the JSON and Markdown results go")
     parser.add_argument(
         "--independent", action="store_true",
@@ -198,6 +213,8 @@ def main() -> None:
 
     cfg = _config(args)
     root, pack = _roots(args, cfg)
+    if args.nccl_channels is not None:  # the children (and Lightning's ranks) inherit it
+        os.environ["NCCL_MAX_NCHANNELS"] = str(args.nccl_channels)
     skipped: dict[str, str] = {}
     cases = [c for c in CASES if not args.only or c in args.only]
     if set(cases) - {"ceiling"}:  # the resident ceiling reads no files
@@ -225,6 +242,7 @@ def main() -> None:
             alone = args.independent and devices > 1  # N one-GPU processes at once
             cmd = [sys.executable, __file__, "--run", name, "--size", args.size, "--devices", "1" if alone else str(devices),
                    "--data", args.data, "--rank-dir", args.rank_dir, "--strategy", args.strategy, "--workers-budget", str(args.workers_budget), "--auto-warmup", str(args.auto_warmup),
+                   *(["--bucket-cap-mb", str(args.bucket_cap_mb)] if args.bucket_cap_mb is not None else []),
                    *sum(([f"--{k.replace('_', '-')}", str(getattr(args, k))] for k in ("images", "steps", "batch_size")
                          if getattr(args, k) is not None), [])]  # fmt: skip
             print(f"scale: {name} on {devices}{' (independent processes)' if alone else ''} ...", flush=True)
@@ -282,7 +300,8 @@ def main() -> None:
     for key, b in bars.items():
         print(f"{key}: {b['value']} (target {b['target']}, pass={b['pass']})")
     figures = {"config": {**cfg, "size": args.size, "devices": args.devices, "strategy": args.strategy,
-                          "independent": args.independent}, "usable_cpus": usable_cpus(),
+                          "independent": args.independent, "bucket_cap_mb": args.bucket_cap_mb,
+                          "nccl_max_nchannels": args.nccl_channels}, "usable_cpus": usable_cpus(),
                "cases": results, "skipped": skipped}  # fmt: skip
     print(f"wrote {write_result('scale', figures, bars, args.out)}")
 
