@@ -475,8 +475,13 @@ def merge(parts: list[str], out: str, probes: list[str] | None = None, suffix: s
             auto = part["cases"]["auto"]
             auto["placement_decided"] = not str(auto["decode"].get("why", "")).startswith("measuring")
         if "auto" in part["cases"] and "cpu" in part["cases"]:
-            part["auto_vs_cpu"] = part["cases"]["auto"]["samples_per_s"] / part["cases"]["cpu"]["samples_per_s"]
+            auto, cpu = part["cases"]["auto"], part["cases"]["cpu"]
+            part["auto_vs_cpu"] = auto["samples_per_s"] / cpu["samples_per_s"]
             bars[f"{name}_auto_vs_cpu_decode"] = bar(part["auto_vs_cpu"], 0.98, "x")
+            if "rounds_samples_per_s" in auto and "rounds_samples_per_s" in cpu:  # each round's own ratio too
+                part["auto_vs_cpu_by_round"] = [a / c for a, c in zip(auto["rounds_samples_per_s"],
+                                                                      cpu["rounds_samples_per_s"], strict=True)]  # fmt: skip
+                bars[f"{name}_auto_vs_cpu_decode_worst_round"] = bar(min(part["auto_vs_cpu_by_round"]), 0.98, "x")
         if "auto" in part["cases"] and part["ceiling_samples_per_s"]:
             target = {"resnet50": 0.97, "resnet18": 0.80, "resnet50_4cpus": 0.90}[name]
             bars[f"{name}_one_line_of_ceiling"] = bar(part["cases"]["auto"]["of_ceiling"], target, "ratio")
