@@ -25,6 +25,7 @@ records its threads' CPU in the timed window and the GPU decode's counts (``gpu_
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -42,7 +43,7 @@ from gpu_decode_probes import (
     ThreadsAndDecoders,
     TrainOnPriorityStream,
 )
-from gpu_decode_variants import VARIANTS, handover
+from gpu_decode_variants import VARIANTS, handover, keep_off_cpus
 
 from lightning_gpu_boost.core.results import bar, write_result
 
@@ -76,8 +77,10 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
             result.update(callback.figures())
         return result
     fixed = getattr(args, "loader_workers", None)  # a handover variant's fixed worker count (AutoNumWorkers off)
+    reserved = getattr(args, "reserve_cpus", 0)  # a handover variant's: the workers kept off the first N CPUs
     loader = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True,  # the user's loader, as written
-                        **({"num_workers": fixed} if fixed is not None else {}))  # fmt: skip
+                        **({"num_workers": fixed} if fixed is not None else {}),
+                        **({"worker_init_fn": functools.partial(keep_off_cpus, reserved)} if reserved else {}))  # fmt: skip
     boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget, auto_workers=fixed is None)
     cpu0, wall0 = _cpu_seconds(), time.perf_counter()
     warmup = args.auto_warmup if decode == "auto" else args.warmup

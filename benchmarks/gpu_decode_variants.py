@@ -8,7 +8,9 @@ the CPU); the loader's workers held to 4 (AutoNumWorkers off) instead of the cou
 training process's cost it; each batch's per-sample numbers handed to DALI as seven inputs instead of one
 (:class:`SevenInputWindows`); the training on a stream of the highest priority (``TrainOnPriorityStream``: the
 decode's kernels take only the SMs the step leaves free; with the decode beside it, ResNet-50's step took 60.9 ms
-of GPU time instead of 54.4, with no gaps between steps).
+of GPU time instead of 54.4, with no gaps between steps); a split of each batch set by the benchmark (``split_S``:
+GPU share S, the workers decode the rest), and the loader's workers kept off the first N CPUs (``reserve_N``: the
+training thread, the pin-memory thread and DALI's threads then do not wait for a CPU behind a worker's decode).
 """
 
 from __future__ import annotations
@@ -74,7 +76,29 @@ def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
 VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "copy_2": (2, ""), "copy_3": (3, ""),
             "copy_4": (4, ""), "copy_2_pinned_jpegs": (2, "pinned"), "copy_2_threads_4": (2, "threads_4"),
             "copy_2_workers_4": (2, "workers_4"), "copy_3_seven_inputs": (3, "seven"),
-            "copy_3_train_priority": (3, "priority"), "copy_3_threads_2": (3, "threads_2")}  # fmt: skip
+            "copy_3_train_priority": (3, "priority"), "copy_3_threads_2": (3, "threads_2"),
+            "copy_3_reserve_3": (3, "reserve_3"), "split_30": (3, "split_0.3"),
+            "split_30_reserve_3": (3, "split_0.3+reserve_3"), "split_50_reserve_3": (3, "split_0.5+reserve_3")}  # fmt: skip
+
+
+def keep_off_cpus(reserved: int, worker_id: int) -> None:
+    """A loader worker's ``worker_init_fn`` in the ``reserve_N`` variants: the worker runs on all but the first
+    ``reserved`` CPUs of the process's, which the training thread, the pin-memory thread and DALI's threads keep."""
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cpus[reserved:] or cpus)
+
+
+def forced_split(share: float) -> Any:
+    """``StreamPrefetch``'s ``GPUDecodeStage`` with the GPU share fixed at ``share`` (the ``split_S`` variants): the
+    workers decode the rest of each batch, as ``decode="auto"`` does where it keeps a split."""
+    from lightning_gpu_boost.callbacks._gpu_decode import GPUDecodeStage
+
+    def stage(mode: str) -> GPUDecodeStage:
+        made = GPUDecodeStage("gpu")
+        made.share, made.why = share, f"a split set by the benchmark: GPU share {share}"
+        return made
+
+    return stage
 
 
 def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
@@ -88,17 +112,22 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
 
     cases: dict[str, Any] = {"ceiling": fit_case(root, arch, None, args)}
     print(f"handover {arch}: ceiling {cases['ceiling']['samples_per_s']:,.0f} img/s", flush=True)
+    from lightning_gpu_boost.callbacks import stream_prefetch as prefetch_module
+
     for name in args.variants.split(","):
         pipes, extra = VARIANTS[name]
+        tokens = dict(t.rsplit("_", 1) if "_" in t else (t, "") for t in extra.split("+") if t)
         made: list[DaliWindows] = []
 
-        def windows(device: Any, made=made, pipes=pipes, extra=extra) -> DaliWindows:
+        def windows(device: Any, made=made, pipes=pipes, extra=extra, tokens=tokens) -> DaliWindows:
             kind = SevenInputWindows if extra == "seven" else DaliWindows
-            made.append(kind(device, pipes=pipes, threads=int(extra[8:]) if extra.startswith("threads_") else 8))
+            made.append(kind(device, pipes=pipes, threads=int(tokens.get("threads", 8))))
             made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
             return made[-1]
 
         patches = [mock.patch.object(decode_module, "DaliWindows", windows)]
+        if "split" in tokens:
+            patches.append(mock.patch.object(prefetch_module, "GPUDecodeStage", forced_split(float(tokens["split"]))))
         if extra == "wait":
             patches.append(mock.patch.object(DaliWindows, "_to_torch", copy_and_wait))
         if extra == "pinned":  # the pin-memory thread pins the JPEGs' bytes too
@@ -115,7 +144,8 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             patch.start()
         try:
             case_args = argparse.Namespace(**vars(args), loader_workers=4 if extra == "workers_4" else None,
-                                           train_priority=extra == "priority")  # fmt: skip
+                                           train_priority=extra == "priority",
+                                           reserve_cpus=int(tokens.get("reserve", 0)))  # fmt: skip
             result = fit_case(root, arch, "gpu", case_args)
         finally:
             for patch in reversed(patches):
