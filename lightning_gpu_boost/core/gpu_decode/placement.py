@@ -3,11 +3,11 @@ workers decoding every sample (GPU share 0), with the GPU decoding every sample 
 leaves the workers a share they can make faster than the GPU decode trained (share
 ``1 - rate_cpu / (rate_gpu * (1 + headroom))``; timed twice where its first window beats share 1, and its slower
 window counts), and with the CPU decode and share 1 once more where another share was faster (the CPU decode's
-first window opens the run; share 1's slower window counts). The split is kept over share 1 only where it beats it
-by the noise margin; the GPU share kept must beat the CPU decode's better window by the margin, else the CPU decode
-is kept and the decision says why: a window can read several percent off its share's steady rate. The split has headroom
-because at the share where the workers just keep up with ``rate_gpu`` the step can go no faster than at share 1 and
-waits for the workers at every slower batch (H200, ResNet-50: 15.2 batches/s there, 16.9 at share 1); a split trains
+first window opens the run; share 1's slower window counts): a window can read several percent off its share's
+steady rate. The split is kept over share 1 only where it beats it by the noise margin; the GPU share kept must beat
+the CPU decode's better window by the margin, else the CPU decode is kept and the decision says why. The split has
+headroom because at the share where the workers just keep up with ``rate_gpu`` the step can go no faster than at
+share 1 and waits for the workers at every slower batch (H200, ResNet-50: 15.2 batches/s there, 16.9 at share 1); a split trains
 faster than share 1 only where the GPU's decode slows the step more than the workers' decode slows the training
 process's CPU threads.
 
