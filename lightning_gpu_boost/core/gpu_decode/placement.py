@@ -7,9 +7,9 @@ first window opens the run; share 1's slower window counts): a window can read s
 steady rate. The split is kept over share 1 only where it beats it by the noise margin; the GPU share kept must beat
 the CPU decode's better window by the margin, else the CPU decode is kept and the decision says why. The split has
 headroom because at the share where the workers just keep up with ``rate_gpu`` the step can go no faster than at
-share 1 and waits for the workers at every slower batch (H200, ResNet-50: 15.2 batches/s there, 16.9 at share 1); a split trains
-faster than share 1 only where the GPU's decode slows the step more than the workers' decode slows the training
-process's CPU threads.
+share 1 and waits for the workers at every slower batch (H200, ResNet-50: 15.2 batches/s there, 16.9 at share 1); a
+split trains faster than share 1 only where the GPU's decode slows the step more than the workers' decode slows the
+training process's CPU threads.
 
 A share takes effect as the workers' batches made after the change arrive: each record carries the share its worker
 read, and a window starts at the first batch made wholly under the new share, plus the batches held ahead (the
