@@ -67,3 +67,18 @@ def test_module_entry_point():
 def test_docstring_examples_run(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_result_files_name_the_gpu_count(monkeypatch):
+    import torch
+
+    from lightning_gpu_boost.core import results
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert results.gpu_tag() == "2xh200"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert results.gpu_tag() == "h200"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert results.gpu_tag() == "cpu"

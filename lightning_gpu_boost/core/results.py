@@ -18,14 +18,14 @@ __all__ = ['bar', 'environment', 'gpu_tag', 'write_result']
 
 
 def gpu_tag() -> str:
-    """Short name of the GPU for file names (``h100``, ``h200``, ``cpu`` ...)."""
+    """Short name of the machine's GPUs for file names: ``h200``, ``2xh200`` where the process sees two, ``cpu``."""
     if not torch.cuda.is_available():
         return "cpu"
     name = torch.cuda.get_device_name(0).lower()
-    for tag in ("h200", "h100", "a100", "l40s", "l4", "a10g", "v100", "t4"):
-        if tag in name:
-            return tag
-    return name.replace("nvidia", "").strip().split()[0]
+    short = next((tag for tag in ("h200", "h100", "a100", "l40s", "l4", "a10g", "v100", "t4") if tag in name),
+                 name.replace("nvidia", "").strip().split()[0])  # fmt: skip
+    count = torch.cuda.device_count()
+    return f"{count}x{short}" if count > 1 else short
 
 
 def _package_root() -> Path:
