@@ -45,7 +45,7 @@ from gpu_decode_probes import (
 )
 from gpu_decode_variants import VARIANTS, handover, keep_off_cpus
 
-from lightning_gpu_boost.core.results import bar, write_result
+from lightning_gpu_boost.core.results import bar, gpu_tag, write_result
 
 CASES = ("cpu", "gpu", "auto")
 
@@ -492,8 +492,7 @@ def merge(parts: list[str], out: str, probes: list[str] | None = None, suffix: s
     bars["steady_state_halves_max_diff"] = bar(max(halves), 0.05, "ratio", higher_is_better=False)
     # the machine that measured: the last run's environment (each run keeps its own in figures.runs)
     env = {**figures["runs"][-1]["environment"], "merged_from": [r["file"] for r in figures["runs"]]}
-    gpus = env.get("gpu_count") or 1
-    tag = (f"{gpus}xh200" if gpus > 1 else "h200") + (f"-{suffix}" if suffix else "")
+    tag = gpu_tag(env) + (f"-{suffix}" if suffix else "")
     return write_result("gpu_decode", figures, bars, out, env=env, tag=tag)
 
 
@@ -541,12 +540,10 @@ def main() -> int:
     config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants",
                                             "profile_steps", "rounds", "dali_pipes", "timeline")}  # fmt: skip
     if args.dali_pipes is not None:  # the model parts' pipelines (the handover part's variants set their own)
-        from functools import partial
-
         from lightning_gpu_boost.core.gpu_decode import decode as decode_module
         from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
-        decode_module.DaliWindows = partial(DaliWindows, pipes=args.dali_pipes)
+        decode_module.DaliWindows = functools.partial(DaliWindows, pipes=args.dali_pipes)
     parts: dict[str, Any] = {}
     for part in args.parts.split(","):
         if part == "decoders":

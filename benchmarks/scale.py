@@ -126,9 +126,9 @@ def child(args: argparse.Namespace) -> None:
                               **({} if gpu else {"device": "cpu"}))  # fmt: skip
     queue = queue_bound(data, args.devices)  # each rank's workers get its share of the node's CPUs
     if callbacks:  # GPUBoost picks the workers (its share of the node's CPUs) and decodes 3 batches ahead
-        from lightning_gpu_boost.core.cpus import usable_cpus
+        from lightning_gpu_boost.doctor.measure import tuned_queue_bound
 
-        queue = max(1, usable_cpus() // args.devices) * 4 + 2 + 3
+        queue = tuned_queue_bound(args.devices) + 3
     meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
     torch.backends.cudnn.benchmark = gpu
     trainer = pl.Trainer(

@@ -82,3 +82,11 @@ def test_result_files_name_the_gpu_count(monkeypatch):
     assert results.gpu_tag() == "h200"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert results.gpu_tag() == "cpu"
+
+
+def test_merged_results_are_named_after_the_machine_that_measured():
+    from lightning_gpu_boost.core.results import gpu_tag
+
+    assert gpu_tag({"gpu": "NVIDIA H200", "gpu_count": 2}) == "2xh200"
+    assert gpu_tag({"gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 1}) == "h100"
+    assert gpu_tag({"gpu": None, "gpu_count": 0}) == "cpu"

@@ -17,14 +17,19 @@ from lightning_gpu_boost.core.cpus import usable_cpus
 __all__ = ['bar', 'environment', 'gpu_tag', 'write_result']
 
 
-def gpu_tag() -> str:
-    """Short name of the machine's GPUs for file names: ``h200``, ``2xh200`` where the process sees two, ``cpu``."""
-    if not torch.cuda.is_available():
+def gpu_tag(env: dict[str, Any] | None = None) -> str:
+    """Short name of the machine's GPUs for file names: ``h200``, ``2xh200`` where the process sees two, ``cpu``;
+    of :func:`environment`'s record ``env`` where given (results merged on another machine), else of this one."""
+    if env is None:
+        available = torch.cuda.is_available()
+        name, count = (torch.cuda.get_device_name(0), torch.cuda.device_count()) if available else (None, 0)
+    else:
+        name, count = env.get("gpu"), env.get("gpu_count") or 1
+    if not name:
         return "cpu"
-    name = torch.cuda.get_device_name(0).lower()
+    name = name.lower()
     short = next((tag for tag in ("h200", "h100", "a100", "l40s", "l4", "a10g", "v100", "t4") if tag in name),
                  name.replace("nvidia", "").strip().split()[0])  # fmt: skip
-    count = torch.cuda.device_count()
     return f"{count}x{short}" if count > 1 else short
 
 
@@ -136,7 +141,7 @@ def write_result(
     env = env if env is not None else environment()
     out = Path(out_dir or "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{script}-{env['date']}-{tag or gpu_tag()}.json"
+    path = out / f"{script}-{env['date']}-{tag or gpu_tag(env)}.json"
     path.write_text(
         json.dumps({"script": script, "environment": env, "figures": figures, "bars": bars}, indent=2)
     )

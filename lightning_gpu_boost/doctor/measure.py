@@ -35,7 +35,7 @@ from lightning_gpu_boost.core.steady import (
 
 __all__ = ["MAX_TIMED_EPOCHS", "NO_VALIDATION_WARNING", "SHORT_EPOCH_WAVES", "UTIL_MAX_S", "UTIL_WINDOW_PERIODS",
            "UTIL_WINDOW_S", "measure_copy_ms", "measure_epochs_fit", "measure_fit", "measure_step", "measure_step_ms",
-           "measure_validation_s", "queue_bound", "short_epochs", "trial_fit"]
+           "measure_validation_s", "queue_bound", "short_epochs", "trial_fit", "tuned_queue_bound"]
 
 
 #: Lightning's warning for a model with a ``validation_step`` fitted without validation data: the measurements fit
@@ -296,5 +296,11 @@ def queue_bound(data: Any, procs_per_node: int = 1) -> int:
     if hasattr(data, "prefetch_queue_depth"):  # DALI
         return int(getattr(data, "prefetch_queue_depth", 2) or 2) + 2
     if hasattr(data, "train_dataloader") or hasattr(data, "num_workers"):
-        return max(1, usable_cpus() // max(1, procs_per_node)) * 4 + 2
+        return tuned_queue_bound(procs_per_node)
     return 1
+
+
+def tuned_queue_bound(procs_per_node: int = 1) -> int:
+    """The most batches a loader whose workers we choose can hold queued in one of ``procs_per_node`` processes:
+    its share of the usable CPUs a worker each, ``prefetch_factor=4``, plus the prefetch depth."""
+    return max(1, usable_cpus() // max(1, procs_per_node)) * 4 + 2
