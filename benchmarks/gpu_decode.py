@@ -81,7 +81,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     loader = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True,  # the user's loader, as written
                         **({"num_workers": fixed} if fixed is not None else {}),
                         **({"worker_init_fn": functools.partial(keep_off_cpus, reserved)} if reserved else {}))  # fmt: skip
-    boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget, auto_workers=fixed is None)
+    boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget, auto_workers=fixed is None,
+                     watchdog=getattr(args, "watchdog", True))  # a handover variant turns the watchdog off
     cpu0, wall0 = _cpu_seconds(), time.perf_counter()
     warmup = args.auto_warmup if decode == "auto" else args.warmup
     extra: list[Any] = [ThreadsAndDecoders(boost)]  # each thread's CPU in the window, the decoders' counts

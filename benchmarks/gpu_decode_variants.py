@@ -10,13 +10,17 @@ training process's cost it; each batch's per-sample numbers handed to DALI as se
 decode's kernels take only the SMs the step leaves free; with the decode beside it, ResNet-50's step took 60.9 ms
 of GPU time instead of 54.4, with no gaps between steps); a split of each batch set by the benchmark (``split_S``:
 GPU share S, the workers decode the rest), and the loader's workers kept off the first N CPUs (``reserve_N``: the
-training thread, the pin-memory thread and DALI's threads then do not wait for a CPU behind a worker's decode).
+training thread, the pin-memory thread and DALI's threads then do not wait for a CPU behind a worker's decode);
+the interpreter's switch interval at 1 ms instead of 5 (``switch_1ms``: how long the training thread waits for the
+GIL behind the pin-memory thread); ``GPUBoost(watchdog=False)`` (``no_watchdog``: what the watchdog's per-step work
+costs the training thread); the workers held to 8.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +82,10 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "copy_2_workers_4": (2, "workers_4"), "copy_3_seven_inputs": (3, "seven"),
             "copy_3_train_priority": (3, "priority"), "copy_3_threads_2": (3, "threads_2"),
             "copy_3_reserve_3": (3, "reserve_3"), "split_30": (3, "split_0.3"),
-            "split_30_reserve_3": (3, "split_0.3+reserve_3"), "split_50_reserve_3": (3, "split_0.5+reserve_3")}  # fmt: skip
+            "split_30_reserve_3": (3, "split_0.3+reserve_3"), "split_50_reserve_3": (3, "split_0.5+reserve_3"),
+            "split_70_reserve_3": (3, "split_0.7+reserve_3"), "split_85_reserve_2": (3, "split_0.85+reserve_2"),
+            "copy_3_switch_1ms": (3, "switch_0.001"), "copy_3_no_watchdog": (3, "watchdog_off"),
+            "copy_3_workers_8": (3, "workers_8")}  # fmt: skip
 
 
 def keep_off_cpus(reserved: int, worker_id: int) -> None:
@@ -143,10 +150,16 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         for patch in patches:
             patch.start()
         try:
-            case_args = argparse.Namespace(**vars(args), loader_workers=4 if extra == "workers_4" else None,
-                                           train_priority=extra == "priority",
-                                           reserve_cpus=int(tokens.get("reserve", 0)))  # fmt: skip
-            result = fit_case(root, arch, "gpu", case_args)
+            case_args = argparse.Namespace(**vars(args), loader_workers=int(tokens["workers"]) if "workers" in tokens
+                                           else None, train_priority=extra == "priority",
+                                           reserve_cpus=int(tokens.get("reserve", 0)),
+                                           watchdog=tokens.get("watchdog") != "off")  # fmt: skip
+            switch = sys.getswitchinterval()
+            sys.setswitchinterval(float(tokens.get("switch", switch)))
+            try:
+                result = fit_case(root, arch, "gpu", case_args)
+            finally:
+                sys.setswitchinterval(switch)
         finally:
             for patch in reversed(patches):
                 patch.stop()
