@@ -11,7 +11,8 @@ decode's kernels take only the SMs the step leaves free; with the decode beside 
 of GPU time instead of 54.4, with no gaps between steps); a split of each batch set by the benchmark (``split_S``:
 GPU share S, the workers decode the rest), and the loader's workers kept off the first N CPUs (``reserve_N``: the
 training thread, the pin-memory thread and DALI's threads then do not wait for a CPU behind a worker's decode);
-the interpreter's switch interval at 1 ms instead of 5 (``switch_1ms``: how long the training thread waits for the
+the workers at a higher niceness (``nice_N``); ``split_0``: the CPU decode through the
+same stage; the interpreter's switch interval at 1 ms instead of 5 (``switch_1ms``: how long the training thread waits for the
 GIL behind the pin-memory thread); ``GPUBoost(watchdog=False)`` (``no_watchdog``: what the watchdog's per-step work
 costs the training thread); the workers held to 8.
 """
@@ -85,14 +86,21 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "split_30_reserve_3": (3, "split_0.3+reserve_3"), "split_50_reserve_3": (3, "split_0.5+reserve_3"),
             "split_70_reserve_3": (3, "split_0.7+reserve_3"), "split_85_reserve_2": (3, "split_0.85+reserve_2"),
             "copy_3_switch_1ms": (3, "switch_0.001"), "copy_3_no_watchdog": (3, "watchdog_off"),
-            "copy_3_workers_8": (3, "workers_8")}  # fmt: skip
+            "copy_3_workers_8": (3, "workers_8"), "split_0": (3, "split_0.0"), "split_0_nice_10": (3, "split_0.0+nice_10"),
+            "split_15_nice_10": (3, "split_0.15+nice_10"), "split_30_nice_10": (3, "split_0.3+nice_10"),
+            "copy_3_nice_10": (3, "nice_10")}  # fmt: skip
 
 
-def keep_off_cpus(reserved: int, worker_id: int) -> None:
+def keep_off_cpus(reserved: int, nice: int, worker_id: int) -> None:
     """A loader worker's ``worker_init_fn`` in the ``reserve_N`` variants: the worker runs on all but the first
-    ``reserved`` CPUs of the process's, which the training thread, the pin-memory thread and DALI's threads keep."""
-    cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, cpus[reserved:] or cpus)
+    ``reserved`` CPUs of the process's, which the training thread, the pin-memory thread and DALI's threads keep;
+    in the ``nice_N`` variants it runs at a niceness ``N`` higher (the training process's threads take a CPU
+    from a worker when they need one, and the workers keep every CPU otherwise)."""
+    if reserved:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus[reserved:] or cpus)
+    if nice:
+        os.nice(nice)
 
 
 def forced_split(share: float) -> Any:
@@ -153,6 +161,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             case_args = argparse.Namespace(**vars(args), loader_workers=int(tokens["workers"]) if "workers" in tokens
                                            else None, train_priority=extra == "priority",
                                            reserve_cpus=int(tokens.get("reserve", 0)),
+                                           nice_workers=int(tokens.get("nice", 0)),
                                            watchdog=tokens.get("watchdog") != "off")  # fmt: skip
             switch = sys.getswitchinterval()
             sys.setswitchinterval(float(tokens.get("switch", switch)))
