@@ -38,6 +38,7 @@ import torch
 from _common import beside_training, demo_tree, parser_for, record_batches, resident_training
 from gpu_decode_probes import (
     GpuTimeline,
+    KernelProfile,
     MainThreadProfile,
     OpenAfterPlacement,
     ThreadsAndDecoders,
@@ -71,6 +72,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         batch = (torch.randint(0, 256, (bs, 3, 224, 224), dtype=torch.uint8, device="cuda"),
                  torch.randint(0, 100, (bs,), device="cuda"))  # fmt: skip
         timeline = [GpuTimeline()] if getattr(args, "timeline", False) else []
+        if getattr(args, "kernel_profile", None):
+            timeline.append(KernelProfile(*args.kernel_profile))
         result = measure_fit(model, ResidentBatches(batch, -(-args.images // bs)), args.steps, args.warmup,
                              tuple(timeline), precision="bf16-mixed")  # fmt: skip
         for callback in timeline:
@@ -91,6 +94,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         extra.append(OpenAfterPlacement(boost))
     if decode == "gpu" and args.profile_steps:
         extra.append(MainThreadProfile(*args.profile_steps))
+    if getattr(args, "kernel_profile", None):  # what runs on the GPU beside the step
+        extra.append(KernelProfile(*args.kernel_profile))
     if getattr(args, "train_priority", False):  # a handover variant's: the steps run on its stream
         extra.append(TrainOnPriorityStream())
     if getattr(args, "timeline", False):
@@ -510,6 +515,9 @@ def main() -> int:
                         "each after the batches the loader holds ahead), at the latest after these")
     parser.add_argument("--profile-steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="cProfile the "
                         "training thread of the gpu cases from step FIRST to LAST")
+    parser.add_argument("--kernel-profile", type=int, nargs=2, metavar=("FIRST", "LAST"), help="torch's profiler "
+                        "over every CUDA kernel from step FIRST to LAST of each case: device time per "
+                        "step by kernel and by who launched it (the step, DALI, copies)")
     parser.add_argument("--workers-budget", type=float, default=10.0, help="AutoNumWorkers' probe budget (5 s "
                         "could not rank the counts of the GPU decode's cheap workers: it kept 0)")
     parser.add_argument("--parts", default="decoders,resnet50,resnet50_4cpus,resnet18")
@@ -540,7 +548,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants",
-                                            "profile_steps", "rounds", "dali_pipes", "timeline")}  # fmt: skip
+                                            "profile_steps", "rounds", "dali_pipes", "timeline", "kernel_profile")}  # fmt: skip
     if args.dali_pipes is not None:  # the model parts' pipelines (the handover part's variants set their own)
         from lightning_gpu_boost.core.gpu_decode import decode as decode_module
         from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows

@@ -139,6 +139,72 @@ class MainThreadProfile(Callback):
         return out
 
 
+class KernelProfile(Callback):
+    """The cases with ``--kernel-profile``: torch's profiler (CUPTI) from step ``first`` to ``last``, over every
+    CUDA kernel the process ran, ours, DALI's and nvJPEG's too: device time per step, by kernel name (the largest),
+    and by who launched it (:func:`kernel_owner`): what the decode's work on the GPU costs beside the step."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last, self.prof, self.steps = first, last, None, 0
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.first and self.prof is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self.prof.__enter__()
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if self.prof is not None and not self.steps and trainer.global_step >= self.last:
+            self._stop(trainer.global_step)
+
+    def on_train_end(self, trainer: Any, *args: Any) -> None:
+        if self.prof is not None and not self.steps:
+            self._stop(trainer.global_step)
+
+    def _stop(self, step: int) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+        self.prof.__exit__(None, None, None)
+        self.steps = max(1, step - self.first)
+
+    def figures(self) -> dict[str, Any]:
+        if self.prof is None or not self.steps:
+            return {}
+        return kernel_figures(self.prof.key_averages(), self.steps)
+
+
+def kernel_owner(name: str) -> str:
+    """Who launched a kernel, from its name: ``dali`` (DALI's and nvJPEG's/nvImageCodec's), ``copy`` (memory
+    copies and sets), else ``torch`` (the step, and our normalize)."""
+    low = name.lower()
+    if any(k in low for k in ("dali", "nvjpeg", "nvimgcodec", "jpeg", "resampl", "crop", "flip")):
+        return "dali"
+    if low.startswith(("memcpy", "memset")) or "memcpy" in low:
+        return "copy"
+    return "torch"
+
+
+def kernel_figures(averages: Any, steps: int, top: int = 25) -> dict[str, Any]:
+    """Device time per step (ms) by owner and for the ``top`` kernels, from a profiler's ``key_averages()``."""
+    rows = []
+    for evt in averages:  # the kernels and copies themselves: an operator's row repeats its kernels' time
+        if not str(getattr(evt, "device_type", "")).endswith("CUDA"):
+            continue
+        device_us = getattr(evt, "self_device_time_total", None)
+        if device_us is None:
+            device_us = getattr(evt, "self_cuda_time_total", 0.0)
+        if device_us:
+            rows.append((evt.key, float(device_us), int(evt.count)))
+    rows.sort(key=lambda r: -r[1])
+    by_owner: dict[str, float] = {}
+    for name, us, _ in rows:
+        by_owner[kernel_owner(name)] = by_owner.get(kernel_owner(name), 0.0) + us / 1000 / steps
+    return {"kernel_steps": steps, "kernel_ms_per_step_by_owner": by_owner,
+            "kernel_ms_per_step_top": [[name[:120], us / 1000 / steps, count / steps] for name, us, count in rows[:top]]}  # fmt: skip
+
+
 class GpuTimeline(Callback):
     """The cases with ``--timeline``: where the training stream's GPU time goes over the fit's last ``keep`` steps.
     An event is recorded on the training stream as each step starts (after its batch was handed out: the wait for
