@@ -515,6 +515,8 @@ def main() -> int:
                         "each after the batches the loader holds ahead), at the latest after these")
     parser.add_argument("--profile-steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="cProfile the "
                         "training thread of the gpu cases from step FIRST to LAST")
+    parser.add_argument("--search-window", type=int, help="the batches `auto` times each GPU share over (the "
+                        "package's default where not given): a longer window reads a share's rate with less spread")
     parser.add_argument("--kernel-profile", type=int, nargs=2, metavar=("FIRST", "LAST"), help="torch's profiler "
                         "over every CUDA kernel from step FIRST to LAST of each case: device time per "
                         "step by kernel and by who launched it (the step, DALI, copies)")
@@ -538,6 +540,8 @@ def main() -> int:
         parser.error(f"--rounds must be an int >= 1, got {args.rounds}")
     if args.dali_pipes is not None and args.dali_pipes < 1:
         parser.error(f"--dali-pipes must be an int >= 1, got {args.dali_pipes}")
+    if args.search_window is not None and args.search_window < 2:
+        parser.error(f"--search-window must be an int >= 2, got {args.search_window}")
     if args.merge:
         print(f"wrote {merge(args.merge, args.out, args.probes, args.suffix)}")
         return 0
@@ -548,12 +552,18 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants",
-                                            "profile_steps", "rounds", "dali_pipes", "timeline", "kernel_profile")}  # fmt: skip
+                                            "profile_steps", "rounds", "dali_pipes", "timeline", "kernel_profile",
+                                            "search_window")}  # fmt: skip
     if args.dali_pipes is not None:  # the model parts' pipelines (the handover part's variants set their own)
         from lightning_gpu_boost.core.gpu_decode import decode as decode_module
         from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
         decode_module.DaliWindows = functools.partial(DaliWindows, pipes=args.dali_pipes)
+    if args.search_window is not None:  # the auto cases' placement search, each share timed over more batches
+        from lightning_gpu_boost.callbacks import _gpu_decode
+        from lightning_gpu_boost.core.gpu_decode.placement import SplitSearch
+
+        _gpu_decode.SplitSearch = functools.partial(SplitSearch, window=args.search_window)
     parts: dict[str, Any] = {}
     for part in args.parts.split(","):
         if part == "decoders":
