@@ -493,7 +493,6 @@ class StreamPrefetcher:
                 if isinstance(item[1], _Begun):
                     self._decode.discard(item[1].token)
 
-
     def _iter_handover_thread(self, it: Iterator[Any], side: torch.cuda.Stream, ahead: int) -> Iterator[Any]:
         """The batches of a decoder that begins at the fetch, fetched, handed to it, collected and normalized in a
         thread of their own, ``ahead`` batches begun and one finished ahead; the training thread makes its stream
