@@ -16,7 +16,7 @@ same stage; the interpreter's switch interval at 1 ms instead of 5 (``switch_1ms
 GIL behind the pin-memory thread); ``GPUBoost(watchdog=False)`` (``no_watchdog``: what the watchdog's per-step work
 costs the training thread); the workers held to 8; DALI driven from a thread of its own (``handover_thread``:
 the fetch, the hand-over, the collect and the normalize off the training thread). ``layout``: a mixed batch gathered in
-the normalize's layout (:func:`assemble_in_layout`). A variant named twice is timed twice.
+the normalize's layout (``BatchDecoder._gather_in_layout``). A variant named twice is timed twice.
 """
 
 from __future__ import annotations
@@ -95,36 +95,6 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "split_70_layout": (3, "split_0.7+layout")}  # fmt: skip
 
 
-def assemble_in_layout(self: Any, records: Any, jpeg_images: Any) -> torch.Tensor:
-    """``BatchDecoder._assemble`` with a mixed batch's 8-bit images gathered in the layout they are normalized into
-    (channels-last, DALI's own) by ``index_copy_``, not in a contiguous tensor by index assignment (the ``layout``
-    variants): the workers' pixels are transposed once in the gather and the normalize reads the layout it writes.
-    The same values (``benchmarks``' check: equal to the package's on a mixed batch)."""
-    import math
-
-    from lightning_gpu_boost.core.gpu_decode.decode import _eight_bit
-
-    self.last_made_at, self.last_made_by = records.made_at, records.made_by
-    share = records.share
-    self.last_share = (len(records.jpeg_index) / max(1, records.size) if share is None
-                       else None if math.isnan(share) else share)  # fmt: skip
-    shape = self._shape(records)
-    memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-    jpegs = _eight_bit(jpeg_images(shape[1:])) if records.jpeg_index else None
-    if records.pixels is None and len(records.jpeg_index) == records.size:
-        out = jpegs
-    else:
-        out = torch.empty((records.size, *shape), dtype=torch.uint8, device=self.device, memory_format=memory_format)
-        if records.pixels is not None:
-            pixels = records.pixels.to(self.device, non_blocking=True)
-            out.index_copy_(0, self._to_device(torch.tensor(records.pixel_index)), pixels)
-            self.decoded_by_workers += len(records.pixel_index)
-        if jpegs is not None:
-            out.index_copy_(0, self._to_device(torch.tensor(records.jpeg_index)), jpegs)
-    images = torch.empty(out.shape, dtype=self.dtype, device=self.device, memory_format=memory_format)
-    return torch.addcmul(self._shift, out, self._scale, out=images)
-
-
 def keep_off_cpus(reserved: int, nice: int, worker_id: int) -> None:
     """A loader worker's ``worker_init_fn`` in the ``reserve_N`` variants: the worker runs on all but the first
     ``reserved`` CPUs of the process's, which the training thread, the pin-memory thread and DALI's threads keep;
@@ -182,7 +152,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         if "layout" in tokens:  # a mixed batch gathered in the normalize's layout
             from lightning_gpu_boost.core.gpu_decode.decode import BatchDecoder
 
-            patches.append(mock.patch.object(BatchDecoder, "_assemble", assemble_in_layout))
+            patches.append(mock.patch.object(BatchDecoder, "_gather_in_layout", True))
         if extra == "thread":  # DALI driven from a thread of its own: the training thread takes finished batches
             from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 

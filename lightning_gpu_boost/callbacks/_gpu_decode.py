@@ -102,8 +102,7 @@ class GPUDecodeStage:
         for loader, (_, stage, _) in list(self._taken.items()):
             decoder = self._decoders.get(loader)
             if stage in _TRAIN and decoder is not None:  # as handed out, where a thread decodes ahead of the step
-                return getattr(decoder, "handed_out", None) or (decoder.last_share, decoder.last_made_at,
-                                                                decoder.last_made_by)  # fmt: skip
+                return decoder.handed_out or (decoder.last_share, decoder.last_made_at, decoder.last_made_by)
         return None, None, None
 
     def on_train_batch_end(self, trainer: Any) -> None:

@@ -435,10 +435,8 @@ class StreamPrefetcher:
                 consumer = torch.cuda.current_stream(device)
                 side.wait_stream(consumer)
                 if begins:
-                    with torch.cuda.stream(side):
-                        batch = self._copy(batch)
                     fetched += 1
-                    queue.append((kind, _Begun(self._decode.begin(batch)), state, None))
+                    queue.append((kind, self._begin(batch, side), state, None))
                     return alive
                 if thread is not None:
                     fetched += 1
@@ -469,12 +467,7 @@ class StreamPrefetcher:
                     raise item[1]
                 kind, batch, state, ready = item
                 if isinstance(batch, _Begun):  # the decoder's images now, on the side stream
-                    with torch.cuda.stream(side):
-                        batch = self._decode.end(batch.token)
-                        if self._normalize is not None:
-                            batch = self._normalize(batch)
-                        ready = torch.cuda.Event()
-                        ready.record(side)
+                    batch, ready = self._end(batch, side)
                 elif ready is None:  # decoded in the thread
                     batch, ready = batch.result()
                 consumer = torch.cuda.current_stream(device)
@@ -492,6 +485,22 @@ class StreamPrefetcher:
             for item in queue:  # batches begun and not handed out (a loop stopped early): the decoder drops them
                 if isinstance(item[1], _Begun):
                     self._decode.discard(item[1].token)
+
+    def _begin(self, batch: Any, side: torch.cuda.Stream) -> _Begun:
+        """The fetched batch copied on the side stream and handed to the decoder that begins at the fetch."""
+        with torch.cuda.stream(side):
+            batch = self._copy(batch)
+        return _Begun(self._decode.begin(batch))
+
+    def _end(self, begun: _Begun, side: torch.cuda.Stream) -> tuple[Any, torch.cuda.Event]:
+        """A begun batch's images from the decoder, normalized, on the side stream; the event after them."""
+        with torch.cuda.stream(side):
+            batch = self._decode.end(begun.token)
+            if self._normalize is not None:
+                batch = self._normalize(batch)
+            ready = torch.cuda.Event()
+            ready.record(side)
+        return batch, ready
 
     def _iter_handover_thread(self, it: Iterator[Any], side: torch.cuda.Stream, ahead: int) -> Iterator[Any]:
         """The batches of a decoder that begins at the fetch, fetched, handed to it, collected and normalized in a
@@ -526,21 +535,14 @@ class StreamPrefetcher:
                         elif fetched:
                             _, batch, state = fetched.pop()
                             side.wait_stream(consumer)
-                            with torch.cuda.stream(side):
-                                batch = self._copy(batch)
-                            begun.append(("batch", _Begun(self._decode.begin(batch)), state))
+                            begun.append(("batch", self._begin(batch, side), state))
                     if not begun or stop.is_set():
                         break
                     kind, value, state = begun.popleft()
                     if kind == "error":
                         put((kind, value, state))
                         break
-                    with torch.cuda.stream(side):
-                        batch = self._decode.end(value.token)
-                        if self._normalize is not None:
-                            batch = self._normalize(batch)
-                        ready = torch.cuda.Event()
-                        ready.record(side)
+                    batch, ready = self._end(value, side)
                     facts = tuple(getattr(self._decode, n, None) for n in ("last_share", "last_made_at", "last_made_by"))
                     if not put(("batch", (batch, ready, facts), state)):
                         break

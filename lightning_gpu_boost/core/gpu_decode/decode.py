@@ -76,6 +76,11 @@ class BatchDecoder:
             worker (``-1``: the training process), where its records say.
     """
 
+    #: a mixed batch (workers' pixels and JPEGs) gathered in the layout it is normalized into (channels-last, DALI's
+    #: own) instead of a contiguous one: the same values; off until a GPU measures it (``benchmarks/gpu_decode.py``'s
+    #: ``*_layout`` variants)
+    _gather_in_layout = False
+
     def __init__(self, mean: Sequence[float], std: Sequence[float], device: torch.device | str = "cpu",
                  dtype: str = "float32", channels_last: bool = False, key: int = 0, engines: bool = True,
                  dali: bool = True) -> None:  # fmt: skip
@@ -194,7 +199,8 @@ class BatchDecoder:
         if records.pixels is None and len(records.jpeg_index) == records.size:  # every sample a JPEG, in order
             out = jpegs
         else:
-            out = torch.empty((records.size, *shape), dtype=torch.uint8, device=self.device)
+            gather = torch.channels_last if self._gather_in_layout and self.channels_last else torch.contiguous_format
+            out = torch.empty((records.size, *shape), dtype=torch.uint8, device=self.device, memory_format=gather)
             if records.pixels is not None:
                 pixels = records.pixels.to(self.device, non_blocking=True)
                 out[self._to_device(torch.tensor(records.pixel_index))] = pixels
