@@ -59,6 +59,9 @@ DATA_BOUND = ("data-bound", "copy-bound", "between-steps")
 #: on a GPU a case runs at least this many seconds after its window opens: the watchdog's verdicts need NVML
 #: samples (each covers 1/6 s to 1 s), and short steps would end the fit before its first window closed
 MIN_SECONDS = 3.0
+#: a GPU case's step cap (the meter ends the fit before it): high enough that the fastest case, tabular's applied fit
+#: at about 330 steps/s, times MIN_SECONDS and more before it
+MAX_STEPS = 100 * TIMED_STEPS
 #: the fewest timed steps a window ended by its epoch's end holds (the workers start again there: a window does not
 #: run across the restart), else it is timed on across that end (or over whole epochs: ``Meter``)
 MIN_EPOCH_WINDOW = 16
@@ -279,7 +282,7 @@ def fit(name: str, size: str, data_root: Path, case: str = "plain", change: Any 
     meter = Meter(warmup=3 if small else 10, steps=TIMED_STEPS if gpu and not epochs else None, sample_gpu_util=False)
     clock = EpochClock(stop_when_steady=gpu) if epochs else None
     if gpu and not epochs:
-        kwargs = {**kwargs, "max_steps": max(kwargs.get("max_steps", 0), 20 * TIMED_STEPS)}
+        kwargs = {**kwargs, "max_steps": max(kwargs.get("max_steps", 0), MAX_STEPS)}
     callbacks: list[pl.Callback] = [dog, meter, *extra, *([clock] if clock else [])]
     if case == "gpu_boost":
         callbacks.append(GPUBoost())
