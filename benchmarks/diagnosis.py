@@ -246,6 +246,14 @@ def main() -> None:
         print(f"wrote {write_result('diagnosis', *summarize(rows, args), args.out)}", flush=True)
 
 
+_STARTED = time.monotonic()
+
+
+def _since_start() -> str:
+    """The run's age, for its progress lines (where a call's minutes went)."""
+    return f"{time.monotonic() - _STARTED:.0f} s"
+
+
 def _once_under(cache: str | None, name: str, size: str) -> Any:
     """``once(stage, fn, *args, **kwargs)``: ``fn``'s result, kept in ``cache`` (pickled, under the commit, the
     workload and its size) as it ends and read back there on the next run instead of running ``fn`` again; without a
@@ -342,7 +350,7 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path, earlier: 
                                                       "files": changed_since(earlier["git_commit"], name)}  # fmt: skip
         plains: list[dict[str, Any]] = []
     else:
-        print(f"{name}: plain x{args.repeats} ...", flush=True)
+        print(f"{name}: plain x{args.repeats} ... (at {_since_start()})", flush=True)
         plains = [once(f"plain-{i}", RUNNER.fit, name, args.size, root) for i in range(args.repeats)]
         lap("plain")
         verdicts = [p["verdict"] for p in plains]
@@ -366,7 +374,7 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path, earlier: 
                 row["doctor_loader"] = loader
             gain = guess / _rate(plains[0]) if guess else None
             lap("prediction")
-        print(f"{name}: applying {how} ...", flush=True)
+        print(f"{name}: applying {how} ... (at {_since_start()})", flush=True)
         if change == "best":
             run = once("applied", RUNNER.fit, name, args.size, root, "best")
         elif change == "repeat":
@@ -381,7 +389,7 @@ def diagnose_workload(name: str, args: argparse.Namespace, root: Path, earlier: 
                           "prediction_source": source, "measured_gain": _rate(run) / base, "predicted_gain": gain,
                           "prediction_error": abs(_rate(run) / base / gain - 1) if gain else None}  # fmt: skip
         lap("applied")
-    print(f"{name}: GPUBoost() ...", flush=True)
+    print(f"{name}: GPUBoost() ... (at {_since_start()})", flush=True)
     boosted = once("gpu_boost", RUNNER.fit, name, args.size, root, "gpu_boost")
     lap("gpu_boost")
     row["seconds"] = seconds
