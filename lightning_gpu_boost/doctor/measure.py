@@ -302,5 +302,5 @@ def queue_bound(data: Any, procs_per_node: int = 1) -> int:
 
 def tuned_queue_bound(procs_per_node: int = 1) -> int:
     """The most batches a loader whose workers we choose can hold queued in one of ``procs_per_node`` processes:
-    its share of the usable CPUs a worker each, ``prefetch_factor=4``, plus the prefetch depth."""
-    return max(1, usable_cpus() // max(1, procs_per_node)) * 4 + 2
+    its share of the usable CPUs a worker each, ``AUTO_PREFETCH_FACTOR`` batches each, plus the prefetch depth."""
+    return max(1, usable_cpus() // max(1, procs_per_node)) * AUTO_PREFETCH_FACTOR + 2
