@@ -181,7 +181,7 @@ def kernel_owner(name: str) -> str:
     low = name.lower()
     if any(k in low for k in ("dali", "nvjpeg", "nvimgcodec", "jpeg", "resampl", "crop", "flip")):
         return "dali"
-    if low.startswith(("memcpy", "memset")) or "memcpy" in low:
+    if "memcpy" in low or low.startswith("memset"):
         return "copy"
     return "torch"
 
@@ -200,7 +200,8 @@ def kernel_figures(averages: Any, steps: int, top: int = 25) -> dict[str, Any]:
     rows.sort(key=lambda r: -r[1])
     by_owner: dict[str, float] = {}
     for name, us, _ in rows:
-        by_owner[kernel_owner(name)] = by_owner.get(kernel_owner(name), 0.0) + us / 1000 / steps
+        owner = kernel_owner(name)
+        by_owner[owner] = by_owner.get(owner, 0.0) + us / 1000 / steps
     return {"kernel_steps": steps, "kernel_ms_per_step_by_owner": by_owner,
             "kernel_ms_per_step_top": [[name[:120], us / 1000 / steps, count / steps] for name, us, count in rows[:top]]}  # fmt: skip
 
