@@ -53,14 +53,20 @@ def _expected(datamodule) -> list[torch.Tensor]:
 
 @pytest.fixture
 def pack(jpeg_tree, tmp_path):
+    pytest.importorskip("lmdb")
     from lightning_gpu_boost.core.lmdb import pack_image_folder
 
     return str(pack_image_folder(jpeg_tree, tmp_path / "tree.lmdb", progress=False))
 
 
 @pytest.mark.parametrize("kind", ["folder", "lmdb"])
-def test_on_cpu_the_image_datamodules_hand_the_step_normalized_floats(kind, jpeg_tree, pack):
-    cls, root = (ImageFolderDataModule, str(jpeg_tree)) if kind == "folder" else (LMDBDataModule, pack)
+def test_on_cpu_the_image_datamodules_hand_the_step_normalized_floats(kind, jpeg_tree, request):
+    # the pack only where it is read: the folder case runs where lmdb is not installed
+    cls, root = (
+        (ImageFolderDataModule, str(jpeg_tree))
+        if kind == "folder"
+        else (LMDBDataModule, request.getfixturevalue("pack"))
+    )
     make = lambda **kw: cls(root, val_root=root, image_size=32, batch_size=8, num_workers=0, **kw)  # noqa: E731
     model = _fit(make())
     assert model.train_dtypes == {"torch.float32"}
@@ -100,8 +106,13 @@ def test_stream_prefetch_normalizes_a_plain_loader_on_cpu(caplog):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["folder", "lmdb"])
-def test_gpu_and_cpu_runs_hand_the_step_the_same_values(kind, jpeg_tree, pack):
-    cls, root = (ImageFolderDataModule, str(jpeg_tree)) if kind == "folder" else (LMDBDataModule, pack)
+def test_gpu_and_cpu_runs_hand_the_step_the_same_values(kind, jpeg_tree, request):
+    # the pack only where it is read: the folder case runs where lmdb is not installed
+    cls, root = (
+        (ImageFolderDataModule, str(jpeg_tree))
+        if kind == "folder"
+        else (LMDBDataModule, request.getfixturevalue("pack"))
+    )
     make = lambda: cls(root, val_root=root, image_size=32, batch_size=8, num_workers=0)  # noqa: E731
     cpu = _fit(make())
     for callbacks in ([], [GPUBoost(auto_workers=False, watchdog=False, channels_last=False)]):
