@@ -59,14 +59,17 @@ def pack(jpeg_tree, tmp_path):
     return str(pack_image_folder(jpeg_tree, tmp_path / "tree.lmdb", progress=False))
 
 
+def _source(kind: str, jpeg_tree, request) -> tuple[type, str]:
+    """A case's DataModule class and root; the pack is built only for the lmdb case, so the folder case runs where
+    lmdb is not installed."""
+    if kind == "folder":
+        return ImageFolderDataModule, str(jpeg_tree)
+    return LMDBDataModule, request.getfixturevalue("pack")
+
+
 @pytest.mark.parametrize("kind", ["folder", "lmdb"])
 def test_on_cpu_the_image_datamodules_hand_the_step_normalized_floats(kind, jpeg_tree, request):
-    # the pack only where it is read: the folder case runs where lmdb is not installed
-    cls, root = (
-        (ImageFolderDataModule, str(jpeg_tree))
-        if kind == "folder"
-        else (LMDBDataModule, request.getfixturevalue("pack"))
-    )
+    cls, root = _source(kind, jpeg_tree, request)
     make = lambda **kw: cls(root, val_root=root, image_size=32, batch_size=8, num_workers=0, **kw)  # noqa: E731
     model = _fit(make())
     assert model.train_dtypes == {"torch.float32"}
@@ -107,12 +110,7 @@ def test_stream_prefetch_normalizes_a_plain_loader_on_cpu(caplog):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["folder", "lmdb"])
 def test_gpu_and_cpu_runs_hand_the_step_the_same_values(kind, jpeg_tree, request):
-    # the pack only where it is read: the folder case runs where lmdb is not installed
-    cls, root = (
-        (ImageFolderDataModule, str(jpeg_tree))
-        if kind == "folder"
-        else (LMDBDataModule, request.getfixturevalue("pack"))
-    )
+    cls, root = _source(kind, jpeg_tree, request)
     make = lambda: cls(root, val_root=root, image_size=32, batch_size=8, num_workers=0)  # noqa: E731
     cpu = _fit(make())
     for callbacks in ([], [GPUBoost(auto_workers=False, watchdog=False, channels_last=False)]):
