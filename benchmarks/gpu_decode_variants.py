@@ -66,6 +66,32 @@ class SevenInputWindows(DaliWindows):
         return self._hand_over(n, capacity, inputs)
 
 
+class FlipKernelWindows(DaliWindows):
+    """:class:`DaliWindows` with the flip as a step of its own after the resize (DALI's ``fn.flip``: a kernel per
+    sample), as before the region's start and end were swapped instead (the ``flip_kernel`` variants)."""
+
+    def _graph(self, fn: Any, types: Any, gpu: bool) -> Any:
+        rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
+        numbers = fn.external_source(name="numbers", dtype=types.FLOAT, ndim=1)
+        integers = fn.cast(numbers, dtype=types.INT32)
+        jpegs = fn.slice(rows, start=[0], shape=integers[0:1], axes=[0])
+        extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
+        windows = fn.decoders.image_slice(jpegs, integers[1:3], integers[3:5], axis_names="HW", output_type=types.RGB,
+                                          device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
+        images = fn.resize(windows, size=numbers[5:7], roi_start=numbers[7:9], roi_end=numbers[9:11],
+                           roi_relative=False, antialias=True, interp_type=types.INTERP_LINEAR)  # fmt: skip
+        return fn.flip(images, horizontal=fn.external_source(name="flip", dtype=types.INT32))
+
+    def submit(self, jpegs: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, capacity: int = 0) -> int:
+        unflipped = np.array(geometry, copy=True)
+        unflipped[:, 10] = 0
+        self._flips = np.ascontiguousarray(geometry[:, 10], dtype=np.int32)
+        return super().submit(jpegs, lengths, unflipped, capacity)
+
+    def _hand_over(self, n: int, capacity: int, inputs: dict[str, np.ndarray]) -> int:
+        return super()._hand_over(n, capacity, {**inputs, "flip": self._flips})
+
+
 def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
     """``DaliWindows._to_torch`` with a copy on a stream of its own that the training thread waits for (the
     ``copy_wait`` variant of the ``handover`` part)."""
@@ -91,7 +117,8 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "split_15_nice_10": (3, "split_0.15+nice_10"), "split_30_nice_10": (3, "split_0.3+nice_10"),
             "copy_3_nice_10": (3, "nice_10"),
             "split_15_layout": (3, "split_0.15+layout"), "split_30_layout": (3, "split_0.3+layout"),
-            "split_70_layout": (3, "split_0.7+layout")}  # fmt: skip
+            "split_70_layout": (3, "split_0.7+layout"), "copy_3_flip_kernel": (3, "flipkernel"),
+            "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel")}  # fmt: skip
 
 
 def keep_off_cpus(reserved: int, nice: int, worker_id: int) -> None:
@@ -138,7 +165,8 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         made: list[DaliWindows] = []
 
         def windows(device: Any, made=made, pipes=pipes, extra=extra, tokens=tokens) -> DaliWindows:
-            kind = SevenInputWindows if extra == "seven" else DaliWindows
+            kind = SevenInputWindows if extra == "seven" else FlipKernelWindows if "flipkernel" in tokens else (
+                DaliWindows)  # fmt: skip
             made.append(kind(device, pipes=pipes, threads=int(tokens.get("threads", 8))))
             made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
             return made[-1]

@@ -9,9 +9,11 @@ cuts each row to its length, where a list of JPEGs cost the training thread 2 ms
 sample's geometry (:meth:`DaliWindows.submit`), and later takes the batch's images as one tensor
 (:meth:`DaliWindows.collect`). Pipelines take turns, so that batches are decoded while others train.
 
-Each pipeline decodes the sample's window (the region the crop keeps), resizes the part of it the output covers to
-the output's size (DALI's ``fn.resize``: linear, antialiased, as PIL's bilinear resize), and flips it where the
-sample's draw says. DALI resizing in its pipeline made the decode alone 1.7x as fast on the H200 as the package's
+Each pipeline decodes the sample's window (the region the crop keeps) and resizes the part of it the output covers to
+the output's size (DALI's ``fn.resize``: linear, antialiased, as PIL's bilinear resize), flipped where the sample's
+draw says: the region's column start and end are swapped, which DALI's resize reads as a flip. A flip of its own
+(``fn.flip``) launched a kernel per sample that took 0.8-1.0 ms of the GPU a batch of 256 beside the step on the
+H200 (a third of the decode's work there; ``benchmarks/gpu_decode.py --kernel-profile``). DALI resizing in its pipeline made the decode alone 1.7x as fast on the H200 as the package's
 batched resampling of the windows, within 0.05 levels of it on average and 3 at most
 (``benchmarks/gpu_decode.py``'s ``decoders`` part).
 
@@ -145,11 +147,11 @@ class DaliWindows:
 
     def _graph(self, fn: Any, types: Any, gpu: bool) -> Any:
         """The pipeline: each row cut to its JPEG, its window decoded, the region the output covers resized to the
-        output's size and flipped where drawn. Its external sources are the inputs :meth:`submit` hands over: the
-        rows of bytes, and each sample's numbers as one float32 row (the JPEG's length, the window's anchor and
-        shape, the output's size, the region resized, the flip), cut and cast here: one ``feed_input`` a batch for
-        them, where seven took the training thread 0.74 ms a batch and one 0.41 with DALI's CPU backend (images
-        bit-identical; counts below 2**24 are exact in float32)."""
+        output's size (flipped where the region's start and end are swapped). Its external sources are the inputs
+        :meth:`submit` hands over: the rows of bytes, and each sample's numbers as one float32 row (the JPEG's
+        length, the window's anchor and shape, the output's size, the region resized), cut and cast here: one
+        ``feed_input`` a batch for them, where seven took the training thread 0.74 ms a batch and one 0.41 with
+        DALI's CPU backend (images bit-identical; counts below 2**24 are exact in float32)."""
         rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
         numbers = fn.external_source(name="numbers", dtype=types.FLOAT, ndim=1)
         integers = fn.cast(numbers, dtype=types.INT32)
@@ -157,9 +159,8 @@ class DaliWindows:
         extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
         windows = fn.decoders.image_slice(jpegs, integers[1:3], integers[3:5], axis_names="HW", output_type=types.RGB,
                                           device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
-        images = fn.resize(windows, size=numbers[5:7], roi_start=numbers[7:9], roi_end=numbers[9:11],
-                           roi_relative=False, antialias=True, interp_type=types.INTERP_LINEAR)  # fmt: skip
-        return fn.flip(images, horizontal=integers[11])
+        return fn.resize(windows, size=numbers[5:7], roi_start=numbers[7:9], roi_end=numbers[9:11],
+                         roi_relative=False, antialias=True, interp_type=types.INTERP_LINEAR)  # fmt: skip
 
     def submit(self, jpegs: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, capacity: int = 0) -> int:
         """Hand over one batch: its JPEGs, one per row of ``jpegs`` (``(n, longest)`` uint8: ``lengths[k]`` bytes of
@@ -180,8 +181,11 @@ class DaliWindows:
         g = np.asarray(geometry, dtype=np.float64)
         scale = g[:, [1, 6]] / g[:, [2, 7]]  # window pixels per resized pixel, rows and columns
         start = g[:, [3, 8]] * scale
+        end = start + g[:, [4, 9]] * scale
+        flip = g[:, 10] != 0  # the columns' start and end swapped: DALI's resize flips the region
+        start[flip, 1], end[flip, 1] = end[flip, 1], start[flip, 1]
         numbers = np.concatenate([np.asarray(lengths, np.float64).reshape(n, 1), g[:, [0, 5]], g[:, [1, 6]],
-                                  g[:, [4, 9]], start, start + g[:, [4, 9]] * scale, g[:, 10:11]], axis=1)  # fmt: skip
+                                  g[:, [4, 9]], start, end], axis=1)  # fmt: skip
         return self._hand_over(n, capacity, {"jpegs": jpegs, "numbers": np.ascontiguousarray(numbers, np.float32)})
 
     def _hand_over(self, n: int, capacity: int, inputs: dict[str, np.ndarray]) -> int:
