@@ -177,7 +177,11 @@ class KernelProfile(Callback):
 
 def kernel_owner(name: str) -> str:
     """Who launched a kernel, from its name: ``dali`` (DALI's and nvJPEG's/nvImageCodec's), ``copy`` (memory
-    copies and sets), else ``torch`` (the step, and our normalize)."""
+    copies and sets), ``annotation`` (a range the profiler marks on the GPU's timeline, such as
+    ``Optimizer.step#SGD.step``: its time is the kernels' inside it, counted again), else ``torch`` (the step, and
+    our normalize)."""
+    if "#" in name or name.startswith(("ProfilerStep", "[")):
+        return "annotation"
     low = name.lower()
     if any(k in low for k in ("dali", "nvjpeg", "nvimgcodec", "jpeg", "resampl", "crop", "flip")):
         return "dali"
@@ -198,6 +202,7 @@ def kernel_figures(averages: Any, steps: int, top: int = 25) -> dict[str, Any]:
         if device_us:
             rows.append((evt.key, float(device_us), int(evt.count)))
     rows.sort(key=lambda r: -r[1])
+    rows = [r for r in rows if kernel_owner(r[0]) != "annotation"]
     by_owner: dict[str, float] = {}
     for name, us, _ in rows:
         owner = kernel_owner(name)
