@@ -12,10 +12,10 @@ sample's geometry (:meth:`DaliWindows.submit`), and later takes the batch's imag
 Each pipeline decodes the sample's window (the region the crop keeps) and resizes the part of it the output covers to
 the output's size (DALI's ``fn.resize``: linear, antialiased, as PIL's bilinear resize), flipped where the sample's
 draw says: the region's column start and end are swapped, which DALI's resize reads as a flip. A flip of its own
-(``fn.flip``) launched a kernel per sample that took 0.8-1.0 ms of the GPU a batch of 256 beside the step on the
-H200 (a third of the decode's work there; ``benchmarks/gpu_decode.py --kernel-profile``). DALI resizing in its pipeline made the decode alone 1.7x as fast on the H200 as the package's
-batched resampling of the windows, within 0.05 levels of it on average and 3 at most
-(``benchmarks/gpu_decode.py``'s ``decoders`` part).
+(``fn.flip``) launched a kernel per sample: 0.8-1.0 ms of the H200's time per batch of 256, of the 2.1-2.4 that the
+decode's kernels took beside the step (``benchmarks/gpu_decode.py --kernel-profile``). DALI resizing in its
+pipeline made the decode alone 1.7x as fast on the H200 as the package's batched resampling of the windows, within
+0.05 levels of it on average and 3 at most (``benchmarks/gpu_decode.py``'s ``decoders`` part).
 
 On a GPU the pipelines decode with DALI's ``mixed`` decoder (the JPEG engines for a share ``hw_decoder_load``,
 nvJPEG's CUDA decoder for the rest); on a CPU device with DALI's CPU decoder (the same steps, for tests). The
