@@ -68,7 +68,8 @@ class SevenInputWindows(DaliWindows):
 
 class FlipKernelWindows(DaliWindows):
     """:class:`DaliWindows` with the flip as a step of its own after the resize (DALI's ``fn.flip``: a kernel per
-    sample), as before the region's start and end were swapped instead (the ``flip_kernel`` variants)."""
+    sample) instead of in the resize's region (the ``flip_kernel`` variants: the flip's cost on the GPU, side by
+    side). On DALI's CPU backend its images are bit-identical to :class:`DaliWindows`'."""
 
     def _graph(self, fn: Any, types: Any, gpu: bool) -> Any:
         rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
