@@ -133,7 +133,7 @@ class BatchDecoder:
 
     def _submit(self, records: RecordBatch) -> int:
         """Hand the records' JPEGs and geometry to DALI (it decodes, resizes and flips them); the ticket."""
-        return self._dali.submit(records.jpeg.numpy(), np.asarray(records.lengths), records.geometry.numpy(),
+        return self._dali.submit(records.jpeg.numpy(), np.asarray(records.lengths), np.asarray(records.geometry),
                                  capacity=records.size)  # fmt: skip
 
     def end(self, token: Any) -> Any:
