@@ -1,7 +1,9 @@
-"""core.fork: garbage collected in the parent before a loader forks its workers from a process that used CUDA."""
+"""core.fork: garbage collected in the parent before a loader forks its workers from a process that used CUDA, and
+DALI's pipelines kept out of forked workers."""
 
 import gc
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -43,3 +45,53 @@ def test_collects_only_where_cuda_is_initialized_and_workers_fork(monkeypatch):
     assert fork.collect_before_fork(forking) and calls == [1]
     assert not fork.collect_before_fork(DataLoader(DATA, num_workers=1, multiprocessing_context="spawn"))
     assert calls == [1]
+
+
+class _Collects(torch.utils.data.Dataset):
+    """A dataset whose worker runs the garbage collector, as any worker's allocations may."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        gc.collect()
+        return i
+
+
+def _pipeline():
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+    def echo():
+        return fn.external_source(name="x", dtype=types.UINT8, ndim=1)
+
+    pipe = echo()
+    pipe.build()
+    pipe.feed_input("x", np.zeros((2, 4), np.uint8))
+    pipe.run()
+    return pipe
+
+
+def test_a_worker_forked_beside_an_unreachable_dali_pipeline_does_not_hang():
+    """A DALI pipeline left to the garbage collector (unreachable in a cycle, the collector off until then) is taken
+    in a DataLoader worker forked meanwhile, too: its shutdown there waited forever for threads fork does not copy.
+    After ``keep_dali_out_of_forks`` the worker forgets the pipelines it copied; ``shut_dali`` stops one at once."""
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    fork.keep_dali_out_of_forks()
+    fork.keep_dali_out_of_forks()  # once per process is enough: a second call registers nothing
+    assert len(fork._DALI_HOOK) == 1
+    gc.disable()
+    try:
+        pipe = _pipeline()
+        pipe.itself = pipe  # a cycle: unreachable once dropped, until the collector runs
+        del pipe
+        loader = DataLoader(_Collects(), batch_size=1, num_workers=1, multiprocessing_context="fork", timeout=30)
+        assert [b.tolist() for b in loader] == [[0], [1]]
+    finally:
+        gc.enable()
+        gc.collect()
+    stopped = _pipeline()
+    fork.shut_dali(stopped)
+    fork.shut_dali(None)
+    assert stopped._pipe is None  # its threads stopped now, not when the collector takes it

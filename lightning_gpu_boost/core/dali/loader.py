@@ -27,6 +27,7 @@ import torch
 
 from lightning_gpu_boost._imports import require
 from lightning_gpu_boost.core.dali.sources import DTYPES, Dtype, _Feeder, num_batches, rank_indices
+from lightning_gpu_boost.core.fork import keep_dali_out_of_forks, shut_dali
 
 __all__ = ['DALILoader', 'close_all']
 
@@ -299,6 +300,7 @@ class DALILoader:
 
     def _build_one(self, k: int, feeder: _Feeder) -> Any:
         dali = require("nvidia.dali")
+        keep_dali_out_of_forks()  # a DataLoader's worker forked meanwhile (a validation loader's) forgets it
         pipe = dali.Pipeline(
             batch_size=self.batch_size,
             num_threads=max(1, self.num_threads // self.pipelines),
@@ -528,6 +530,8 @@ class DALILoader:
             self._alive.popleft()[0].synchronize()
         for feeder in self._feeders:
             feeder.close()
+        for pipe in self._pipes:
+            shut_dali(pipe)
         self._pipes, self._pos = [], 0
         self._stream.clear()
 

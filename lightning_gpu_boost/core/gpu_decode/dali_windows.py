@@ -25,15 +25,13 @@ again only once that copy is done (by then it long is), so DALI never writes a b
 Taking DALI's buffer itself through DLPack, as DALI's PyTorch plugin does, read wrong values on the H200 where the
 reading stream lagged (``tests/core/gpu_decode/test_on_gpu.py`` keeps that case). A batch DALI fails on raises
 :class:`DaliFailed` (the caller decodes it another way) and its pipeline is built again. A pipeline dropped is shut
-down at once, and a process forked from this one (a DataLoader's worker) forgets the pipelines it copied: shutting
-one down there, where the garbage collector took it, waited forever for threads that fork does not copy. EXIF
+down at once, and a process forked from this one forgets the pipelines it copied (``core/fork.py``). EXIF
 orientation is not applied, as PIL's ``ImageFolder`` loader does not apply it. Framework-free.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from typing import Any
@@ -42,39 +40,11 @@ import numpy as np
 import torch
 
 from lightning_gpu_boost._imports import require
+from lightning_gpu_boost.core.fork import keep_dali_out_of_forks, shut_dali
 
 __all__ = ["DaliFailed", "DaliWindows"]
 
 log = logging.getLogger(__name__)
-
-
-def _forget_pipelines_in_child() -> None:
-    """In a process forked from one that runs DALI pipelines (a DataLoader's worker), forget them: fork copies
-    their objects but not their threads, and shutting one down (its ``__del__``, wherever the garbage collector
-    takes one that was unreachable at the fork) waits for those threads forever: the worker hangs. DALI keeps no
-    public handle for this: its own ``Pipeline._pipes`` (which its exit hook shuts down) and each ``_pipe``."""
-    from nvidia.dali.pipeline import Pipeline
-
-    for ref in list(Pipeline._pipes):
-        pipe = ref()
-        if pipe is not None and pipe._pipe is not None:
-            _KEPT_IN_CHILD.append(pipe._pipe)  # never destroyed here: its destructor would wait for the threads
-            pipe._pipe = None
-    Pipeline._pipes.clear()
-
-
-_FORK_HOOK = []  # one registration per process
-_KEPT_IN_CHILD: list[Any] = []  # a forked process's copies of the native pipelines
-
-
-def _shut(pipe: Any) -> None:
-    """Stop a pipeline's threads and free its memory now, in this process, instead of whenever the garbage
-    collector takes it (DALI's own call, which its exit hook makes; a pipeline has no public one)."""
-    if pipe is not None:
-        try:
-            pipe._shutdown()
-        except Exception as e:  # a pipeline that failed may fail to stop too: the collector takes it later
-            log.debug("DALI could not shut a pipeline down: %s", e)
 
 
 class DaliFailed(RuntimeError):
@@ -141,9 +111,7 @@ class DaliWindows:
         graph = self.dali.pipeline_def(self._graph, batch_size=self._capacity, num_threads=self.threads,
                                        device_id=self.device.index if gpu else None, prefetch_queue_depth=1,
                                        exec_dynamic=True)  # fmt: skip
-        if not _FORK_HOOK:
-            os.register_at_fork(after_in_child=_forget_pipelines_in_child)
-            _FORK_HOOK.append(True)
+        keep_dali_out_of_forks()  # a DataLoader's worker forked meanwhile forgets it
         t0 = time.perf_counter()
         pipe = graph(fn, types, gpu)
         pipe.build()
@@ -175,7 +143,7 @@ class DaliWindows:
             pipe.release_outputs()
         except Exception as e:
             log.debug("DALI failed on a pipeline's first, full batch: %s", e)
-            _shut(pipe)
+            shut_dali(pipe)
             return self._build(k)
         finally:
             self.timings["build_s"] += time.perf_counter() - t0
@@ -285,7 +253,7 @@ class DaliWindows:
             self.timings["batches"] += 1
         except Exception as e:
             log.debug("DALI failed on a batch: %s", e)
-            _shut(self._pipes[k])
+            shut_dali(self._pipes[k])
             self._pipes[k] = None  # a pipeline that raised is no longer valid
             raise DaliFailed(f"{type(e).__name__}: {e}") from e
         finally:
@@ -320,5 +288,5 @@ class DaliWindows:
         self._fed.clear()
         self._waiting.clear()
         for pipe in self._pipes:
-            _shut(pipe)
+            shut_dali(pipe)
         self._pipes = [None] * self.pipes
