@@ -72,16 +72,7 @@ class FlipKernelWindows(DaliWindows):
     side). On DALI's CPU backend its images are bit-identical to :class:`DaliWindows`'."""
 
     def _graph(self, fn: Any, types: Any, gpu: bool) -> Any:
-        rows = fn.external_source(name="jpegs", dtype=types.UINT8, no_copy=True, ndim=1)
-        numbers = fn.external_source(name="numbers", dtype=types.FLOAT, ndim=1)
-        integers = fn.cast(numbers, dtype=types.INT32)
-        jpegs = fn.slice(rows, start=[0], shape=integers[0:1], axes=[0])
-        extra = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
-        windows = fn.decoders.image_slice(jpegs, integers[1:3], integers[3:5], axis_names="HW", output_type=types.RGB,
-                                          device="mixed" if gpu else "cpu", adjust_orientation=False, **extra)  # fmt: skip
-        images = fn.resize(windows, size=numbers[5:7], roi_start=numbers[7:9], roi_end=numbers[9:11],
-                           roi_relative=False, antialias=True, interp_type=types.INTERP_LINEAR)  # fmt: skip
-        return fn.flip(images, horizontal=fn.external_source(name="flip", dtype=types.INT32))
+        return fn.flip(super()._graph(fn, types, gpu), horizontal=fn.external_source(name="flip", dtype=types.INT32))
 
     def submit(self, jpegs: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, capacity: int = 0) -> int:
         unflipped = np.array(geometry, copy=True)

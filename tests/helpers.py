@@ -371,3 +371,33 @@ class Sleeping(Dataset):
         self.calls += 1
         time.sleep(self.seconds(self.calls) if callable(self.seconds) else self.seconds)
         return torch.randn(4, 8), torch.zeros(4)
+
+
+class _Collects(Dataset):
+    """A dataset whose worker runs the garbage collector, as any worker's allocations may."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        import gc
+
+        gc.collect()
+        return i
+
+
+def batches_beside_garbage(make) -> list:
+    """The batches a DataLoader's forked worker loads while ``make()``'s object, dropped in a reference cycle with
+    the collector off, waits to be collected (a worker that collects it must not hang: 30 s, then an error)."""
+    import gc
+
+    gc.disable()
+    try:
+        made = make()
+        made.itself = made  # a cycle: unreachable once dropped, until the collector runs
+        del made
+        loader = DataLoader(_Collects(), batch_size=1, num_workers=1, multiprocessing_context="fork", timeout=30)
+        return [b.tolist() for b in loader]
+    finally:
+        gc.enable()
+        gc.collect()

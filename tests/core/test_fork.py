@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.core import fork
 from lightning_gpu_boost.core.spanning import SpanningLoader
+from tests.helpers import batches_beside_garbage
 
 DATA = list(range(8))
 
@@ -47,17 +48,6 @@ def test_collects_only_where_cuda_is_initialized_and_workers_fork(monkeypatch):
     assert calls == [1]
 
 
-class _Collects(torch.utils.data.Dataset):
-    """A dataset whose worker runs the garbage collector, as any worker's allocations may."""
-
-    def __len__(self) -> int:
-        return 2
-
-    def __getitem__(self, i: int) -> int:
-        gc.collect()
-        return i
-
-
 def _pipeline():
     import numpy as np
     from nvidia.dali import fn, pipeline_def, types
@@ -81,16 +71,7 @@ def test_a_worker_forked_beside_an_unreachable_dali_pipeline_does_not_hang():
     fork.keep_dali_out_of_forks()
     fork.keep_dali_out_of_forks()  # once per process is enough: a second call registers nothing
     assert len(fork._DALI_HOOK) == 1
-    gc.disable()
-    try:
-        pipe = _pipeline()
-        pipe.itself = pipe  # a cycle: unreachable once dropped, until the collector runs
-        del pipe
-        loader = DataLoader(_Collects(), batch_size=1, num_workers=1, multiprocessing_context="fork", timeout=30)
-        assert [b.tolist() for b in loader] == [[0], [1]]
-    finally:
-        gc.enable()
-        gc.collect()
+    assert batches_beside_garbage(_pipeline) == [[0], [1]]
     stopped = _pipeline()
     fork.shut_dali(stopped)
     fork.shut_dali(None)

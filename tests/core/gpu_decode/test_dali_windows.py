@@ -220,40 +220,19 @@ def test_the_fits_end_drops_dalis_pipelines():
     assert decoder._dali is None
 
 
-class _Collects(torch.utils.data.Dataset):
-    """A dataset whose worker runs the garbage collector, as any worker's allocations may."""
-
-    def __len__(self) -> int:
-        return 2
-
-    def __getitem__(self, i: int) -> int:
-        import gc
-
-        gc.collect()
-        return i
-
-
 def test_a_worker_forked_beside_unreachable_pipelines_does_not_hang():
     """A pipeline left to the garbage collector (unreachable in a cycle, the collector off until then) is taken in a
     DataLoader worker forked meanwhile, too: shutting it down there waited forever for DALI's threads, which fork
     does not copy, and the loader hung. The worker forgets the pipelines it copied; ``close`` shuts them down here."""
-    import gc
+    from tests.helpers import batches_beside_garbage
 
-    from torch.utils.data import DataLoader
-
-    gc.disable()
-    try:
+    def used() -> DaliWindows:
         dali = DaliWindows("cpu", threads=1, pipes=1)
         dali.collect(dali.submit(*_rows([_jpeg(96, 80, 0)]), np.array([_geometry(OPS[0])]), capacity=1))
-        dali.itself = dali  # a cycle: unreachable once dropped, until the collector runs
-        del dali
-        batches = [b.tolist() for b in DataLoader(_Collects(), batch_size=1, num_workers=1, timeout=30)]
-    finally:
-        gc.enable()
-        gc.collect()
-    assert batches == [[0], [1]]
-    closed = DaliWindows("cpu", threads=1, pipes=1)
-    closed.collect(closed.submit(*_rows([_jpeg(96, 80, 0)]), np.array([_geometry(OPS[0])]), capacity=1))
+        return dali
+
+    assert batches_beside_garbage(used) == [[0], [1]]
+    closed = used()
     pipe = closed._pipes[0]
     closed.close()
     assert pipe._pipe is None  # its threads stopped now, not when the collector takes it
