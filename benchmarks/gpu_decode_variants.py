@@ -84,19 +84,6 @@ class FlipKernelWindows(DaliWindows):
         return super()._hand_over(n, capacity, {**inputs, "flip": self._flips})
 
 
-def numpy_geometry_collate(batch: list[Any], *, collate_fn_map: Any = None) -> Any:
-    """``collate_records`` with the geometry as a numpy array (the ``geometry_numpy`` variants): pickled with the
-    batch by value (22 KB at 256 JPEGs) instead of a shared tensor, whose file descriptor the receiving thread
-    fetches from the worker (on a 2-CPU machine three (256, 11) tensors took a loader's main thread 1.74 ms a batch,
-    three arrays 0.31)."""
-    from lightning_gpu_boost.core.gpu_decode.records import collate_records
-
-    made = collate_records(batch, collate_fn_map=collate_fn_map)
-    if made.geometry is not None:
-        made.geometry = made.geometry.numpy()
-    return made
-
-
 def copy_and_wait(self: Any, dense: Any, k: int) -> torch.Tensor:
     """``DaliWindows._to_torch`` with a copy on a stream of its own that the training thread waits for (the
     ``copy_wait`` variant of the ``handover`` part)."""
@@ -123,8 +110,7 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "copy_3_nice_10": (3, "nice_10"),
             "split_15_layout": (3, "split_0.15+layout"), "split_30_layout": (3, "split_0.3+layout"),
             "split_70_layout": (3, "split_0.7+layout"), "copy_3_flip_kernel": (3, "flipkernel"),
-            "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel"),
-            "copy_3_geometry_numpy": (3, "geomnp")}  # fmt: skip
+            "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel")}  # fmt: skip
 
 
 def keep_off_cpus(reserved: int, nice: int, worker_id: int) -> None:
@@ -182,12 +168,6 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             patches.append(mock.patch.object(prefetch_module, "GPUDecodeStage", forced_split(float(tokens["split"]))))
         if extra == "wait":
             patches.append(mock.patch.object(DaliWindows, "_to_torch", copy_and_wait))
-        if "geomnp" in tokens:  # the workers fork after the patch: they collate with it
-            from torch.utils.data._utils.collate import default_collate_fn_map
-
-            from lightning_gpu_boost.core.gpu_decode.records import Record
-
-            patches.append(mock.patch.dict(default_collate_fn_map, {Record: numpy_geometry_collate}))
         if "layout" in tokens:  # a mixed batch gathered in the normalize's layout
             from lightning_gpu_boost.core.gpu_decode.decode import BatchDecoder
 

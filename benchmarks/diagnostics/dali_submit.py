@@ -49,7 +49,7 @@ def build(batch: int, exec_dynamic: bool, no_copy: bool, device: str, hw: float,
 
 
 def inputs(records: Any) -> tuple[Any, np.ndarray, np.ndarray]:
-    g = records.geometry.numpy()
+    g = np.asarray(records.geometry)
     jpegs = [jpeg.numpy() for jpeg in records.jpegs()]
     w = np.ascontiguousarray(g[:, [0, 5, 1, 6]], dtype=np.int32)
     return jpegs, np.ascontiguousarray(w[:, :2]), np.ascontiguousarray(w[:, 2:])
@@ -105,7 +105,7 @@ def beside(batches: list[Any], bs: int) -> dict[str, Any]:
     res: dict[str, Any] = {"model_alone_img_s": train(100)}
     for pinned in (False, True):
         use = [b.pin_memory() for b in batches] if pinned else batches
-        feeds = [(b.jpeg.numpy(), np.asarray(b.lengths), b.geometry.numpy()) for b in use]
+        feeds = [(b.jpeg.numpy(), np.asarray(b.lengths), np.asarray(b.geometry)) for b in use]
         dali = DaliWindows("cuda")
         tickets: list[int] = []
         cpu = [0.0]
@@ -178,7 +178,7 @@ def main() -> int:
 
     out["beside_resnet18"] = beside(batches, args.batch_size)
     dali = DaliWindows("cuda")
-    rows = [(b.jpeg.numpy(), np.asarray(b.lengths), b.geometry.numpy()) for b in batches]
+    rows = [(b.jpeg.numpy(), np.asarray(b.lengths), np.asarray(b.geometry)) for b in batches]
     dali.collect(dali.submit(*rows[0]))
     prof = cProfile.Profile()
     for k in range(args.rounds):

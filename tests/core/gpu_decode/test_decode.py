@@ -184,6 +184,24 @@ def test_a_split_that_reads_fast_once_is_timed_again_and_its_slower_window_count
     assert search.decision.rates[split] == pytest.approx(15.6) and search.decision.share == 1.0
 
 
+def test_a_split_must_beat_share_1s_better_window():
+    """H200, ResNet-50: share 1 read 15.9 batches/s just after the CPU decode's window and 17.6 later; the split read
+    17.1 twice, then trained at 15.0 against share 1's 17.0: a split is kept only over share 1's better window."""
+    seen = {"whole": 0}
+
+    def rate(s):
+        if s == 1.0:
+            seen["whole"] += 1
+            return 15.9 if seen["whole"] <= 15 else 17.6
+        return 14.0 if s == 0.0 else 17.1
+
+    search = _run_search(rate)
+    split = round(1 - 14.0 / (15.9 * 1.1), 2)
+    assert [w["share"] for w in search.decision.windows] == [0.0, 1.0, split, split, 0.0, 1.0]
+    assert search.decision.rates[split] == pytest.approx(17.1) and search.decision.rates[1.0] == pytest.approx(15.9)
+    assert search.decision.share == 1.0 and "share 1's better window (17.60)" in search.decision.why
+
+
 def test_a_split_within_the_margin_of_share_1_is_not_kept():
     search = _run_search(lambda s: {0.0: 10.0, 1.0: 16.0}.get(s, 16.3))  # 2 % over share 1: inside the margin
     assert search.decision.share == 1.0 and len([w for w in search.decision.windows if 0 < w["share"] < 1]) == 2
