@@ -4,10 +4,12 @@ Used by :class:`~lightning_gpu_boost.callbacks.StreamPrefetch` (its ``decode`` a
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from typing import Any, Literal
 
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, default_collate
 
@@ -17,6 +19,7 @@ from lightning_gpu_boost.core.gpu_decode import (
     DecodePlan,
     Share,
     SplitSearch,
+    agreed,
     give_back,
     take_over,
 )
@@ -45,6 +48,7 @@ class GPUDecodeStage:
         self.share = 1.0 if mode == "gpu" else 0.0
         self.why = "decode='gpu'" if mode == "gpu" else "measuring: the CPU decode first"
         self._trainer: Any = None
+        self._group: Any = None  # the gloo group the ranks' search figures go through (DDP)
 
     def attach(self, trainer: Any) -> None:
         self._trainer = trainer
@@ -106,16 +110,10 @@ class GPUDecodeStage:
         return None, None, None
 
     def on_train_batch_end(self, trainer: Any) -> None:
-        """``"auto"``: time this batch for the split search; rank 0 decides, every rank follows."""
+        """``"auto"``: time this batch for the split search; under DDP every rank runs it on the same figures."""
         if self.search is None or self.search.decision is not None or not self._taken:
             return
-        # time.monotonic: the clock the workers stamp their batches with
-        proposal = self.search.step(time.monotonic(), *self._last_batch()) if trainer.global_rank == 0 else None
-        decided = self.search.decision
-        if trainer.world_size > 1:
-            message = (proposal, decided) if trainer.global_rank == 0 else None
-            proposal, decided = trainer.strategy.broadcast(message, src=0)
-            self.search.decision = decided
+        proposal, decided = self._search_step(trainer)
         if decided is not None:
             self._set(decided.share, decided.why, final=True)
             data_path(trainer).choices.choose("decode", _share_text(decided.share), by="StreamPrefetch",
@@ -123,6 +121,29 @@ class GPUDecodeStage:
             rank_zero_info(f"StreamPrefetch: decode placed by measurement: {decided.why}.")
         elif proposal is not None:
             self._set(proposal, f"measuring: GPU share {proposal:.0%}")
+
+    def _search_step(self, trainer: Any) -> tuple[float | None, Any]:
+        """One batch of the search: the share to set where it changes, and the decision once made. Under DDP the
+        ranks' last batches go through a gloo group (no wait for the GPU) and every rank steps the search with
+        :func:`~lightning_gpu_boost.core.gpu_decode.agreed`'s figures, so every rank sets the same shares."""
+        import torch.distributed as dist
+
+        share, made_at, made_by = self._last_batch()
+        now = time.monotonic()  # the clock the workers stamp their batches with
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            if self._group is None:  # every rank comes here at the same batch: new_group is collective
+                self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            mine = torch.tensor([now, *(math.nan if v is None else float(v) for v in (share, made_at, made_by))],
+                                dtype=torch.float64)  # fmt: skip
+            rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+            dist.all_gather(rows, mine, group=self._group)
+            now, share, made_at, made_by = agreed([row.tolist() for row in rows], self.search.tolerance)
+        elif trainer.world_size > 1:  # ranks without torch.distributed: rank 0 decides, every rank follows
+            proposal = self.search.step(now, share, made_at, made_by) if trainer.global_rank == 0 else None
+            message = (proposal, self.search.decision) if trainer.global_rank == 0 else None
+            proposal, self.search.decision = trainer.strategy.broadcast(message, src=0)
+            return proposal, self.search.decision
+        return self.search.step(now, share, made_at, made_by), self.search.decision
 
     def restart_window(self) -> None:
         """An epoch's end or a validation run comes between two training batches: time the window again."""

@@ -10,7 +10,7 @@ flips and normalizes (``StreamPrefetch(decode=...)``, ``GPUBoost``'s default ``d
 """
 
 from lightning_gpu_boost.core.gpu_decode.decode import BatchDecoder, is_records
-from lightning_gpu_boost.core.gpu_decode.placement import Decision, SplitSearch
+from lightning_gpu_boost.core.gpu_decode.placement import Decision, SplitSearch, agreed
 from lightning_gpu_boost.core.gpu_decode.plan import (
            DecodePlan,
            EncodedTransform,
@@ -22,4 +22,4 @@ from lightning_gpu_boost.core.gpu_decode.plan import (
 from lightning_gpu_boost.core.gpu_decode.records import Record, RecordBatch, collate_records
 
 __all__ = ["BatchDecoder", "Decision", "DecodePlan", "EncodedTransform", "Record", "RecordBatch", "Share",
-           "SplitSearch", "collate_records", "give_back", "is_records", "recognize", "take_over"]  # fmt: skip
+           "SplitSearch", "agreed", "collate_records", "give_back", "is_records", "recognize", "take_over"]  # fmt: skip

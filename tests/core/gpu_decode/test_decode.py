@@ -13,7 +13,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, default_collate
 
 from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Record, RecordBatch, SplitSearch, is_records
-from lightning_gpu_boost.core.gpu_decode.placement import workers_rate
+from lightning_gpu_boost.core.gpu_decode.placement import agreed, workers_rate
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -404,3 +404,10 @@ def test_a_flipped_samples_weights_are_the_unflipped_rows_reversed():
     flipped = _axis_weights(length, resized, offset, 32, 96, torch.tensor([True, False, True]))
     assert torch.equal(flipped[0], plain[0].flip(0)) and torch.equal(flipped[2], plain[2].flip(0))
     assert torch.equal(flipped[1], plain[1])
+
+
+def test_ranks_agree_on_a_share_only_where_every_rank_shows_it():
+    nan = float("nan")
+    assert agreed([[5.0, 1.0, 4.0, 3.0], [6.0, 1.0, 5.0, 2.0]], 0.02) == (5.0, 1.0, 4.0, 3)
+    assert agreed([[5.0, 1.0, 4.0, 3.0], [6.0, 0.0, 5.0, 2.0]], 0.02) == (5.0, None, 4.0, 3)
+    assert agreed([[5.0, 0.3, nan, nan], [6.0, nan, nan, nan]], 0.02) == (5.0, None, None, None)
