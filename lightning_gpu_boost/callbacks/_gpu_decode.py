@@ -125,7 +125,8 @@ class GPUDecodeStage:
     def _search_step(self, trainer: Any) -> tuple[float | None, Any]:
         """One batch of the search: the share to set where it changes, and the decision once made. Under DDP the
         ranks' last batches go through a gloo group (no wait for the GPU) and every rank steps the search with
-        :func:`~lightning_gpu_boost.core.gpu_decode.agreed`'s figures, so every rank sets the same shares."""
+        :func:`~lightning_gpu_boost.core.gpu_decode.agreed`'s figures (settling for the most batches any rank holds
+        ahead), so every rank sets the same shares."""
         import torch.distributed as dist
 
         share, made_at, made_by = self._last_batch()
@@ -133,11 +134,13 @@ class GPUDecodeStage:
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             if self._group is None:  # every rank comes here at the same batch: new_group is collective
                 self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-            mine = torch.tensor([now, *(math.nan if v is None else float(v) for v in (share, made_at, made_by))],
-                                dtype=torch.float64)  # fmt: skip
+            mine = torch.tensor([now, *(math.nan if v is None else float(v) for v in (share, made_at, made_by)),
+                                 self.search.settle], dtype=torch.float64)  # fmt: skip
             rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
             dist.all_gather(rows, mine, group=self._group)
-            now, share, made_at, made_by = agreed([row.tolist() for row in rows], self.search.tolerance)
+            # each rank's workers were counted on its own: the most batches any rank holds ahead settle every rank
+            self.search.settle = int(max(row[4].item() for row in rows))
+            now, share, made_at, made_by = agreed([row.tolist()[:4] for row in rows], self.search.tolerance)
         elif trainer.world_size > 1:  # ranks without torch.distributed: rank 0 decides, every rank follows
             proposal = self.search.step(now, share, made_at, made_by) if trainer.global_rank == 0 else None
             message = (proposal, self.search.decision) if trainer.global_rank == 0 else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import run_ddp
 
 
@@ -23,7 +25,7 @@ def test_ddp_ranks_run_one_search_and_time_a_share_only_where_every_rank_shows_i
         rank = int(os.environ["LOCAL_RANK"])
         dist.init_process_group("gloo", rank=rank, world_size=NPROCS)
         stage = adapter.GPUDecodeStage("auto")
-        stage.search = SplitSearch(window=10, settle=2)
+        stage.search = SplitSearch(window=10, settle=2 + rank)  # the ranks' workers counted apart: settle 3 for both
         stage._taken = {"a loader": None}
         lags, history, clock = [2, 7], [0.0] * 8, [0.0]  # batches until a rank's batches show a new share
 
@@ -40,10 +42,66 @@ def test_ddp_ranks_run_one_search_and_time_a_share_only_where_every_rank_shows_i
             if decided is not None:
                 break
         (OUT / f"rank{rank}.json").write_text(json.dumps({"share": decided.share, "why": decided.why,
+            "settle": stage.search.settle,
             "rates": {str(k): v for k, v in decided.rates.items()}, "windows": decided.windows}))
         """,
         tmp_path,
     )
-    assert results[0] == results[1]
+    assert results[0] == results[1] and results[0]["settle"] == 3
     assert results[0]["share"] == 1.0, results[0]["why"]
     assert abs(results[0]["rates"]["1.0"] - 16.0) < 1e-6 and abs(results[0]["rates"]["0.0"] - 10.0) < 1e-6
+
+
+def test_ddp_ranks_decide_one_placement_in_a_real_fit(tmp_path):
+    """StreamPrefetch(decode="auto") in a 2-rank gloo DDP fit of torchvision's ImageFolder: both ranks reach the same
+    placement, and the ranks together see every sample once per epoch while the workers' share changes."""
+    pytest.importorskip("torchvision")
+    from lightning_gpu_boost.core.images import make_jpeg_folder
+
+    root = make_jpeg_folder(tmp_path / "tree", n=48, num_classes=2, progress=False, size_range=(90, 120, 70, 100))
+    results = run_ddp(
+        f"""
+        import lightning.pytorch as pl
+        import torch
+        from torch.utils.data import DataLoader
+        from torchvision import datasets, transforms as T
+
+        from lightning_gpu_boost.callbacks import StreamPrefetch
+
+        class Probe(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(1, 1)
+                self.seen = []
+
+            def on_train_epoch_start(self):
+                self.seen.append([])
+
+            def training_step(self, batch, i):
+                self.seen[-1] += batch[1].tolist()
+                return self.layer(batch[0].mean().view(1, 1)).sum()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.0)
+
+        transform = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor(),
+                               T.Normalize([0.5] * 3, [0.25] * 3)])
+        loader = DataLoader(datasets.ImageFolder({str(root)!r}, transform=transform), batch_size=1, shuffle=True,
+                            num_workers=1, persistent_workers=True)
+        prefetch = StreamPrefetch(decode="auto", cpu_lookahead=True)
+        model = Probe()
+        trainer = pl.Trainer(max_epochs=16, accelerator="cpu", devices=NPROCS, strategy="ddp", logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[prefetch])
+        trainer.fit(model, loader)
+        placement = prefetch.decode_placement
+        (OUT / f"rank{{trainer.global_rank}}.json").write_text(json.dumps({{"share": placement["share"],
+            "why": placement["why"], "seen": model.seen}}))
+        """,
+        tmp_path,
+        timeout=400,
+    )
+    assert results[0]["share"] == results[1]["share"] and results[0]["why"] == results[1]["why"]
+    assert "measuring" not in results[0]["why"], results[0]["why"]
+    for epoch in zip(results[0]["seen"], results[1]["seen"], strict=True):
+        assert sorted(epoch[0] + epoch[1]) == [0] * 24 + [1] * 24
