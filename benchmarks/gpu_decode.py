@@ -82,9 +82,11 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     fixed = getattr(args, "loader_workers", None)  # a handover variant's fixed worker count (AutoNumWorkers off)
     reserved = getattr(args, "reserve_cpus", 0)  # a handover variant's: the workers kept off the first N CPUs
     nice = getattr(args, "nice_workers", 0)  # a handover variant's: the workers' niceness raised by N
+    by_name = getattr(args, "by_name", False)  # a handover variant's: the batches' shared memory crosses by name
+    init = functools.partial(keep_off_cpus, reserved, nice, by_name=by_name) if reserved or nice or by_name else None
     loader = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True,  # the user's loader, as written
                         **({"num_workers": fixed} if fixed is not None else {}),
-                        **({"worker_init_fn": functools.partial(keep_off_cpus, reserved, nice)} if reserved or nice else {}))  # fmt: skip
+                        **({"worker_init_fn": init} if init else {}))  # fmt: skip
     boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget, auto_workers=fixed is None,
                      watchdog=getattr(args, "watchdog", True))  # a handover variant turns the watchdog off
     cpu0, wall0 = _cpu_seconds(), time.perf_counter()

@@ -110,14 +110,19 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "copy_3_nice_10": (3, "nice_10"),
             "split_15_layout": (3, "split_0.15+layout"), "split_30_layout": (3, "split_0.3+layout"),
             "split_70_layout": (3, "split_0.7+layout"), "copy_3_flip_kernel": (3, "flipkernel"),
-            "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel")}  # fmt: skip
+            "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel"), "copy_3_by_name": (3, "byname")}  # fmt: skip
 
 
-def keep_off_cpus(reserved: int, nice: int, worker_id: int) -> None:
+def keep_off_cpus(reserved: int, nice: int, worker_id: int, by_name: bool = False) -> None:
     """A loader worker's ``worker_init_fn`` in the ``reserve_N`` variants: the worker runs on all but the first
     ``reserved`` CPUs of the process's, which the training thread, the pin-memory thread and DALI's threads keep;
     in the ``nice_N`` variants it runs at a niceness ``N`` higher (the training process's threads take a CPU
-    from a worker when they need one, and the workers keep every CPU otherwise)."""
+    from a worker when they need one, and the workers keep every CPU otherwise); in ``by_name`` its batches'
+    tensors cross by the name of their shared memory (torch's ``file_system`` strategy) instead of a descriptor
+    the training process fetches from the worker through a socket, two round trips a batch (the JPEG rows and the
+    labels), each waiting for the busy worker's GIL."""
+    if by_name:
+        torch.multiprocessing.set_sharing_strategy("file_system")
     if reserved:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, cpus[reserved:] or cpus)
@@ -188,7 +193,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             case_args = argparse.Namespace(**vars(args), loader_workers=int(tokens["workers"]) if "workers" in tokens
                                            else None, train_priority=extra == "priority",
                                            reserve_cpus=int(tokens.get("reserve", 0)),
-                                           nice_workers=int(tokens.get("nice", 0)),
+                                           nice_workers=int(tokens.get("nice", 0)), by_name="byname" in tokens,
                                            watchdog=tokens.get("watchdog") != "off")  # fmt: skip
             switch = sys.getswitchinterval()
             sys.setswitchinterval(float(tokens.get("switch", switch)))

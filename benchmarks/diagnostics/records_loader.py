@@ -5,7 +5,7 @@ ImageNet example's transforms) taken over at GPU share 1 through a DataLoader al
 (persistent workers, pinned where CUDA is, batch 256): batches/s over a window after the warm-up, and the receiving
 threads' CPU per batch (the training process's, which shares the GIL with the training thread); per worker count.
 
-    cd benchmarks/diagnostics && python records_loader.py --data /tmp/lgb-data --images 64000 --workers 16 8
+    cd benchmarks/diagnostics && python records_loader.py --data /tmp/lgb-data --images 64000 --workers 16 8 --by-name
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ import torch
 from _common import demo_tree, parser_for, write_probe
 
 
-def timed(root: Path, workers: int, batch: int, batches: int) -> dict[str, float]:
+def by_name(worker_id: int) -> None:
+    """``--by-name``: the worker's batches cross by their shared memory's name (torch's ``file_system`` strategy),
+    not by a descriptor the receiving thread fetches from the worker through a socket."""
+    torch.multiprocessing.set_sharing_strategy("file_system")
+
+
+def timed(root: Path, workers: int, batch: int, batches: int, name: bool = False) -> dict[str, float]:
     """The loader's batches/s and the training process's CPU per batch (after ``batches`` of warm-up)."""
     from torch.utils.data import DataLoader, RandomSampler
 
@@ -28,7 +34,7 @@ def timed(root: Path, workers: int, batch: int, batches: int) -> dict[str, float
     take_over(dataset, Share(1.0))
     sampler = RandomSampler(dataset, replacement=True, num_samples=batch * batches * 3)
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, persistent_workers=True,
-                        pin_memory=torch.cuda.is_available())  # fmt: skip
+                        pin_memory=torch.cuda.is_available(), worker_init_fn=by_name if name else None)  # fmt: skip
     it = iter(loader)
     for _ in range(batches):
         next(it)
@@ -37,7 +43,7 @@ def timed(root: Path, workers: int, batch: int, batches: int) -> dict[str, float
         next(it)
     wall = time.perf_counter() - wall
     # process_time counts this process only (the workers are others): the main and the pin-memory threads
-    return {"workers": workers, "batches_s": batches / wall, "process_cpu_ms_per_batch": (time.process_time() - cpu)
+    return {"workers": workers, "by_name": name, "batches_s": batches / wall, "process_cpu_ms_per_batch": (time.process_time() - cpu)
             / batches * 1e3, "main_thread_cpu_ms_per_batch": (time.thread_time() - main) / batches * 1e3}  # fmt: skip
 
 
@@ -45,11 +51,13 @@ def main() -> None:
     parser = parser_for(__doc__)
     parser.add_argument("--workers", type=int, nargs="+", default=[16, 8])
     parser.add_argument("--batches", type=int, default=100, help="timed batches (and as many of warm-up)")
+    parser.add_argument("--by-name", action="store_true", help="each worker count again, its batches by name")
     parser.set_defaults(out="/tmp/records_loader.json")
     args = parser.parse_args()
     root = demo_tree(args)
-    write_probe({"cuda": torch.cuda.is_available(), "cases": [timed(root, w, args.batch_size, args.batches)
-                                                              for w in args.workers]}, Path(args.out))  # fmt: skip
+    cases = [timed(root, w, args.batch_size, args.batches, name) for w in args.workers
+             for name in ((False, True) if args.by_name else (False,))]  # fmt: skip
+    write_probe({"cuda": torch.cuda.is_available(), "cases": cases}, Path(args.out))
 
 
 if __name__ == "__main__":
