@@ -120,7 +120,8 @@ def keep_off_cpus(reserved: int, nice: int, worker_id: int, by_name: bool = Fals
     from a worker when they need one, and the workers keep every CPU otherwise); in ``by_name`` its batches'
     tensors cross by the name of their shared memory (torch's ``file_system`` strategy) instead of a descriptor
     the training process fetches from the worker through a socket, two round trips a batch (the JPEG rows and the
-    labels), each waiting for the busy worker's GIL."""
+    labels), each waiting for the busy worker's GIL. Not for the package as it is: on a 2-CPU machine a loader torn
+    down at its process's exit left a batch's segment in /dev/shm."""
     if by_name:
         torch.multiprocessing.set_sharing_strategy("file_system")
     if reserved:
