@@ -148,6 +148,14 @@ class GPUDecodeStage:
             return proposal, self.search.decision
         return self.search.step(now, share, made_at, made_by), self.search.decision
 
+    def _drop_group(self) -> None:
+        """The search's own gloo group, where it made one: its sockets go (a later fit makes another)."""
+        import torch.distributed as dist
+
+        if self._group is not None and self._group is not dist.group.WORLD and dist.is_initialized():
+            dist.destroy_process_group(self._group)
+        self._group = None
+
     def restart_window(self) -> None:
         """An epoch's end or a validation run comes between two training batches: time the window again."""
         if self.search is not None:
@@ -165,6 +173,7 @@ class GPUDecodeStage:
         self._taken.clear()
         for decoder in list(self._decoders.values()):  # DALI's pipelines: their threads and GPU memory
             decoder.close()
+        self._drop_group()
         if self._trainer is not None:
             remove_stage(self._trainer, f"GPUDecode-{id(self)}")
         self._trainer = None

@@ -24,6 +24,7 @@ def test_ddp_ranks_run_one_search_and_time_a_share_only_where_every_rank_shows_i
 
         rank = int(os.environ["LOCAL_RANK"])
         dist.init_process_group("gloo", rank=rank, world_size=NPROCS)
+        dist.get_backend = lambda group=None: "nccl"  # as under DDP on GPUs: the search makes a gloo group
         stage = adapter.GPUDecodeStage("auto")
         stage.search = SplitSearch(window=10, settle=2 + rank)  # the ranks' workers counted apart: settle 3 for both
         stage._taken = {"a loader": None}
@@ -41,13 +42,16 @@ def test_ddp_ranks_run_one_search_and_time_a_share_only_where_every_rank_shows_i
             history.append(proposal if proposal is not None else history[-1])
             if decided is not None:
                 break
+        made_group = stage._group is not None and stage._group is not dist.group.WORLD
+        stage._drop_group()
         (OUT / f"rank{rank}.json").write_text(json.dumps({"share": decided.share, "why": decided.why,
-            "settle": stage.search.settle,
+            "settle": stage.search.settle, "made_group": made_group, "group_left": stage._group is not None,
             "rates": {str(k): v for k, v in decided.rates.items()}, "windows": decided.windows}))
         """,
         tmp_path,
     )
     assert results[0] == results[1] and results[0]["settle"] == 3
+    assert results[0]["made_group"] and not results[0]["group_left"]
     assert results[0]["share"] == 1.0, results[0]["why"]
     assert abs(results[0]["rates"]["1.0"] - 16.0) < 1e-6 and abs(results[0]["rates"]["0.0"] - 10.0) < 1e-6
 
