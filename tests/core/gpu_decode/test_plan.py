@@ -169,7 +169,9 @@ def test_auto_measures_in_training_and_records_its_placement(folder):
     prefetch = StreamPrefetch(decode="auto", cpu_lookahead=True)
     loader = DataLoader(datasets.ImageFolder(str(folder), transform=_train()), batch_size=1, shuffle=True,
                         num_workers=2, persistent_workers=True)  # fmt: skip
-    pl.Trainer(max_epochs=16, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    # up to six windows of 24 batches (the split and both ends timed again), 8 of each 16-batch epoch timed after the
+    # settle: 18 epochs; 24 leave room for a loaded machine
+    pl.Trainer(max_epochs=24, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False, callbacks=[prefetch, Keep()]).fit(Probe(), loader)  # fmt: skip
     placement = prefetch.decode_placement
     assert placement is not None and placement["rates"] is not None, placement
