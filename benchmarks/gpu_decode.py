@@ -69,24 +69,21 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     torch.manual_seed(0)
     model = ImageClassifier(arch, 100, channels_last=True)
     bs = args.batch_size
-    if decode is None:  # the resident ceiling: the same batches, in GPU memory
-        batch = (torch.randint(0, 256, (bs, 3, 224, 224), dtype=torch.uint8, device="cuda"),
-                 torch.randint(0, 100, (bs,), device="cuda"))  # fmt: skip
+    if decode in (None, "plain"):  # without GPUBoost: the resident ceiling (the same batches, in GPU memory), or
+        # the user's script as it is (Lightning's ImageNet example's loader, with its 4 workers)
+        if decode is None:
+            batch = (torch.randint(0, 256, (bs, 3, 224, 224), dtype=torch.uint8, device="cuda"),
+                     torch.randint(0, 100, (bs,), device="cuda"))  # fmt: skip
+            data: Any = ResidentBatches(batch, -(-args.images // bs))
+        else:
+            data = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True, num_workers=4)
         timeline = [GpuTimeline()] if getattr(args, "timeline", False) else []
         if getattr(args, "kernel_profile", None):
             timeline.append(KernelProfile(*args.kernel_profile))
-        result = measure_fit(model, ResidentBatches(batch, -(-args.images // bs)), args.steps, args.warmup,
-                             tuple(timeline), precision="bf16-mixed")  # fmt: skip
+        result = measure_fit(model, data, args.steps, args.warmup, tuple(timeline), precision="bf16-mixed")
         for callback in timeline:
             result.update(callback.figures())
-        return result
-    if decode == "plain":  # the user's script without GPUBoost: Lightning's ImageNet example's loader (4 workers)
-        extra = [GpuTimeline()] if getattr(args, "timeline", False) else []
-        loader = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True, num_workers=4)
-        result = measure_fit(model, loader, args.steps, args.warmup, tuple(extra), precision="bf16-mixed")
-        for callback in extra:
-            result.update(callback.figures())
-        return {**result, "num_workers": 4, "decode": None}
+        return result if decode is None else {**result, "num_workers": 4, "decode": None}
     fixed = getattr(args, "loader_workers", None)  # a handover variant's fixed worker count (AutoNumWorkers off)
     reserved = getattr(args, "reserve_cpus", 0)  # a handover variant's: the workers kept off the first N CPUs
     nice = getattr(args, "nice_workers", 0)  # a handover variant's: the workers' niceness raised by N
@@ -590,7 +587,7 @@ def main() -> int:
         elif part in ("handover_resnet18", "handover_resnet50"):
             parts[part] = handover(root, part.split("_")[1], args, fit_case)
         elif part in ("resnet50_4cpus", "resnet50_8cpus"):
-            parts[part] = model_part(root, "resnet50", args, cpus=int(part.split("_")[1][0]))
+            parts[part] = model_part(root, "resnet50", args, cpus={"resnet50_4cpus": 4, "resnet50_8cpus": 8}[part])
         elif part in ("resnet50", "resnet18"):
             parts[part] = model_part(root, part, args)
         else:

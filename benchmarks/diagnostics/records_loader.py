@@ -10,17 +10,13 @@ threads' CPU per batch (the training process's, which shares the GIL with the tr
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
 import torch
 from _common import demo_tree, parser_for, write_probe
-
-
-def by_name(worker_id: int) -> None:
-    """``--by-name``: the worker's batches cross by their shared memory's name (torch's ``file_system`` strategy),
-    not by a descriptor the receiving thread fetches from the worker through a socket."""
-    torch.multiprocessing.set_sharing_strategy("file_system")
+from gpu_decode_variants import keep_off_cpus
 
 
 def timed(root: Path, workers: int, batch: int, batches: int, name: bool = False) -> dict[str, float]:
@@ -34,7 +30,8 @@ def timed(root: Path, workers: int, batch: int, batches: int, name: bool = False
     take_over(dataset, Share(1.0))
     sampler = RandomSampler(dataset, replacement=True, num_samples=batch * batches * 3)
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, persistent_workers=True,
-                        pin_memory=torch.cuda.is_available(), worker_init_fn=by_name if name else None)  # fmt: skip
+                        pin_memory=torch.cuda.is_available(),  # --by-name: the handover variant's workers
+                        worker_init_fn=functools.partial(keep_off_cpus, 0, 0, by_name=True) if name else None)  # fmt: skip
     it = iter(loader)
     for _ in range(batches):
         next(it)

@@ -136,11 +136,12 @@ class GPUDecodeStage:
                 self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
             mine = torch.tensor([now, *(math.nan if v is None else float(v) for v in (share, made_at, made_by)),
                                  self.search.settle], dtype=torch.float64)  # fmt: skip
-            rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-            dist.all_gather(rows, mine, group=self._group)
+            gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+            dist.all_gather(gathered, mine, group=self._group)
+            rows = [row.tolist() for row in gathered]
             # each rank's workers were counted on its own: the most batches any rank holds ahead settle every rank
-            self.search.settle = int(max(row[4].item() for row in rows))
-            now, share, made_at, made_by = agreed([row.tolist()[:4] for row in rows], self.search.tolerance)
+            self.search.settle = int(max(row[4] for row in rows))
+            now, share, made_at, made_by = agreed([row[:4] for row in rows], self.search.tolerance)
         elif trainer.world_size > 1:  # ranks without torch.distributed: rank 0 decides, every rank follows
             proposal = self.search.step(now, share, made_at, made_by) if trainer.global_rank == 0 else None
             message = (proposal, self.search.decision) if trainer.global_rank == 0 else None
