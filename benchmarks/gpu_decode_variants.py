@@ -14,7 +14,9 @@ training thread, the pin-memory thread and DALI's threads then do not wait for a
 the workers at a higher niceness (``nice_N``); ``split_0``: the CPU decode through the
 same stage; the interpreter's switch interval at 1 ms instead of 5 (``switch_1ms``: how long the training thread waits for the
 GIL behind the pin-memory thread); ``GPUBoost(watchdog=False)`` (``no_watchdog``: what the watchdog's per-step work
-costs the training thread); the workers held to 8. ``layout``: a mixed batch gathered in
+costs the training thread); the workers held to 8; DALI driven from a thread of its own (``handover_thread``:
+the fetch, the hand-over, the collect and the normalize off the training thread; the package's default) or from
+the training thread between the steps (``inline``). ``layout``: a mixed batch gathered in
 the normalize's layout (``BatchDecoder._gather_in_layout``). A variant named twice is timed twice.
 """
 
@@ -107,7 +109,8 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "copy_3_switch_1ms": (3, "switch_0.001"), "copy_3_no_watchdog": (3, "watchdog_off"),
             "copy_3_workers_8": (3, "workers_8"), "split_0": (3, "split_0.0"), "split_0_nice_10": (3, "split_0.0+nice_10"),
             "split_15_nice_10": (3, "split_0.15+nice_10"), "split_30_nice_10": (3, "split_0.3+nice_10"),
-            "copy_3_nice_10": (3, "nice_10"),
+            "copy_3_nice_10": (3, "nice_10"), "copy_3_handover_thread": (3, "thread"),
+            "copy_3_inline": (3, "inline"),
             "split_15_layout": (3, "split_0.15+layout"), "split_30_layout": (3, "split_0.3+layout"),
             "split_70_layout": (3, "split_0.7+layout"), "copy_3_flip_kernel": (3, "flipkernel"),
             "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel"), "copy_3_by_name": (3, "byname")}  # fmt: skip
@@ -178,6 +181,14 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             from lightning_gpu_boost.core.gpu_decode.decode import BatchDecoder
 
             patches.append(mock.patch.object(BatchDecoder, "_gather_in_layout", True))
+        if extra == "thread":  # DALI driven from a thread of its own: the training thread takes finished batches
+            from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+
+            patches.append(mock.patch.object(StreamPrefetcher, "_handover_thread", True))
+        if extra == "inline":  # DALI driven from the training thread, between the steps
+            from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+
+            patches.append(mock.patch.object(StreamPrefetcher, "_handover_thread", False))
         if extra == "pinned":  # the pin-memory thread pins the JPEGs' bytes too
             from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
 

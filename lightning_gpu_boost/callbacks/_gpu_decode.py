@@ -105,8 +105,8 @@ class GPUDecodeStage:
         """The GPU share of the last training batch decoded, and when and by which worker it was made."""
         for loader, (_, stage, _) in list(self._taken.items()):
             decoder = self._decoders.get(loader)
-            if stage in _TRAIN and decoder is not None:
-                return decoder.last_share, decoder.last_made_at, decoder.last_made_by
+            if stage in _TRAIN and decoder is not None:  # as handed out, where a thread decodes ahead of the step
+                return decoder.handed_out or (decoder.last_share, decoder.last_made_at, decoder.last_made_by)
         return None, None, None
 
     def on_train_batch_end(self, trainer: Any) -> None:

@@ -19,6 +19,8 @@ objects with a ``.to()`` method); non-tensor leaves pass through unchanged. On a
 
 from __future__ import annotations
 
+import queue as queues
+import threading
 import warnings
 from abc import ABC
 from collections import deque
@@ -214,6 +216,10 @@ class StreamPrefetcher:
 
     _OWN = ("_loader", "_device", "_depth", "_normalize", "_pin", "_stream", "_state", "_iterating", "_transform",
             "_seed", "_rank", "_epoch", "_start", "_decode")
+    #: a decoder that begins at the fetch is driven from a thread of its own (the fetch, the hand-over to the
+    #: decoder, the collect and the normalize), so the training thread only takes finished batches (False: in the
+    #: training thread; ``benchmarks/gpu_decode.py``'s ``copy_3_inline`` and ``copy_3_handover_thread`` variants)
+    _handover_thread = True
 
     def __new__(cls, loader: Iterable, *args: Any, **kwargs: Any) -> StreamPrefetcher:
         # Stateful loaders get real state_dict/load_state_dict methods: Lightning's `isinstance(x, _Stateful)`
@@ -406,6 +412,9 @@ class StreamPrefetcher:
         # meanwhile; with a transform (its seeded draws fork torch's global generators) inline
         begins = self._decode is not None and self._transform is None and getattr(self._decode, "asynchronous", False)
         ahead = max(self._depth, getattr(self._decode, "ahead", 2)) if begins else self._depth
+        if begins and self._handover_thread:
+            yield from self._iter_handover_thread(it, side, ahead)
+            return
         thread = ThreadPoolExecutor(1, thread_name_prefix="lgb-decode") if (
             self._decode is not None and self._transform is None and not begins) else None  # fmt: skip
 
@@ -426,10 +435,8 @@ class StreamPrefetcher:
                 consumer = torch.cuda.current_stream(device)
                 side.wait_stream(consumer)
                 if begins:
-                    with torch.cuda.stream(side):
-                        batch = self._copy(batch)
                     fetched += 1
-                    queue.append((kind, _Begun(self._decode.begin(batch)), state, None))
+                    queue.append((kind, self._begin(batch, side), state, None))
                     return alive
                 if thread is not None:
                     fetched += 1
@@ -460,12 +467,7 @@ class StreamPrefetcher:
                     raise item[1]
                 kind, batch, state, ready = item
                 if isinstance(batch, _Begun):  # the decoder's images now, on the side stream
-                    with torch.cuda.stream(side):
-                        batch = self._decode.end(batch.token)
-                        if self._normalize is not None:
-                            batch = self._normalize(batch)
-                        ready = torch.cuda.Event()
-                        ready.record(side)
+                    batch, ready = self._end(batch, side)
                 elif ready is None:  # decoded in the thread
                     batch, ready = batch.result()
                 consumer = torch.cuda.current_stream(device)
@@ -483,6 +485,97 @@ class StreamPrefetcher:
             for item in queue:  # batches begun and not handed out (a loop stopped early): the decoder drops them
                 if isinstance(item[1], _Begun):
                     self._decode.discard(item[1].token)
+
+    def _begin(self, batch: Any, side: torch.cuda.Stream) -> _Begun:
+        """The fetched batch copied on the side stream and handed to the decoder that begins at the fetch."""
+        with torch.cuda.stream(side):
+            batch = self._copy(batch)
+        return _Begun(self._decode.begin(batch))
+
+    def _end(self, begun: _Begun, side: torch.cuda.Stream) -> tuple[Any, torch.cuda.Event]:
+        """A begun batch's images from the decoder, normalized, on the side stream; the event after them."""
+        with torch.cuda.stream(side):
+            batch = self._decode.end(begun.token)
+            if self._normalize is not None:
+                batch = self._normalize(batch)
+            ready = torch.cuda.Event()
+            ready.record(side)
+        return batch, ready
+
+    def _iter_handover_thread(self, it: Iterator[Any], side: torch.cuda.Stream, ahead: int) -> Iterator[Any]:
+        """The batches of a decoder that begins at the fetch, fetched, handed to it, collected and normalized in a
+        thread of their own, ``ahead`` batches begun and one finished ahead; the training thread makes its stream
+        wait for each batch's event, records the batch on it and sets the loader's state as it hands the batch out.
+        Each batch carries the decoder's facts about it (share, when and by which worker it was made), set on the
+        decoder as it is handed out (``handed_out``): the thread has decoded the next one by then."""
+        device, consumer = self._device, torch.cuda.current_stream(self._device)
+        done: queues.Queue = queues.Queue(maxsize=1)
+        stop = threading.Event()
+
+        def put(item: tuple[str, Any, Any]) -> bool:
+            while not stop.is_set():
+                try:
+                    done.put(item, timeout=0.1)
+                    return True
+                except queues.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            begun: deque = deque()
+            try:
+                torch.cuda.set_device(device)
+                alive = True
+                while True:
+                    while alive and len(begun) < ahead and not stop.is_set():
+                        fetched: deque = deque()
+                        alive = self._fetch(it, fetched)
+                        if fetched and fetched[0][0] == "error":
+                            begun.append(fetched.pop())
+                        elif fetched:
+                            _, batch, state = fetched.pop()
+                            side.wait_stream(consumer)
+                            begun.append(("batch", self._begin(batch, side), state))
+                    if not begun or stop.is_set():
+                        break
+                    kind, value, state = begun.popleft()
+                    if kind == "error":
+                        put((kind, value, state))
+                        break
+                    batch, ready = self._end(value, side)
+                    facts = tuple(getattr(self._decode, n, None) for n in ("last_share", "last_made_at", "last_made_by"))
+                    if not put(("batch", (batch, ready, facts), state)):
+                        break
+                put(("end", None, None))
+            except BaseException as err:  # raised in the training thread, after the batches before it
+                put(("error", err, None))
+            finally:
+                for kind, value, _ in begun:  # begun and not handed out (a loop stopped early): the decoder drops them
+                    if kind == "batch":
+                        self._decode.discard(value.token)
+
+        thread = threading.Thread(target=produce, name="lgb-handover", daemon=True)
+        object.__setattr__(self, "_iterating", True)
+        thread.start()
+        try:
+            while True:
+                kind, value, state = done.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                batch, ready, facts = value
+                current = torch.cuda.current_stream(device)
+                current.wait_event(ready)
+                self._record(batch, current)
+                self._decode.handed_out = facts
+                object.__setattr__(self, "_state", state)
+                yield batch
+        finally:
+            stop.set()
+            thread.join()
+            object.__setattr__(self, "_iterating", False)
+            object.__setattr__(self, "_state", None)
 
 
 class _StatefulStreamPrefetcher(StreamPrefetcher):

@@ -98,6 +98,7 @@ class BatchDecoder:
         self.last_share: float | None = None  # None: the last batch's samples were made under several shares
         self.last_made_at: float | None = None  # when its worker collated the last batch (time.monotonic())
         self.last_made_by: int | None = None
+        self.handed_out: tuple | None = None  # the last_* of the batch handed to the step, where a thread decodes ahead
         self._engines: Any = None if engines else False  # None: not opened yet; False: none here, or not wanted
         self.decoder_name = "not used yet" if engines else "nvJPEG (torchvision): engines=False"
         self._dali: Any = None if dali else False  # None: not opened yet; False: not installed, or not wanted

@@ -167,9 +167,11 @@ def test_auto_decides_and_says_why(tmp_path):
     assert isinstance(loader.dataset.transform, T.Compose)
 
 
-def test_the_prefetcher_hands_batches_to_dali_at_the_fetch(tmp_path):
-    """On CUDA with DALI: each batch is begun when fetched and ended when handed out, two ahead; the batches come
-    in order with the values of the per-image path; a loop stopped early leaves nothing in flight."""
+@pytest.mark.parametrize("handover_thread", [False, True])
+def test_the_prefetcher_hands_batches_to_dali_at_the_fetch(tmp_path, monkeypatch, handover_thread):
+    """On CUDA with DALI: each batch is begun when fetched and ended when handed out, two ahead (in the training
+    thread, or in a thread of its own); the batches come in order with the values of the per-image path; a loop
+    stopped early leaves nothing in flight."""
     _need_cuda()
     pytest.importorskip("nvidia.dali", reason="DALI is not installed")
     from torch.utils.data import DataLoader
@@ -179,6 +181,8 @@ def test_the_prefetcher_hands_batches_to_dali_at_the_fetch(tmp_path):
     from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Share, take_over
     from lightning_gpu_boost.core.images import make_jpeg_folder
     from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+
+    monkeypatch.setattr(StreamPrefetcher, "_handover_thread", handover_thread)
 
     root = make_jpeg_folder(tmp_path / "tree", n=96, num_classes=4, progress=False)
     transform = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
@@ -190,6 +194,7 @@ def test_the_prefetcher_hands_batches_to_dali_at_the_fetch(tmp_path):
     decoder = BatchDecoder(MEAN, STD, device="cuda")
     got = [(x.cpu(), y.cpu()) for x, y in StreamPrefetcher(loader, decode=decoder)]
     assert "DALI" in decoder.decoder_name and len(got) == len(expected) == 6
+    assert (decoder.handed_out is not None) == handover_thread  # the facts of the batch handed out, not the next
     for (x, y), (ex, ey) in zip(got, expected, strict=True):
         assert torch.equal(y, ey)
         levels = ((x - ex) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
