@@ -110,6 +110,7 @@ def child(args: argparse.Namespace) -> None:
 
             callbacks.append(OpenAfterPlacement(boost))
             warmup = args.auto_warmup
+            _time_search_steps()
     elif args.run == "boosted_cpu":
         from lightning_gpu_boost.datamodules import ImageFolderDataModule
 
@@ -153,8 +154,35 @@ def child(args: argparse.Namespace) -> None:
         summary["num_workers"] = {stage: probe.num_workers for stage, probe in probes.items()}
     if hasattr(data, "decoder_in_use"):
         summary["decoder"] = data.decoder_in_use
+    if args.run in ("gpu_decode", "one_line"):  # the placement, with the search's windows and its steps' times
+        summary["decode"] = {**(boost.parts["prefetch"].decode_placement or {}), **_SEARCH_STEPS}
     out = Path(args.rank_dir, f"{args.run}-{args.devices}-{args.tag}rank{trainer.global_rank}.json")
     out.write_text(json.dumps(summary, default=str))
+
+
+_SEARCH_STEPS: dict[str, list[float]] = {"search_step_ms": [], "search_interval_ms": []}
+
+
+def _time_search_steps() -> None:
+    """one_line: each step of the placement search timed (under DDP it gathers every rank's last batch through
+    gloo), and the time between the steps (what the search's windows read), kept in the rank's summary."""
+    import time
+
+    from lightning_gpu_boost.callbacks._gpu_decode import GPUDecodeStage
+
+    original, last = GPUDecodeStage._search_step, [None]
+
+    def timed(self, trainer):
+        t0 = time.perf_counter()
+        if last[0] is not None:
+            _SEARCH_STEPS["search_interval_ms"].append(1e3 * (t0 - last[0]))
+        try:
+            return original(self, trainer)
+        finally:
+            last[0] = time.perf_counter()
+            _SEARCH_STEPS["search_step_ms"].append(1e3 * (last[0] - t0))
+
+    GPUDecodeStage._search_step = timed
 
 
 def main() -> None:
