@@ -295,6 +295,30 @@ def test_workers_that_start_together_are_read_at_their_pace(first):
     assert workers_rate([(1.0, 0), (2.0, 1)]) is None
 
 
+@pytest.mark.parametrize("workers", [6, 12])
+def test_a_workers_pace_is_not_read_across_an_epoch_end(workers):
+    """A window goes on across an epoch's end (2 x H200 under DDP: 125-batch epochs, every window held one); the
+    workers, making 15 batches/s, wait 2 s for the next epoch's work, then start again from worker 0. Read across
+    the break, each worker's pace held the wait (7.3 batches/s where the step took 14.9); read between breaks it is
+    15, or unknown where no worker made two batches between them (the step's rate then counts)."""
+    made = [(k / 15 + (2.0 if k >= 12 else 0.0), (k % 12) % workers, int(k >= 12)) for k in range(24)]
+    across = workers_rate([(t, w) for t, w, _ in made])
+    assert across is not None and across < 7.5
+    between = workers_rate(made)
+    assert between is None if workers == 12 else between == pytest.approx(15.0)
+    search = SplitSearch(window=24, settle=0)
+    search.step(10.0 - 1 / 15, 0.0)  # the first batch that shows the share: settling
+    for k, (t, w, _) in enumerate(made[:12]):
+        search.step(10.0 + k / 15, 0.0, t, w)
+    search.restart_window()
+    search.step(100.0, 0.0, 0.0, None)  # the batch after the break: skipped, as the settle
+    for k, (t, w, _) in enumerate(made[12:]):
+        search.step(100.0 + (k + 1) / 15, 0.0, t, w)
+    window = search.windows[0]
+    assert window["step_batches_s"] == pytest.approx(15.0)
+    assert window["workers_batches_s"] == (0.0 if workers == 12 else pytest.approx(15.0))
+
+
 def test_the_decision_keeps_each_window():
     search = _run_with_a_queue(SplitSearch(window=24, settle=35), lambda s: 15.0 if s == 0.0 else 100.0,
                                lambda s: 18.0 if s == 0.0 else 16.4)  # fmt: skip
