@@ -406,8 +406,9 @@ class StreamPrefetcher:
         it = iter(self._loader)
         fetched = self._take_start()  # the next batch's index in the epoch
 
-        # a decoder that begins at the fetch (DALI's pipelines, in threads of their own) is handed each batch when it
-        # is fetched and gives the images when it is handed out; a batch ahead per pipeline keeps them all busy.
+        # a decoder that begins at the fetch (DALI's pipelines) is handed each batch when it is fetched and gives the
+        # images when it is handed out, a batch ahead per pipeline, from a thread of ours (H200, ResNet-18: the step
+        # then waited for data 0.05 of its time, 0.28-0.30 where the training thread handed over between steps).
         # Otherwise the decode runs in a thread of its own, on the side stream: the training loop launches the step
         # meanwhile; with a transform (its seeded draws fork torch's global generators) inline
         begins = self._decode is not None and self._transform is None and getattr(self._decode, "asynchronous", False)

@@ -4,8 +4,8 @@ process's GIL.
 A thread of the training process that decodes (nvImageCodec, nvJPEG through torchvision) needs Python's GIL for each
 of its calls, and a training loop holds the GIL nearly all the time: beside ResNet-18's loop on an H200 such a thread
 decoded 1,000-2,200 img/s, and decoding between the steps instead halved the model's rate. DALI parses and decodes
-in C++ threads of its own: the training thread only hands over each batch's bytes (one array, a JPEG per row: DALI
-cuts each row to its length, where a list of JPEGs cost the training thread 2 ms a batch on the H200) and each
+in C++ threads of its own: the prefetcher's thread only hands over each batch's bytes (one array, a JPEG per row: DALI
+cuts each row to its length, where a list of JPEGs cost the handing thread 2 ms a batch on the H200) and each
 sample's geometry (:meth:`DaliWindows.submit`), and later takes the batch's images as one tensor
 (:meth:`DaliWindows.collect`). Pipelines take turns, so that batches are decoded while others train.
 
