@@ -155,12 +155,20 @@ def child(args: argparse.Namespace) -> None:
     if hasattr(data, "decoder_in_use"):
         summary["decoder"] = data.decoder_in_use
     if args.run in ("gpu_decode", "one_line"):  # the placement, with the search's windows and its steps' times
-        summary["decode"] = {**(boost.parts["prefetch"].decode_placement or {}), **_SEARCH_STEPS}
+        summary["decode"] = {**(boost.parts["prefetch"].decode_placement or {}),
+                             **{k: _spread(v) for k, v in _SEARCH_STEPS.items() if v}}  # fmt: skip
     out = Path(args.rank_dir, f"{args.run}-{args.devices}-{args.tag}rank{trainer.global_rank}.json")
     out.write_text(json.dumps(summary, default=str))
 
 
 _SEARCH_STEPS: dict[str, list[float]] = {"search_step_ms": [], "search_interval_ms": []}
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    """How many, and their median, 90th percentile and largest (the result's table stays short)."""
+    ordered = sorted(values)
+    return {"n": len(ordered), "median": ordered[len(ordered) // 2], "p90": ordered[int(0.9 * (len(ordered) - 1))],
+            "max": ordered[-1]}
 
 
 def _time_search_steps() -> None:
