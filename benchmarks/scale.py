@@ -159,9 +159,15 @@ def child(args: argparse.Namespace) -> None:
                              **{k: _spread(v) for k, v in _SEARCH_STEPS.items() if v}}  # fmt: skip
     out = Path(args.rank_dir, f"{args.run}-{args.devices}-{args.tag}rank{trainer.global_rank}.json")
     out.write_text(json.dumps(summary, default=str))
+    if _SEARCH_TRACE:  # beside the rank's summary, not in the result (a row per step)
+        Path(args.rank_dir, "trace").mkdir(exist_ok=True)
+        Path(args.rank_dir, "trace", out.name).write_text(json.dumps(_SEARCH_TRACE))
 
 
 _SEARCH_STEPS: dict[str, list[float]] = {"search_step_ms": [], "search_interval_ms": []}
+#: one_line: each search step's [the ranks' shares as gathered (None: one process), step, this rank's batch share,
+#: batches in a row showing the share, timed, still to skip, settle, breaks, the share measured]
+_SEARCH_TRACE: list[list] = []
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -173,12 +179,18 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def _time_search_steps() -> None:
     """one_line: each step of the placement search timed (under DDP it gathers every rank's last batch through
-    gloo), and the time between the steps (what the search's windows read), kept in the rank's summary."""
+    gloo), and the time between the steps (what the search's windows read), kept in the rank's summary; each step's
+    figures (``_SEARCH_TRACE``) go beside it, under ``trace/``."""
     import time
 
+    import lightning_gpu_boost.callbacks._gpu_decode as adapter
     from lightning_gpu_boost.callbacks._gpu_decode import GPUDecodeStage
 
-    original, last = GPUDecodeStage._search_step, [None]
+    original, last, agreed = GPUDecodeStage._search_step, [None], adapter.agreed
+
+    def gathered(rows, tolerance):  # under DDP: each rank's share as gathered, before the ranks' figures are agreed
+        _SEARCH_TRACE.append([[row[1] for row in rows]])
+        return agreed(rows, tolerance)
 
     def timed(self, trainer):
         t0 = time.perf_counter()
@@ -189,7 +201,15 @@ def _time_search_steps() -> None:
         finally:
             last[0] = time.perf_counter()
             _SEARCH_STEPS["search_step_ms"].append(1e3 * (last[0] - t0))
+            s = self.search
+            row = [trainer.global_step, self._last_batch()[0], s._shown, s._n, s._skip, s.settle, s._breaks,
+                   s.todo[0] if s.todo else None]  # fmt: skip
+            if _SEARCH_TRACE and len(_SEARCH_TRACE[-1]) == 1:
+                _SEARCH_TRACE[-1].extend(row)
+            else:
+                _SEARCH_TRACE.append([None, *row])
 
+    adapter.agreed = gathered
     GPUDecodeStage._search_step = timed
 
 
@@ -217,8 +237,9 @@ def main() -> None:
     parser.add_argument(
         "--strategy", default="ddp_boost", help="the several-device strategy (ddp, ddp_boost, ddp_boost_bf16, ...)"
     )
-    parser.add_argument("--auto-warmup", type=int, default=400, help="one_line: the most steps before its window "
-                        "opens (it opens once the decode's placement is decided: the fit runs this many more steps)")
+    parser.add_argument("--auto-warmup", type=int, help="one_line: the most steps before its window opens (it opens "
+                        "once the decode's placement is decided: the fit runs this many more steps; default 1300 on "
+                        "GPUs, where the 2 x H200 search decided at step 980 with 125-batch epochs, 400 on CPU)")
     parser.add_argument("--bucket-cap-mb", type=float, help="ddp_boost's gradient buckets (MiB; its default 25)")
     parser.add_argument("--nccl-channels", type=int, help="NCCL_MAX_NCHANNELS for every rank: fewer channels take "
                         "fewer SMs from the step while gradients are all-reduced (NCCL's default where unset)")
@@ -236,6 +257,8 @@ def main() -> None:
         import torch
 
         args.size = "gpu" if torch.cuda.is_available() else "cpu"
+    if args.auto_warmup is None:
+        args.auto_warmup = 1300 if args.size == "gpu" else 400
     if args.run:
         return child(args)
 
