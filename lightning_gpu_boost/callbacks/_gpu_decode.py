@@ -67,6 +67,7 @@ class GPUDecodeStage:
         self._taken[loader] = (share, stage, plan)
         facts = data_path(self._trainer).facts(loader)
         facts.decode, facts.decode_why = _share_text(self.share), self.why
+        facts.decode_measuring = self.search is not None and self.search.decision is None
         rank_zero_info(f"StreamPrefetch: the {stage or ''} dataset's JPEGs are decoded by "
                        f"{'the GPU' if self.mode == 'gpu' else 'the workers while the placement is measured'}; "
                        f"{len(plan.steps)} transforms before ToTensor follow each sample's drawn parameters "
@@ -96,6 +97,7 @@ class GPUDecodeStage:
                 shared.value = share
             facts = data_path(self._trainer).facts(loader)
             facts.decode, facts.decode_why = _share_text(shared.value), why
+            facts.decode_measuring = not final
 
     def batch_share(self) -> float | None:
         """The GPU share of the last training batch decoded."""

@@ -90,6 +90,7 @@ def run_facts(trainer: pl.Trainer, batch_kind: str | None = None, found: dict[st
         tuner=tuner, probe=probe, val_loaders=val, batch_kind=batch_kind,
         batched_fetch=loader is not None and fetches_batches(loader), spans_epochs=spanned, chosen_by=chosen,
         decode=facts.decode if facts is not None else None,
+        decode_measuring=facts is not None and facts.decode_measuring,
         decode_takes=loader is not None and recognize(getattr(loader, "dataset", None)) is not None,
         batches_per_epoch=int(batches) if isinstance(batches, int) or (isinstance(batches, float) and math.isfinite(batches)) else None,
     )  # fmt: skip

@@ -254,8 +254,8 @@ class GPUUtilWatchdog(Callback):
         if judge and len(self._recent) >= self.window and report.window_long_enough(self._sampler, self._window_start):
             metrics = self._window_metrics(close=True)
             self.timeline.append({"step": float(timing.step), **{k: v for k, v in metrics.items() if v is not None}})
-            self._judge(trainer, metrics)
-            self.timeline[-1]["verdict"] = self.verdict  # the phases of the run's summary
+            held = self._judge(trainer, metrics)
+            self.timeline[-1]["verdict"] = held or self.verdict  # the phases of the run's summary
             self._recent.clear()
             self._window_start = time.monotonic()
 
@@ -268,19 +268,25 @@ class GPUUtilWatchdog(Callback):
                                      self._flops.flops, self._peak, busy, down)  # fmt: skip
 
     # -- the verdict ------------------------------------------------------------------------------------------
-    def _judge(self, trainer: pl.Trainer, m: dict[str, float | None]) -> None:
+    def _judge(self, trainer: pl.Trainer, m: dict[str, float | None]) -> str | None:
+        """Judge one window; returns a verdict held back from :attr:`verdict` (it still marks the window's phase)."""
         wait_frac = m["data_wait_frac"]
         if wait_frac is None or math.isnan(wait_frac):
-            return
+            return None
         e = report.evidence(m)
         verdict = classify(e, self.wait_threshold, self.util_threshold)
         previous = self.verdict
         if previous in STARVED and verdict not in STARVED:
             if wait_frac >= self.wait_threshold / 2:
-                return  # hysteresis: back to another verdict only once the wait has halved
+                return None  # hysteresis: back to another verdict only once the wait has halved
+        if verdict == "host-bound" and self.facts(trainer).decode_measuring:
+            # decode="auto" times its shares: the host time inside these steps is its own (2 x H200: the windows where
+            # share 1's first batches reached the step read host-bound, and AutoNumWorkers gave up a worker), neither
+            # the user's to fix nor the worker count's; the verdict waits for the placement
+            return verdict
         self.verdict = verdict
         if verdict == previous:
-            return
+            return None
         if verdict in STARVED:
             found = loader_facts(trainer)
             self._report(trainer, m, report.starving_message(m, self.facts(trainer, found), found["loaders"], found["dali"],
@@ -293,6 +299,7 @@ class GPUUtilWatchdog(Callback):
             message = report.small_message(m)
             self.warnings.append({"step": trainer.global_step, "verdict": verdict, "message": message})
             rank_zero_info(message)
+        return None
 
     def facts(self, trainer: pl.Trainer, found: dict[str, Any] | None = None) -> RunFacts:
         """The run's configuration as the advice needs it, from the run record (:mod:`._run_facts`)."""

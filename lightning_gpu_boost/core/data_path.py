@@ -55,7 +55,8 @@ class LoaderFacts:
             restart them), held weakly; ``None`` where its epochs are not spanned.
         on_gpu: what runs on the GPU after the copy, in order (``"decode"``, ``"transform"``, ``"normalize"``...).
         decode: where its JPEGs are decoded (``"gpu"``, ``"cpu"``, a split ``"gpu 40 %"``), and ``decode_why`` why;
-            ``None`` where the GPU decode did not take its dataset over.
+            ``None`` where the GPU decode did not take its dataset over. ``decode_measuring``: ``decode="auto"`` is
+            still timing the shares (its steps move work between the workers and the GPU).
     """
 
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
@@ -65,6 +66,7 @@ class LoaderFacts:
     on_gpu: list[str] = field(default_factory=list)
     decode: str | None = None
     decode_why: str = ""
+    decode_measuring: bool = False
 
     def spanned_by(self) -> Any:
         """The spanning loader, while it exists."""

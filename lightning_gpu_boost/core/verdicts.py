@@ -116,6 +116,9 @@ class RunFacts:
     #: ``ImageFolder`` with the transforms it knows)
     decode: str | None = None
     decode_takes: bool = False
+    #: ``decode="auto"`` is still timing the shares: its steps are its own (work moved between the workers and the
+    #: GPU), not the user's to fix nor a worker count's
+    decode_measuring: bool = False
     #: settings one of our parts chose in this run, ``setting -> part`` (the run record): advice never names a
     #: value for them; the part is asked to decide again instead
     chosen_by: dict[str, str] = field(default_factory=dict)

@@ -318,6 +318,34 @@ def test_a_host_bound_step_asks_the_part_that_chose_the_workers_instead_of_advis
     assert "TestTuner decided again" in messages[0]
 
 
+def test_a_host_bound_window_waits_while_the_decode_placement_is_measured(monkeypatch):
+    """One voice: while decode="auto" times its shares (2 x H200: the windows where share 1's first batches reached
+    the step read host-bound, and AutoNumWorkers gave up a worker), a host-bound window neither warns nor asks the
+    part that chose the worker count; it still marks the window's phase, and once the placement is decided the
+    next host-bound window does both."""
+    from types import SimpleNamespace
+
+    import lightning_gpu_boost.callbacks.gpu_util_watchdog as watchdog_module
+    from lightning_gpu_boost.core.verdicts import RunFacts
+
+    asked: list[str] = []
+    monkeypatch.setattr(watchdog_module, "classify", lambda *args: "host-bound")
+    monkeypatch.setattr(watchdog_module, "data_path", lambda trainer: None)
+    monkeypatch.setattr(report, "ask_again", lambda path, facts, m: asked.append("asked") or "decided again")
+    monkeypatch.setattr(report, "host_message", lambda m, facts, decided: f"host-bound; {decided}")
+    dog, measuring = GPUUtilWatchdog(), [True]
+    monkeypatch.setattr(dog, "facts", lambda trainer, found=None: RunFacts(decode_measuring=measuring[0]))
+    trainer = SimpleNamespace(global_step=40)
+    m = {"data_wait_frac": 0.01, "step_ms": 60.0, "data_wait_ms": 0.6, "gpu_util": 50.0, "gpu_mem_frac": 0.1}
+    assert dog._judge(trainer, m) == "host-bound"
+    assert dog.verdict != "host-bound" and not asked and not dog.warnings
+    measuring[0] = False
+    trainer.global_step = 200
+    assert dog._judge(trainer, m) is None
+    assert dog.verdict == "host-bound" and asked == ["asked"]
+    assert [w["message"] for w in dog.warnings] == ["host-bound; decided again"]
+
+
 @pytest.mark.gpu
 def test_sm_activity_and_mfu_are_logged_and_summarized_on_the_gpu():
     """SM activity from NVML GPM (Hopper and newer; elsewhere the sampler says why) and MFU from one step's counted

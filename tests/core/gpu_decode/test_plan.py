@@ -137,12 +137,14 @@ def test_a_fit_with_the_decode_on_the_cpu_device_trains_on_the_same_samples(fold
 def test_auto_measures_in_training_and_records_its_placement(folder):
     """StreamPrefetch(decode="auto", cpu_lookahead=True) on a CPU: the split search runs in training (the workers'
     share changes without a restart), decides, and the decision is in the run record and ``decode_placement``;
-    every sample is seen once per epoch throughout."""
+    the run's facts say that it measures until then (the watchdog holds a host-bound verdict meanwhile); every
+    sample is seen once per epoch throughout."""
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
     from lightning_gpu_boost.callbacks import StreamPrefetch
     from lightning_gpu_boost.callbacks._data_path import data_path
+    from lightning_gpu_boost.callbacks._run_facts import run_facts
 
     seen: list[list[int]] = []
 
@@ -163,6 +165,11 @@ def test_auto_measures_in_training_and_records_its_placement(folder):
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
     class Keep(pl.Callback):
+        measuring: list[bool] = []
+
+        def on_train_batch_end(self, trainer, *args):
+            Keep.measuring.append(run_facts(trainer, None).decode_measuring)
+
         def on_train_end(self, trainer, pl_module):
             Keep.choice = data_path(trainer).choices.chosen("decode")
 
@@ -177,6 +184,7 @@ def test_auto_measures_in_training_and_records_its_placement(folder):
     assert placement is not None and placement["rates"] is not None, placement
     assert 0.0 in placement["rates"] and 1.0 in placement["rates"]
     assert Keep.choice is not None and Keep.choice.by == "StreamPrefetch" and placement["why"] == Keep.choice.why
+    assert Keep.measuring[0] and not Keep.measuring[-1], "measuring until the placement is decided, then not"
     labels = sorted(datasets.ImageFolder(str(folder)).targets)
     assert all(sorted(epoch) == labels for epoch in seen), "every sample once per epoch"
     assert isinstance(loader.dataset.transform, T.Compose)
