@@ -280,9 +280,9 @@ class GPUUtilWatchdog(Callback):
             if wait_frac >= self.wait_threshold / 2:
                 return None  # hysteresis: back to another verdict only once the wait has halved
         if verdict == "host-bound" and self.facts(trainer).decode_measuring:
-            # decode="auto" times its shares: the host time inside these steps is its own (2 x H200: the windows where
-            # share 1's first batches reached the step read host-bound, and AutoNumWorkers gave up a worker), neither
-            # the user's to fix nor the worker count's; the verdict waits for the placement
+            # decode="auto" times its shares: the host time inside these steps is its own (2 x H200: windows around its
+            # share changes read host-bound, and AutoNumWorkers gave up a worker), neither the user's to fix nor the
+            # worker count's; the verdict waits for the placement
             return verdict
         self.verdict = verdict
         if verdict == previous:

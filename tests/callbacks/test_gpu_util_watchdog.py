@@ -319,8 +319,8 @@ def test_a_host_bound_step_asks_the_part_that_chose_the_workers_instead_of_advis
 
 
 def test_a_host_bound_window_waits_while_the_decode_placement_is_measured(monkeypatch):
-    """One voice: while decode="auto" times its shares (2 x H200: the windows where share 1's first batches reached
-    the step read host-bound, and AutoNumWorkers gave up a worker), a host-bound window neither warns nor asks the
+    """One voice: while decode="auto" times its shares (2 x H200: windows around its share changes read host-bound,
+    and AutoNumWorkers gave up a worker), a host-bound window neither warns nor asks the
     part that chose the worker count; it still marks the window's phase, and once the placement is decided the
     next host-bound window does both."""
     from types import SimpleNamespace
