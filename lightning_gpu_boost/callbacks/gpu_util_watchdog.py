@@ -207,9 +207,8 @@ class GPUUtilWatchdog(Callback):
 
     # -- per step ---------------------------------------------------------------------------------------------
     @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:  # fmt: skip
         if self.clock.step_start(batch_idx):  # the first step: start-up (workers, the first batch) is paid once
             self._batch_kind = batch_kind(batch)
         if self._peak and self._flops.flops is None and 1 <= trainer.global_step < self.warmup_steps:  # once, warm
@@ -218,9 +217,8 @@ class GPUUtilWatchdog(Callback):
             self._timer.step_start()
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:  # fmt: skip
         self.clock.step_end()
         if self._flops.counting:  # a step inside the warm-up (its timing is not judged)
             self._flops.stop()
@@ -268,8 +266,7 @@ class GPUUtilWatchdog(Callback):
                                      self._flops.flops, self._peak, busy, down)  # fmt: skip
 
     # -- the verdict ------------------------------------------------------------------------------------------
-    def _judge(self, trainer: pl.Trainer, m: dict[str, float | None]) -> str | None:
-        """Judge one window; returns a verdict held back from :attr:`verdict` (it still marks the window's phase)."""
+    def _judge(self, trainer: pl.Trainer, m: dict[str, float | None]) -> str | None:  # a verdict held back, if any
         wait_frac = m["data_wait_frac"]
         if wait_frac is None or math.isnan(wait_frac):
             return None
@@ -279,11 +276,8 @@ class GPUUtilWatchdog(Callback):
         if previous in STARVED and verdict not in STARVED:
             if wait_frac >= self.wait_threshold / 2:
                 return None  # hysteresis: back to another verdict only once the wait has halved
-        if verdict == "host-bound" and self.facts(trainer).decode_measuring:
-            # decode="auto" times its shares: the host time inside these steps is its own (2 x H200: windows around its
-            # share changes read host-bound, and AutoNumWorkers gave up a worker), neither the user's to fix nor the
-            # worker count's; the verdict waits for the placement
-            return verdict
+        if verdict == "host-bound" and self.facts(trainer).decode_measuring:  # the search's own steps (2 x H200:
+            return verdict  # windows around its share changes), neither the user's to fix nor the worker count's
         self.verdict = verdict
         if verdict == previous:
             return None
@@ -299,7 +293,6 @@ class GPUUtilWatchdog(Callback):
             message = report.small_message(m)
             self.warnings.append({"step": trainer.global_step, "verdict": verdict, "message": message})
             rank_zero_info(message)
-        return None
 
     def facts(self, trainer: pl.Trainer, found: dict[str, Any] | None = None) -> RunFacts:
         """The run's configuration as the advice needs it, from the run record (:mod:`._run_facts`)."""
