@@ -186,10 +186,10 @@ def _time_search_steps() -> None:
     import lightning_gpu_boost.callbacks._gpu_decode as adapter
     from lightning_gpu_boost.callbacks._gpu_decode import GPUDecodeStage
 
-    original, last, agreed = GPUDecodeStage._search_step, [None], adapter.agreed
+    original, last, agreed, shares = GPUDecodeStage._search_step, [None], adapter.agreed, [None]
 
     def gathered(rows, tolerance):  # under DDP: each rank's share as gathered, before the ranks' figures are agreed
-        _SEARCH_TRACE.append([[row[1] for row in rows]])
+        shares[0] = [row[1] for row in rows]
         return agreed(rows, tolerance)
 
     def timed(self, trainer):
@@ -202,12 +202,9 @@ def _time_search_steps() -> None:
             last[0] = time.perf_counter()
             _SEARCH_STEPS["search_step_ms"].append(1e3 * (last[0] - t0))
             s = self.search
-            row = [trainer.global_step, self._last_batch()[0], s._shown, s._n, s._skip, s.settle, s._breaks,
-                   s.todo[0] if s.todo else None]  # fmt: skip
-            if _SEARCH_TRACE and len(_SEARCH_TRACE[-1]) == 1:
-                _SEARCH_TRACE[-1].extend(row)
-            else:
-                _SEARCH_TRACE.append([None, *row])
+            _SEARCH_TRACE.append([shares[0], trainer.global_step, self._last_batch()[0], s._shown, s._n, s._skip,
+                                  s.settle, s._breaks, s.todo[0] if s.todo else None])  # fmt: skip
+            shares[0] = None
 
     adapter.agreed = gathered
     GPUDecodeStage._search_step = timed

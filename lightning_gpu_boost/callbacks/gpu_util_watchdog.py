@@ -276,8 +276,9 @@ class GPUUtilWatchdog(Callback):
         if previous in STARVED and verdict not in STARVED:
             if wait_frac >= self.wait_threshold / 2:
                 return None  # hysteresis: back to another verdict only once the wait has halved
-        if verdict == "host-bound" and self.facts(trainer).decode_measuring:  # the search's own steps (2 x H200:
-            return verdict  # windows around its share changes), neither the user's to fix nor the worker count's
+        facts = self.facts(trainer) if verdict == "host-bound" else None
+        if facts is not None and facts.decode_measuring:  # the search's own steps (2 x H200: windows around its
+            return verdict  # share changes), neither the user's to fix nor the worker count's
         self.verdict = verdict
         if verdict == previous:
             return None
@@ -285,8 +286,7 @@ class GPUUtilWatchdog(Callback):
             found = loader_facts(trainer)
             self._report(trainer, m, report.starving_message(m, self.facts(trainer, found), found["loaders"], found["dali"],
                                                       verdict))  # fmt: skip
-        elif verdict == "host-bound":  # a worker count one of our parts chose is decided again by that part
-            facts = self.facts(trainer)
+        elif facts is not None:  # host-bound: a worker count one of our parts chose is decided again by that part
             decided = report.ask_again(data_path(trainer), facts, m)  # the stage that chose the count decides
             self._report(trainer, m, report.host_message(m, facts, decided), starving=False)
         elif verdict == "small":
