@@ -109,6 +109,7 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "copy_3_switch_1ms": (3, "switch_0.001"), "copy_3_no_watchdog": (3, "watchdog_off"),
             "copy_3_workers_8": (3, "workers_8"), "split_0": (3, "split_0.0"), "split_0_nice_10": (3, "split_0.0+nice_10"),
             "split_15_nice_10": (3, "split_0.15+nice_10"), "split_30_nice_10": (3, "split_0.3+nice_10"),
+            "split_50_nice_10": (3, "split_0.5+nice_10"), "split_70_nice_10": (3, "split_0.7+nice_10"),
             "copy_3_nice_10": (3, "nice_10"), "copy_3_handover_thread": (3, "thread"),
             "copy_3_inline": (3, "inline"),
             "split_15_layout": (3, "split_0.15+layout"), "split_30_layout": (3, "split_0.3+layout"),

@@ -21,6 +21,7 @@ from lightning_gpu_boost.core.gpu_decode import (
     SplitSearch,
     agreed,
     give_back,
+    split_worker_cpus,
     take_over,
 )
 from lightning_gpu_boost.core.steady import queue_batches
@@ -44,7 +45,7 @@ class GPUDecodeStage:
         self._taken: weakref.WeakKeyDictionary[DataLoader, tuple[Share, str | None, DecodePlan]] = (
             weakref.WeakKeyDictionary())  # fmt: skip
         self._decoders: weakref.WeakKeyDictionary[DataLoader, BatchDecoder] = weakref.WeakKeyDictionary()
-        self.search = SplitSearch() if mode == "auto" else None
+        self.search = SplitSearch(worker_cpus=split_worker_cpus()) if mode == "auto" else None
         self.share = 1.0 if mode == "gpu" else 0.0
         self.why = "decode='gpu'" if mode == "gpu" else "measuring: the CPU decode first"
         self._trainer: Any = None

@@ -17,9 +17,11 @@ from lightning_gpu_boost.core.gpu_decode.plan import (
            Share,
            give_back,
            recognize,
+           split_worker_cpus,
            take_over,
 )
 from lightning_gpu_boost.core.gpu_decode.records import Record, RecordBatch, collate_records
 
 __all__ = ["BatchDecoder", "Decision", "DecodePlan", "EncodedTransform", "Record", "RecordBatch", "Share",
-           "SplitSearch", "agreed", "collate_records", "give_back", "is_records", "recognize", "take_over"]  # fmt: skip
+           "SplitSearch", "agreed", "collate_records", "give_back", "is_records", "recognize", "split_worker_cpus",
+           "take_over"]  # fmt: skip

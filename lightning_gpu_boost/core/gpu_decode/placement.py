@@ -1,7 +1,8 @@
 """Where the JPEGs are decoded, by measurement (``decode="auto"``): the training run itself is timed with the
 workers decoding every sample (GPU share 0), with the GPU decoding every sample (share 1), with a split that
 leaves the workers a share they can make faster than the GPU decode trained (share
-``1 - rate_cpu / (rate_gpu * (1 + headroom))``; timed twice where its first window beats share 1, and its slower
+``1 - rate_cpu * worker_cpus / (rate_gpu * (1 + headroom))``, ``worker_cpus`` the share of the CPUs the workers keep
+during a split; timed twice where its first window beats share 1, and its slower
 window counts), and with the CPU decode and share 1 once more where another share was faster (the CPU decode's
 first window opens the run; share 1's slower window counts): a window can read several percent off its share's
 steady rate. The split is kept over share 1 only where its slower window beats share 1's better one by the noise
@@ -93,19 +94,24 @@ class SplitSearch:
         max_breaks: epoch ends and validation runs after which, undecided, the CPU decode is kept.
         headroom: how much faster than the GPU decode's training rate the workers could make their share of the
             split's batches.
+        worker_cpus: the share of the CPUs the workers keep during a split (they leave the rest to the training
+            process), in ``(0, 1]``: their decode rate there, of the CPU decode's.
 
     Call :meth:`step` once per training batch with the time and the batch's share; it returns the share to set
     when it changes, and :attr:`decision` once decided.
     """
 
     def __init__(self, window: int = 24, settle: int = 3, margin: float = 0.03, tolerance: float = 0.02,
-                 max_breaks: int = 40, headroom: float = 0.1) -> None:
+                 max_breaks: int = 40, headroom: float = 0.1, worker_cpus: float = 1.0) -> None:
         if window < 2 or settle < 0 or not 0 <= margin < 1:
             raise ValueError(f"window must be >= 2, settle >= 0 and margin in [0, 1), got {window}, {settle}, {margin}.")
         if max_breaks < 0:
             raise ValueError(f"max_breaks must be >= 0, got {max_breaks}.")
         if not 0 <= headroom < 1:
             raise ValueError(f"headroom must be in [0, 1), got {headroom}.")
+        if not 0 < worker_cpus <= 1:
+            raise ValueError(f"worker_cpus must be in (0, 1], got {worker_cpus}.")
+        self.worker_cpus = worker_cpus
         self.window, self.settle, self.margin, self.tolerance = window, settle, margin, tolerance
         self.headroom = headroom
         self.max_breaks = max_breaks
@@ -180,7 +186,7 @@ class SplitSearch:
         self.todo.pop(0)
         self._shown, self._n, self._time, self._made = 0, 0, 0.0, []
         if not self.todo and len(self.rates) == 2 and self.rates[1.0] > self.rates[0.0]:
-            split = round(1.0 - self.rates[0.0] / (self.rates[1.0] * (1 + self.headroom)), 2)
+            split = round(1.0 - self.rates[0.0] * self.worker_cpus / (self.rates[1.0] * (1 + self.headroom)), 2)
             if 0.05 <= split <= 0.95:
                 self.todo.append(split)
         elif not self.todo and 0.0 < target < 1.0 and not self._split_again and rate > self.rates[1.0]:

@@ -9,8 +9,10 @@ sample's random parameters exactly as the CPU transform would (the same calls on
 order), and hand over a :class:`~lightning_gpu_boost.core.gpu_decode.records.Record` that the decoder
 (:mod:`~lightning_gpu_boost.core.gpu_decode.decode`) decodes, crops, resizes, flips and normalizes on the GPU. A
 share of the samples (:class:`Share`, changed while the workers run) is decoded by the workers instead, with the
-same drawn parameters, through torchvision's own functions: the split. A file that is not a
-JPEG in RGB or grayscale, or whose crop the GPU cannot do, takes the CPU path for that sample.
+same drawn parameters, through torchvision's own functions: the split. While a split is set, each worker keeps off
+the first CPUs of its own (:class:`TrainingCpus`): the training thread, the hand-over and DALI's threads run there
+instead of waiting behind a worker's decode. A file that is not a JPEG in RGB or grayscale, or whose crop the GPU
+cannot do, takes the CPU path for that sample.
 
 Framework-free; torchvision is imported only where a recognized pipeline runs.
 """
@@ -18,6 +20,7 @@ Framework-free; torchvision is imported only where a recognized pipeline runs.
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawValue
 from typing import Any
@@ -26,7 +29,8 @@ import torch
 
 from lightning_gpu_boost.core.gpu_decode.records import Record
 
-__all__ = ["DecodePlan", "EncodedTransform", "LazyImage", "Share", "geometry", "give_back", "recognize", "take_over"]
+__all__ = ["DecodePlan", "EncodedTransform", "LazyImage", "Share", "TrainingCpus", "geometry", "give_back", "recognize",
+           "split_worker_cpus", "take_over"]
 
 
 
@@ -118,6 +122,52 @@ class Share:
     @value.setter
     def value(self, share: float) -> None:
         self._value.value = min(1.0, max(0.0, float(share)))
+
+
+def reserved_for_training(cpus: int) -> int:
+    """CPUs a worker leaves to the training process during a split, of the ``cpus`` it may run on: 3 of 16 (H200,
+    ResNet-50, GPU share 0.3: 0.961 of the ceiling against 0.916 with the GPU decoding all and 0.949 with the workers
+    at niceness 10 instead, side by side), none below 5."""
+    return min(3, cpus // 5)
+
+
+def split_worker_cpus() -> float:
+    """The share of this process's CPUs its loader workers keep during a split (:class:`TrainingCpus`)."""
+    from lightning_gpu_boost.core.cpus import usable_cpus
+
+    cpus = usable_cpus()
+    return (cpus - reserved_for_training(cpus)) / cpus
+
+
+class TrainingCpus:
+    """A loader worker's CPUs while a split is set (a GPU share strictly between 0 and 1): all but the first
+    :func:`reserved_for_training` of its own, given back when the share leaves the split. In the training process
+    itself (no workers) nothing changes; where the platform cannot set CPUs, nothing either."""
+
+    def __init__(self) -> None:
+        self._split = False
+        self._original: set[int] | None = None
+
+    def apply(self, share: float) -> None:
+        """The share the worker read for its next sample."""
+        split = 0.0 < share < 1.0
+        if split == self._split:
+            return
+        self._split = split
+        if torch.utils.data.get_worker_info() is None:
+            return
+        try:
+            if split:
+                self._original = os.sched_getaffinity(0)
+                cpus = sorted(self._original)
+                kept = cpus[reserved_for_training(len(cpus)):]
+                if kept and len(kept) < len(cpus):
+                    os.sched_setaffinity(0, kept)
+            elif self._original is not None:
+                os.sched_setaffinity(0, self._original)
+                self._original = None
+        except (AttributeError, OSError):  # no affinity on this platform, or the CPUs changed under us
+            self._original = None
 
 
 class LazyImage:
@@ -252,6 +302,7 @@ class EncodedTransform:
         self.original, self.plan, self.share = original, plan, share
         self.loader = loader  # the dataset's own loader, put back by give_back
         self._credit = 0.0
+        self._cpus = TrainingCpus()
 
     def __call__(self, sample: Any) -> Any:
         if not isinstance(sample, LazyImage):  # not from our loader (a user calling the transform): as before
@@ -260,6 +311,7 @@ class EncodedTransform:
         ops, gpu_can = _draw(self.plan, w, h, sample.image)
         jpeg = sample.image.format == "JPEG" and sample.image.mode in ("RGB", "L")
         share = self.share.value
+        self._cpus.apply(share)
         self._credit += share
         if gpu_can and jpeg and self._credit >= 1.0 - 1e-9:
             self._credit -= 1.0

@@ -163,6 +163,11 @@ def test_the_search_keeps_the_fastest_share():
     assert search.decision.rates[split] > rate(round(1 - 10 / 14, 2)) + 1
     assert _run_search(rate, SplitSearch(window=10, settle=2, headroom=0.0)).decision.rates.keys() == {
         0.0, 1.0, round(1 - 10 / 14, 2)}
+    # the workers keep 13 of 16 CPUs during a split: their share of each batch is smaller
+    kept = _run_search(rate, SplitSearch(window=10, settle=2, worker_cpus=13 / 16))
+    assert round(1 - 10 * 13 / 16 / (14 * 1.1), 2) in kept.decision.rates
+    with pytest.raises(ValueError, match="worker_cpus must be in"):
+        SplitSearch(worker_cpus=0.0)
 
 
 def test_a_split_that_reads_fast_once_is_timed_again_and_its_slower_window_counts():
