@@ -151,11 +151,9 @@ class TrainingCpus:
     def apply(self, share: float) -> None:
         """The share the worker read for its next sample."""
         split = 0.0 < share < 1.0
-        if split == self._split:
-            return
+        if split == self._split or torch.utils.data.get_worker_info() is None:
+            return  # the training process's copy keeps no state: a worker forked from it starts afresh
         self._split = split
-        if torch.utils.data.get_worker_info() is None:
-            return
         try:
             if split:
                 self._original = os.sched_getaffinity(0)

@@ -12,7 +12,7 @@ from lightning_gpu_boost.core.gpu_decode.plan import TrainingCpus, reserved_for_
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity (Linux)")
 
-SHARES = [0.0, 0.5, 0.3, 1.0, 0.0, 0.7]
+SHARES = [0.5, 0.0, 0.5, 0.3, 1.0, 0.0, 0.7]
 
 
 class _Shares(Dataset):
@@ -38,9 +38,11 @@ def test_a_worker_keeps_off_the_first_cpus_during_a_split_only(monkeypatch):
     if len(cpus) < 2:
         pytest.skip("needs 2 CPUs")
     monkeypatch.setattr(plan, "reserved_for_training", lambda n: 1)  # the forked worker sees it
-    loader = DataLoader(_Shares(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+    dataset = _Shares()
+    dataset.cpus.apply(0.5)  # the training process (num_workers=0, a probe) ran the transform during a split
+    loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
     seen = list(loader)
-    assert seen == [cpus, cpus[1:], cpus[1:], cpus, cpus, cpus[1:]]
+    assert seen == [cpus[1:], cpus, cpus[1:], cpus[1:], cpus, cpus, cpus[1:]]
     assert sorted(os.sched_getaffinity(0)) == cpus  # the training process's own CPUs never change
 
 
