@@ -276,7 +276,7 @@ class GPUUtilWatchdog(Callback):
         if previous in STARVED and verdict not in STARVED:
             if wait_frac >= self.wait_threshold / 2:
                 return None  # hysteresis: back to another verdict only once the wait has halved
-        facts = self.facts(trainer) if verdict == "host-bound" else None
+        facts = self.facts(trainer) if verdict == "host-bound" != previous else None  # read on a change only
         if facts is not None and facts.decode_measuring:  # the search's own steps (2 x H200: windows around its
             return verdict  # share changes), neither the user's to fix nor the worker count's
         self.verdict = verdict
