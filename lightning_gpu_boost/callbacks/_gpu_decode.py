@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, default_collate
 
 from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, remove_stage
+from lightning_gpu_boost.core.cpus import processes_per_node
 from lightning_gpu_boost.core.gpu_decode import (
     BatchDecoder,
     DecodePlan,
@@ -49,10 +50,14 @@ class GPUDecodeStage:
         self.share = 1.0 if mode == "gpu" else 0.0
         self.why = "decode='gpu'" if mode == "gpu" else "measuring: the CPU decode first"
         self._trainer: Any = None
+        self._processes = 1
         self._group: Any = None  # the gloo group the ranks' search figures go through (DDP)
 
     def attach(self, trainer: Any) -> None:
         self._trainer = trainer
+        self._processes = processes_per_node(trainer)  # the node's ranks: their workers leave CPUs to each
+        if self.search is not None:
+            self.search.worker_cpus = split_worker_cpus(self._processes)
         add_stage(trainer, "decode", f"GPUDecode-{id(self)}", self.take)
 
     def take(self, loader: Any, stage: str | None) -> Any:
@@ -62,7 +67,7 @@ class GPUDecodeStage:
         if loader.batch_size is None or loader.collate_fn is not default_collate:
             return loader  # a collate of the user's own expects the images the transform makes
         share = Share(self.share)
-        plan = take_over(loader.dataset, share)
+        plan = take_over(loader.dataset, share, self._processes)
         if plan is None:
             return loader
         self._taken[loader] = (share, stage, plan)

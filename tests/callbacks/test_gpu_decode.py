@@ -58,7 +58,8 @@ def test_ddp_ranks_run_one_search_and_time_a_share_only_where_every_rank_shows_i
 
 def test_ddp_ranks_decide_one_placement_in_a_real_fit(tmp_path):
     """StreamPrefetch(decode="auto") in a 2-rank gloo DDP fit of torchvision's ImageFolder: both ranks reach the same
-    placement, and the ranks together see every sample once per epoch while the workers' share changes."""
+    placement, and the ranks together see every sample once per epoch while the workers' share changes; each rank's
+    workers leave CPUs for both ranks during a split."""
     pytest.importorskip("torchvision")
     from lightning_gpu_boost.core.images import make_jpeg_folder
 
@@ -83,6 +84,7 @@ def test_ddp_ranks_decide_one_placement_in_a_real_fit(tmp_path):
 
             def training_step(self, batch, i):
                 self.seen[-1] += batch[1].tolist()
+                self.processes = self.trainer.train_dataloader.dataset.transform._cpus.processes
                 return self.layer(batch[0].mean().view(1, 1)).sum()
 
             def configure_optimizers(self):
@@ -100,12 +102,14 @@ def test_ddp_ranks_decide_one_placement_in_a_real_fit(tmp_path):
         trainer.fit(model, loader)
         placement = prefetch.decode_placement
         (OUT / f"rank{{trainer.global_rank}}.json").write_text(json.dumps({{"share": placement["share"],
-            "why": placement["why"], "seen": model.seen}}))
+            "why": placement["why"], "seen": model.seen,
+            "processes": model.processes}}))
         """,
         tmp_path,
         timeout=400,
     )
     assert results[0]["share"] == results[1]["share"] and results[0]["why"] == results[1]["why"]
     assert "measuring" not in results[0]["why"], results[0]["why"]
+    assert results[0]["processes"] == results[1]["processes"] == 2
     for epoch in zip(results[0]["seen"], results[1]["seen"], strict=True):
         assert sorted(epoch[0] + epoch[1]) == [0] * 24 + [1] * 24

@@ -124,27 +124,32 @@ class Share:
         self._value.value = min(1.0, max(0.0, float(share)))
 
 
-def reserved_for_training(cpus: int) -> int:
-    """CPUs a worker leaves to the training process during a split, of the ``cpus`` it may run on: 3 of 16 (H200,
-    ResNet-50, GPU share 0.3: 0.961 of the ceiling against 0.916 with the GPU decoding all and 0.949 with the workers
-    at niceness 10 instead, side by side), none below 5."""
-    return min(3, cpus // 5)
+def reserved_for_training(cpus: int, processes: int = 1) -> int:
+    """CPUs a worker leaves to the training processes during a split, of the ``cpus`` it may run on: 3 for each of
+    the ``processes`` training on those CPUs (the node's ranks under DDP: every rank's workers keep off the same
+    first CPUs), at most a fifth of them. 3 of 16 for one process (H200, ResNet-50, GPU share 0.3: 0.961 of the
+    ceiling against 0.916 with the GPU decoding all and 0.949 with the workers at niceness 10 instead, side by side),
+    none below 5 CPUs."""
+    return min(3 * max(1, processes), cpus // 5)
 
 
-def split_worker_cpus() -> float:
-    """The share of this process's CPUs its loader workers keep during a split (:class:`TrainingCpus`)."""
+def split_worker_cpus(processes: int = 1) -> float:
+    """The share of this process's CPUs its loader workers keep during a split (:class:`TrainingCpus`), where
+    ``processes`` train on the node's CPUs."""
     from lightning_gpu_boost.core.cpus import usable_cpus
 
     cpus = usable_cpus()
-    return (cpus - reserved_for_training(cpus)) / cpus
+    return (cpus - reserved_for_training(cpus, processes)) / cpus
 
 
 class TrainingCpus:
     """A loader worker's CPUs while a split is set (a GPU share strictly between 0 and 1): all but the first
-    :func:`reserved_for_training` of its own, given back when the share leaves the split. In the training process
-    itself (no workers) nothing changes; where the platform cannot set CPUs, nothing either."""
+    :func:`reserved_for_training` of its own (for ``processes`` training on the node), given back when the share
+    leaves the split. In the training process itself (no workers) nothing changes; where the platform cannot set
+    CPUs, nothing either."""
 
-    def __init__(self) -> None:
+    def __init__(self, processes: int = 1) -> None:
+        self.processes = processes
         self._split = False
         self._original: set[int] | None = None
 
@@ -158,7 +163,7 @@ class TrainingCpus:
             if split:
                 self._original = os.sched_getaffinity(0)
                 cpus = sorted(self._original)
-                kept = cpus[reserved_for_training(len(cpus)):]
+                kept = cpus[reserved_for_training(len(cpus), self.processes):]
                 if kept and len(kept) < len(cpus):
                     os.sched_setaffinity(0, kept)
             elif self._original is not None:
@@ -296,11 +301,11 @@ class EncodedTransform:
     """The workers' transform while the GPU decodes: draw the parameters, then pack the JPEG (a share
     :attr:`share` of the samples) or decode on the CPU with those parameters and pack the pixels."""
 
-    def __init__(self, original: Any, plan: DecodePlan, share: Share, loader: Any = None) -> None:
+    def __init__(self, original: Any, plan: DecodePlan, share: Share, loader: Any = None, processes: int = 1) -> None:
         self.original, self.plan, self.share = original, plan, share
         self.loader = loader  # the dataset's own loader, put back by give_back
         self._credit = 0.0
-        self._cpus = TrainingCpus()
+        self._cpus = TrainingCpus(processes)
 
     def __call__(self, sample: Any) -> Any:
         if not isinstance(sample, LazyImage):  # not from our loader (a user calling the transform): as before
@@ -326,9 +331,9 @@ class EncodedTransform:
         return f"EncodedTransform({self.original!r}, GPU share {self.share.value:.2f})"
 
 
-def take_over(dataset: Any, share: Share) -> DecodePlan | None:
+def take_over(dataset: Any, share: Share, processes: int = 1) -> DecodePlan | None:
     """Replace the recognized ``dataset``'s loader and transform (see the module's docstring); the plan, or
-    ``None`` with nothing changed."""
+    ``None`` with nothing changed. ``processes``: the training processes on the node (:class:`TrainingCpus`)."""
     from lightning_gpu_boost.core.move_normalize import _set_transform, _unwrap_subsets
 
     plan = recognize(dataset)
@@ -336,7 +341,7 @@ def take_over(dataset: Any, share: Share) -> DecodePlan | None:
         return None
     inner = _unwrap_subsets(dataset)
     if not isinstance(inner.transform, EncodedTransform):
-        encoded = EncodedTransform(inner.transform, plan, share, loader=inner.loader)
+        encoded = EncodedTransform(inner.transform, plan, share, loader=inner.loader, processes=processes)
         inner.loader = lazy_loader
         _set_transform(inner, inner.transform, encoded)
     return plan
