@@ -44,6 +44,8 @@ from gpu_decode_probes import (
     OpenAfterPlacement,
     ThreadsAndDecoders,
     TrainOnPriorityStream,
+    lower_median,
+    process_on,
 )
 from gpu_decode_variants import VARIANTS, handover, keep_off_cpus
 
@@ -121,7 +123,7 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
 def model_part(root: Path, arch: str, args: argparse.Namespace, cpus: int | None = None) -> dict[str, Any]:
     everyone = sorted(os.sched_getaffinity(0))
     if cpus is not None:
-        os.sched_setaffinity(0, everyone[: cpus + 1])  # the training process and `cpus` for the workers
+        process_on(everyone[: cpus + 1])  # the training process and `cpus` for the workers
     try:
         runs: dict[str, list[dict[str, Any]]] = {}
         order = (["ceiling"] if cpus is None and args.ceiling else []) + args.cases.split(",")
@@ -134,18 +136,7 @@ def model_part(root: Path, arch: str, args: argparse.Namespace, cpus: int | None
         cases = {case: lower_median(found) for case, found in runs.items()}
         return {"arch": arch, "worker_cpus": cpus or len(everyone), "cases": cases}
     finally:
-        os.sched_setaffinity(0, everyone)
-
-
-def lower_median(found: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round whose rate is the median (the lower of the middle two), as measured, with every round's rate and
-    their spread (largest less smallest, over the median)."""
-    ranked = sorted(found, key=lambda r: r["samples_per_s"])
-    chosen = ranked[(len(ranked) - 1) // 2]
-    if len(found) == 1:
-        return chosen
-    rates = [r["samples_per_s"] for r in found]
-    return {**chosen, "rounds_samples_per_s": rates, "rounds_spread": (max(rates) - min(rates)) / chosen["samples_per_s"]}
+        process_on(everyone)
 
 
 def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:

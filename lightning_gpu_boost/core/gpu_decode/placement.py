@@ -9,7 +9,8 @@ steady rate. The split is kept over share 1 only where its slower window beats s
 margin (H200, ResNet-50: the split read 17.1 and 17.6 batches/s, share 1 15.9 just after the CPU decode's window and
 17.6 later; the split then trained at 15.0, share 1 at 17.0); the GPU share kept must beat the CPU decode's better
 window by the margin, else the CPU decode is kept. Each doubt settles on the placement with less at stake: share 1
-over a split, the CPU decode over a GPU share; the decision says why. The split has
+over a split (another H200 host, ResNet-50: GPU share 0.3 trained at 0.77-0.81 of the ceiling, share 1 at 0.92), the
+CPU decode over a GPU share; the decision says why. The split has
 headroom because at the share where the workers just keep up with ``rate_gpu`` the step can go no faster than at
 share 1 and waits for the workers at every slower batch (H200, ResNet-50: 15.2 batches/s there, 16.9 at share 1); a
 split trains faster than share 1 only where the GPU's decode slows the step more than the workers' decode slows the

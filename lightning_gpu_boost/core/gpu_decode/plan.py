@@ -128,8 +128,8 @@ def reserved_for_training(cpus: int, processes: int = 1) -> int:
     """CPUs a worker leaves to the training processes during a split, of the ``cpus`` it may run on: 3 for each of
     the ``processes`` training on those CPUs (the node's ranks under DDP: every rank's workers keep off the same
     first CPUs), at most a fifth of them. 3 of 16 for one process (H200, ResNet-50, GPU share 0.3: 0.961 of the
-    ceiling against 0.916 with the GPU decoding all and 0.949 with the workers at niceness 10 instead, side by side),
-    none below 5 CPUs."""
+    ceiling against 0.916 with the GPU decoding all and 0.949 with the workers at niceness 10 instead, side by side;
+    on a host whose workers could not make 70 % of each batch, 0.77-0.81 against 0.92), none below 5 CPUs."""
     return min(3 * max(1, processes), cpus // 5)
 
 
