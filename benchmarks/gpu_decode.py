@@ -8,7 +8,8 @@ The bench's 64,000-JPEG tree (100 classes, 400-560 x 320-440 px) read by the use
 example writes it: torchvision ``ImageFolder`` with ``RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(),
 Normalize``, ``DataLoader(batch_size=256, shuffle=True)``; bf16, channels_last, batch 256. Cases per model: the
 resident ceiling (the same batches in GPU memory), the one line ``GPUBoost()`` with ``decode="cpu"``, ``"gpu"`` and
-``"auto"`` (its default), and where asked ``plain`` (no ``GPUBoost``: the example's loader with its 4 workers).
+``"auto"`` (its default), and where asked ``plain`` (no ``GPUBoost``: the example's loader with its 4 workers) and
+``dali`` (``DALIDataModule`` on the same folder: the pipeline rewritten for DALI; left out where DALI is not installed).
 ``resnet50_4cpus``/``resnet50_8cpus``: the same ResNet-50 cases with the process held to 5 or 9 CPUs (the
 training process and 4 or 8 for the workers). ``decoders``: each decoder alone (nvJPEG through the package's
 ``BatchDecoder``, with crop, resize, flip and normalize; DALI's pipelines each way, and their values against the
@@ -32,6 +33,7 @@ import os
 import resource
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ from gpu_decode_probes import (
     OpenAfterPlacement,
     ThreadsAndDecoders,
     TrainOnPriorityStream,
+    dali_parity,
     lower_median,
     process_on,
 )
@@ -71,12 +74,17 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     torch.manual_seed(0)
     model = ImageClassifier(arch, 100, channels_last=True)
     bs = args.batch_size
-    if decode in (None, "plain"):  # without GPUBoost: the resident ceiling (the same batches, in GPU memory), or
-        # the user's script as it is (Lightning's ImageNet example's loader, with its 4 workers)
+    if decode in (None, "plain", "dali"):  # without GPUBoost: the resident ceiling (the same batches in GPU memory),
+        # the user's script as it is (Lightning's ImageNet example's loader, its 4 workers), or DALIDataModule (the
+        # pipeline rewritten: random-resized crop, flip and normalize by DALI, the JPEG engines decoding)
         if decode is None:
             batch = (torch.randint(0, 256, (bs, 3, 224, 224), dtype=torch.uint8, device="cuda"),
                      torch.randint(0, 100, (bs,), device="cuda"))  # fmt: skip
             data: Any = ResidentBatches(batch, -(-args.images // bs))
+        elif decode == "dali":
+            from lightning_gpu_boost.datamodules.dali import DALIDataModule
+
+            data = DALIDataModule(str(root), batch_size=bs, image_size=224, dtype="bfloat16", channels_last=True)
         else:
             data = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True, num_workers=4)
         timeline = [GpuTimeline()] if getattr(args, "timeline", False) else []
@@ -85,7 +93,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         result = measure_fit(model, data, args.steps, args.warmup, tuple(timeline), precision="bf16-mixed")
         for callback in timeline:
             result.update(callback.figures())
-        return result if decode is None else {**result, "num_workers": 4, "decode": None}
+        return result if decode is None else {**result, "num_workers": 4 if decode == "plain" else None,
+                                              "decode": decode}  # fmt: skip
     fixed = getattr(args, "loader_workers", None)  # a handover variant's fixed worker count (AutoNumWorkers off)
     reserved = getattr(args, "reserve_cpus", 0)  # a handover variant's: the workers kept off the first N CPUs
     nice = getattr(args, "nice_workers", 0)  # a handover variant's: the workers' niceness raised by N
@@ -127,6 +136,8 @@ def model_part(root: Path, arch: str, args: argparse.Namespace, cpus: int | None
     try:
         runs: dict[str, list[dict[str, Any]]] = {}
         order = (["ceiling"] if cpus is None and args.ceiling else []) + args.cases.split(",")
+        skipped = {"dali": "DALI is not installed"} if "dali" in order and not find_spec("nvidia.dali") else {}
+        order = [case for case in order if case not in skipped]
         for r in range(args.rounds):  # the cases in turn, round after round: fits differ more than their halves
             for case in order:
                 result = fit_case(root, arch, None if case == "ceiling" else case, args)
@@ -134,7 +145,7 @@ def model_part(root: Path, arch: str, args: argparse.Namespace, cpus: int | None
                 print(f"{arch} ({cpus or 'all'} CPUs), round {r + 1}: {case} {result['samples_per_s']:,.0f} img/s "
                       f"({result.get('decode')})", flush=True)  # fmt: skip
         cases = {case: lower_median(found) for case, found in runs.items()}
-        return {"arch": arch, "worker_cpus": cpus or len(everyone), "cases": cases}
+        return {"arch": arch, "worker_cpus": cpus or len(everyone), "cases": cases, "skipped": skipped}
     finally:
         process_on(everyone)
 
@@ -214,22 +225,6 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             "nvjpeg_alone_thread_cpu_s_per_batch": alone_cpu, "nvjpeg_alone_process_cores_per_1000_img_s": alone_cores,
             "gpu_path_img_s": full, "gpu_path_thread_cpu_s_per_batch": full_cpu,
             "gpu_path_process_cores_per_1000_img_s": full_cores, "gpu_decoder": decoder.decoder_name}  # fmt: skip
-
-
-def dali_parity(batches: list[Any]) -> dict[str, float]:
-    """DALI's images against the package's per-image path (nvJPEG, batched resampling) of the same records, in
-    8-bit levels: mean and max absolute difference over ``batches``."""
-    from lightning_gpu_boost.core.gpu_decode import BatchDecoder
-
-    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    through, per_image = BatchDecoder(mean, std, device="cuda"), BatchDecoder(mean, std, device="cuda", dali=False)
-    scale = torch.tensor(std, device="cuda").view(1, 3, 1, 1) * 255
-    total, count, most = 0.0, 0, 0.0
-    for batch in batches:
-        levels = ((through.end(through.begin([batch]))[0] - per_image([batch])[0]) * scale).abs()
-        total, count, most = total + float(levels.sum()), count + levels.numel(), max(most, float(levels.max()))
-    through.close()
-    return {"mean_abs_levels": total / count, "max_abs_levels": most}
 
 
 def engines(root: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -523,7 +518,8 @@ def main() -> int:
                         "could not rank the counts of the GPU decode's cheap workers: it kept 0)")
     parser.add_argument("--parts", default="decoders,resnet50,resnet50_4cpus,resnet18")
     parser.add_argument("--cases", default=",".join(CASES), help="decode settings to run, of cpu,gpu,auto, and "
-                        "plain (no GPUBoost: Lightning's ImageNet example's loader, 4 workers)")  # fmt: skip
+                        "plain (no GPUBoost: Lightning's ImageNet example's loader, 4 workers) and dali "
+                        "(DALIDataModule: the pipeline rewritten for DALI; where DALI is installed)")  # fmt: skip
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="leave the ceiling out")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="the handover part's variants, of "
                         + ",".join(VARIANTS))  # fmt: skip

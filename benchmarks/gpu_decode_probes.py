@@ -1,6 +1,8 @@
 """What ``benchmarks/gpu_decode.py``'s fits record beside the throughput meter: when the ``auto`` placement was
 decided (and the window opened after it), each thread's CPU time in the timed window with the decoders' counts,
-a cProfile of chosen steps, and the training stream's timeline (its steps and the gaps between them)."""
+a cProfile of chosen steps, and the training stream's timeline (its steps and the gaps between them); and the
+helpers its parts share (every thread on a part's CPUs, a case's median round, DALI's values against the per-image
+path's)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback
 
 
@@ -365,3 +368,19 @@ def lower_median(found: list[dict[str, Any]]) -> dict[str, Any]:
         return chosen
     rates = [r["samples_per_s"] for r in found]
     return {**chosen, "rounds_samples_per_s": rates, "rounds_spread": (max(rates) - min(rates)) / chosen["samples_per_s"]}
+
+
+def dali_parity(batches: list[Any]) -> dict[str, float]:
+    """DALI's images against the package's per-image path (nvJPEG, batched resampling) of the same records, in
+    8-bit levels: mean and max absolute difference over ``batches``."""
+    from lightning_gpu_boost.core.gpu_decode import BatchDecoder
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    through, per_image = BatchDecoder(mean, std, device="cuda"), BatchDecoder(mean, std, device="cuda", dali=False)
+    scale = torch.tensor(std, device="cuda").view(1, 3, 1, 1) * 255
+    total, count, most = 0.0, 0, 0.0
+    for batch in batches:
+        levels = ((through.end(through.begin([batch]))[0] - per_image([batch])[0]) * scale).abs()
+        total, count, most = total + float(levels.sum()), count + levels.numel(), max(most, float(levels.max()))
+    through.close()
+    return {"mean_abs_levels": total / count, "max_abs_levels": most}
