@@ -527,6 +527,8 @@ def main() -> int:
                         "the GPU's step time, the gaps between steps, whether the training thread was ahead")
     parser.add_argument("--dali-pipes", type=int, help="the model parts' DALI pipelines that take turns (batches "
                         "decoded at once; the package's default where not given)")  # fmt: skip
+    parser.add_argument("--dali-hw-load", type=float, help="the model parts' share of each batch for the JPEG "
+                        "engines, in [0, 1] (DALI's hw_decoder_load; the package's default where not given)")
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
     parser.add_argument("--probes", nargs="+", help="with --merge: the probes' JSON files, kept in the result")
     parser.add_argument("--suffix", default="", help="with --merge: after the machine in the file's name (a second "
@@ -536,6 +538,8 @@ def main() -> int:
         parser.error(f"--rounds must be an int >= 1, got {args.rounds}")
     if args.dali_pipes is not None and args.dali_pipes < 1:
         parser.error(f"--dali-pipes must be an int >= 1, got {args.dali_pipes}")
+    if args.dali_hw_load is not None and not 0 <= args.dali_hw_load <= 1:
+        parser.error(f"--dali-hw-load must be in [0, 1], got {args.dali_hw_load}")
     if args.search_window is not None and args.search_window < 2:
         parser.error(f"--search-window must be an int >= 2, got {args.search_window}")
     if args.merge:
@@ -549,12 +553,13 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants",
                                             "profile_steps", "rounds", "dali_pipes", "timeline", "kernel_profile",
-                                            "search_window")}  # fmt: skip
-    if args.dali_pipes is not None:  # the model parts' pipelines (the handover part's variants set their own)
+                                            "search_window", "dali_hw_load")}  # fmt: skip
+    dali = {k: v for k, v in (("pipes", args.dali_pipes), ("hw_decoder_load", args.dali_hw_load)) if v is not None}
+    if dali:  # the model parts' pipelines (the handover part's variants set their own)
         from lightning_gpu_boost.core.gpu_decode import decode as decode_module
         from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
-        decode_module.DaliWindows = functools.partial(DaliWindows, pipes=args.dali_pipes)
+        decode_module.DaliWindows = functools.partial(DaliWindows, **dali)
     if args.search_window is not None:  # the auto cases' placement search, each share timed over more batches
         from lightning_gpu_boost.callbacks import _gpu_decode
         from lightning_gpu_boost.core.gpu_decode.placement import SplitSearch
