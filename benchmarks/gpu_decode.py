@@ -76,7 +76,7 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     bs = args.batch_size
     if decode in (None, "plain", "dali"):  # without GPUBoost: the resident ceiling (the same batches in GPU memory),
         # the user's script as it is (Lightning's ImageNet example's loader, its 4 workers), or DALIDataModule (the
-        # pipeline rewritten: random-resized crop, flip and normalize by DALI, the JPEG engines decoding)
+        # pipeline rewritten: DALI decodes the random-resized crop, resizes, flips and normalizes)
         if decode is None:
             batch = (torch.randint(0, 256, (bs, 3, 224, 224), dtype=torch.uint8, device="cuda"),
                      torch.randint(0, 100, (bs,), device="cuda"))  # fmt: skip

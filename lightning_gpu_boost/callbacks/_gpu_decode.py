@@ -46,7 +46,7 @@ class GPUDecodeStage:
         self._taken: weakref.WeakKeyDictionary[DataLoader, tuple[Share, str | None, DecodePlan]] = (
             weakref.WeakKeyDictionary())  # fmt: skip
         self._decoders: weakref.WeakKeyDictionary[DataLoader, BatchDecoder] = weakref.WeakKeyDictionary()
-        self.search = SplitSearch(worker_cpus=split_worker_cpus()) if mode == "auto" else None
+        self.search = SplitSearch() if mode == "auto" else None  # sized for the node's ranks at attach
         self.share = 1.0 if mode == "gpu" else 0.0
         self.why = "decode='gpu'" if mode == "gpu" else "measuring: the CPU decode first"
         self._trainer: Any = None
