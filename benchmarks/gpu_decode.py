@@ -207,7 +207,8 @@ def decoders(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
         # side by side; hw_decoder_load 0: nvJPEG's CUDA decoder alone (its Huffman decoding on DALI's threads)
         for load, threads, pipes in ((1.0, 8, 2), (1.0, 8, 3), (0.0, 8, 2), (1.0, 4, 2)):
-            through._dali = DaliWindows("cuda", threads=threads, hw_decoder_load=load, pipes=pipes)
+            through._dali, through.engine_load = DaliWindows("cuda", threads=threads, hw_decoder_load=load,
+                                                             pipes=pipes), load  # fmt: skip
             rate, thread_cpu, cores = timed(begun)
             while held:
                 through.end(held.popleft())

@@ -15,10 +15,10 @@ from lightning.pytorch import Callback
 
 
 def _decision(boost: Any) -> Any:
-    """The ``auto`` placement's decision while the fit runs (``StreamPrefetch.decode_placement`` is set only at its
-    end), else ``None``."""
+    """The ``auto`` placement's decision (with the decoder's choice, where it follows) while the fit runs
+    (``StreamPrefetch.decode_placement`` is set only at its end), else ``None``."""
     stage = boost.parts["prefetch"].gpu_decode
-    return None if stage is None or stage.search is None else stage.search.decision
+    return None if stage is None else stage.decision
 
 
 class OpenAfterPlacement(Callback):

@@ -171,7 +171,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         tokens = dict(t.rsplit("_", 1) if "_" in t else (t, "") for t in extra.split("+") if t)
         made: list[DaliWindows] = []
 
-        def windows(device: Any, made=made, pipes=pipes, extra=extra, tokens=tokens) -> DaliWindows:
+        def windows(device: Any, made=made, pipes=pipes, extra=extra, tokens=tokens, **_: Any) -> DaliWindows:
             kind = SevenInputWindows if extra == "seven" else FlipKernelWindows if "flipkernel" in tokens else (
                 DaliWindows)  # fmt: skip
             made.append(kind(device, pipes=pipes, threads=int(tokens.get("threads", 8)),

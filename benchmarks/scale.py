@@ -192,16 +192,16 @@ def _time_search_steps() -> None:
         shares[0] = [row[1] for row in rows]
         return agreed(rows, tolerance)
 
-    def timed(self, trainer):
+    def timed(self, trainer, timer=None):
         t0 = time.perf_counter()
         if last[0] is not None:
             _SEARCH_STEPS["search_interval_ms"].append(1e3 * (t0 - last[0]))
         try:
-            return original(self, trainer)
+            return original(self, trainer, timer)
         finally:
             last[0] = time.perf_counter()
             _SEARCH_STEPS["search_step_ms"].append(1e3 * (last[0] - t0))
-            s = self.search
+            s = timer or self.search  # the split search, or the decoder's choice after it
             _SEARCH_TRACE.append([shares[0], trainer.global_step, self._last_batch()[0], s._shown, s._n, s._skip,
                                   s.settle, s._breaks, s.todo[0] if s.todo else None])  # fmt: skip
             shares[0] = None

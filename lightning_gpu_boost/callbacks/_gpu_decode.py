@@ -18,6 +18,7 @@ from lightning_gpu_boost.core.cpus import processes_per_node
 from lightning_gpu_boost.core.gpu_decode import (
     BatchDecoder,
     DecodePlan,
+    DecoderChoice,
     Share,
     SplitSearch,
     agreed,
@@ -47,6 +48,7 @@ class GPUDecodeStage:
             weakref.WeakKeyDictionary())  # fmt: skip
         self._decoders: weakref.WeakKeyDictionary[DataLoader, BatchDecoder] = weakref.WeakKeyDictionary()
         self.search = SplitSearch() if mode == "auto" else None  # sized for the node's ranks at attach
+        self.choice: DecoderChoice | None = None  # after a GPU share is placed: the JPEG engines or the CUDA decoder
         self.share = 1.0 if mode == "gpu" else 0.0
         self.why = "decode='gpu'" if mode == "gpu" else "measuring: the CPU decode first"
         self._trainer: Any = None
@@ -105,57 +107,91 @@ class GPUDecodeStage:
             facts.decode, facts.decode_why = _share_text(shared.value), why
             facts.decode_measuring = not final
 
+    @property
+    def decision(self) -> Any:
+        """The placement decided (with the decoder where :class:`DecoderChoice` chose it), else ``None``."""
+        return self.choice.decision if self.choice is not None else self.search.decision if self.search else None
+
     def batch_share(self) -> float | None:
         """The GPU share of the last training batch decoded."""
         return self._last_batch()[0]
 
-    def _last_batch(self) -> tuple[float | None, float | None, int | None]:
-        """The GPU share of the last training batch decoded, and when and by which worker it was made."""
+    def _train_decoder(self) -> BatchDecoder | None:
         for loader, (_, stage, _) in list(self._taken.items()):
-            decoder = self._decoders.get(loader)
-            if stage in _TRAIN and decoder is not None:  # as handed out, where a thread decodes ahead of the step
-                return decoder.handed_out or (decoder.last_share, decoder.last_made_at, decoder.last_made_by)
-        return None, None, None
+            if stage in _TRAIN and self._decoders.get(loader) is not None:
+                return self._decoders[loader]
+        return None
+
+    def _last_batch(self) -> tuple[float | None, float | None, int | None, float | None]:
+        """The GPU share of the last training batch decoded, when and by which worker it was made, and the share
+        for the JPEG engines of the DALI pipelines that decoded it."""
+        decoder = self._train_decoder()
+        if decoder is None:
+            return None, None, None, None
+        # as handed out, where a thread decodes ahead of the step
+        return decoder.handed_out or (decoder.last_share, decoder.last_made_at, decoder.last_made_by,
+                                      decoder.last_engine_load)  # fmt: skip
+
+    def engines_choosable(self, share: float) -> bool:
+        """Whether the placed ``share`` is decoded by DALI on a GPU: the engines' share of it is then chosen too."""
+        decoder = self._train_decoder()
+        return share > 0.0 and decoder is not None and bool(decoder._dali) and decoder.device.type == "cuda"
+
+    def _set_engines(self, load: float) -> None:
+        for decoder in list(self._decoders.values()):
+            decoder.engine_load = load
 
     def on_train_batch_end(self, trainer: Any) -> None:
-        """``"auto"``: time this batch for the split search; under DDP every rank runs it on the same figures."""
-        if self.search is None or self.search.decision is not None or not self._taken:
+        """``"auto"``: time this batch for the split search, then for the decoder's choice; under DDP every rank
+        runs them on the same figures."""
+        timer = self.choice or self.search
+        if timer is None or timer.decision is not None or not self._taken:
             return
-        proposal, decided = self._search_step(trainer)
-        if decided is not None:
+        proposal, decided = self._search_step(trainer, timer)
+        if decided is not None and timer is self.search and self.engines_choosable(decided.share):
+            self.choice = DecoderChoice.after(self.search)
+            self._set_engines(0.0)
+            self._set(decided.share, "measuring: nvJPEG's CUDA decoder in place of the JPEG engines")
+        elif decided is not None:
+            if decided.engine_load is not None:
+                self._set_engines(decided.engine_load)
             self._set(decided.share, decided.why, final=True)
             data_path(trainer).choices.choose("decode", _share_text(decided.share), by="StreamPrefetch",
                                               why=decided.why)  # fmt: skip
             rank_zero_info(f"StreamPrefetch: decode placed by measurement: {decided.why}.")
-        elif proposal is not None:
+        elif proposal is not None and timer is self.search:
             self._set(proposal, f"measuring: GPU share {proposal:.0%}")
 
-    def _search_step(self, trainer: Any) -> tuple[float | None, Any]:
-        """One batch of the search: the share to set where it changes, and the decision once made. Under DDP the
-        ranks' last batches go through a gloo group (no wait for the GPU) and every rank steps the search with
-        :func:`~lightning_gpu_boost.core.gpu_decode.agreed`'s figures (settling for the most batches any rank holds
-        ahead), so every rank sets the same shares."""
+    def _search_step(self, trainer: Any, timer: Any = None) -> tuple[float | None, Any]:
+        """One batch of the search (or of the decoder's choice, ``timer``): what to set where it changes, and the
+        decision once made. Each batch shows the share it was made under (the decoder's choice: the engine load it
+        was decoded with). Under DDP the ranks' last batches go through a gloo group (no wait for the GPU) and every
+        rank steps the search with :func:`~lightning_gpu_boost.core.gpu_decode.agreed`'s figures (settling for the
+        most batches any rank holds ahead), so every rank sets the same shares."""
         import torch.distributed as dist
 
-        share, made_at, made_by = self._last_batch()
+        timer = timer or self.search
+        share, made_at, made_by, load = self._last_batch()
+        if timer is self.choice:
+            share = load
         now = time.monotonic()  # the clock the workers stamp their batches with
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             if self._group is None:  # every rank comes here at the same batch: new_group is collective
                 self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
             mine = torch.tensor([now, *(math.nan if v is None else float(v) for v in (share, made_at, made_by)),
-                                 self.search.settle], dtype=torch.float64)  # fmt: skip
+                                 timer.settle], dtype=torch.float64)  # fmt: skip
             gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
             dist.all_gather(gathered, mine, group=self._group)
             rows = [row.tolist() for row in gathered]
             # each rank's workers were counted on its own: the most batches any rank holds ahead settle every rank
-            self.search.settle = int(max(row[4] for row in rows))
-            now, share, made_at, made_by = agreed([row[:4] for row in rows], self.search.tolerance)
+            timer.settle = int(max(row[4] for row in rows))
+            now, share, made_at, made_by = agreed([row[:4] for row in rows], timer.tolerance)
         elif trainer.world_size > 1:  # ranks without torch.distributed: rank 0 decides, every rank follows
-            proposal = self.search.step(now, share, made_at, made_by) if trainer.global_rank == 0 else None
-            message = (proposal, self.search.decision) if trainer.global_rank == 0 else None
-            proposal, self.search.decision = trainer.strategy.broadcast(message, src=0)
-            return proposal, self.search.decision
-        return self.search.step(now, share, made_at, made_by), self.search.decision
+            proposal = timer.step(now, share, made_at, made_by) if trainer.global_rank == 0 else None
+            message = (proposal, timer.decision) if trainer.global_rank == 0 else None
+            proposal, timer.decision = trainer.strategy.broadcast(message, src=0)
+            return proposal, timer.decision
+        return timer.step(now, share, made_at, made_by), timer.decision
 
     def _drop_group(self) -> None:
         """The search's own gloo group, where it made one: its sockets go (a later fit makes another)."""
@@ -167,8 +203,9 @@ class GPUDecodeStage:
 
     def restart_window(self) -> None:
         """An epoch's end or a validation run comes between two training batches: time the window again."""
-        if self.search is not None:
-            self.search.restart_window()
+        timer = self.choice or self.search
+        if timer is not None:
+            timer.restart_window()
 
     def detach(self) -> None:
         for loader in list(self._taken):

@@ -120,7 +120,8 @@ class StreamPrefetch(Callback):
         self.decode = decode
         #: the GPU decode of the fit in progress (``decode`` "gpu" or "auto" on CUDA), else None
         self.gpu_decode: GPUDecodeStage | None = None
-        #: where the last fit decoded (``{"share", "why", "rates", "windows", "gpu_decoder"}``), kept after it ends
+        #: where the last fit decoded (``{"share", "why", "rates", "windows", "engine_load", "gpu_decoder"}``), kept
+        #: after it ends
         self.decode_placement: dict[str, Any] | None = None
         checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
         for name, value in (("transform", transform), ("val_transform", val_transform)):
@@ -286,10 +287,11 @@ class StreamPrefetch(Callback):
             restore_normalize(loader.dataset)
         self._moved.clear()
         if self.gpu_decode is not None:
-            decision = self.gpu_decode.search.decision if self.gpu_decode.search is not None else None
+            decision = self.gpu_decode.decision
             self.decode_placement = {"share": self.gpu_decode.share, "why": self.gpu_decode.why,
                                      "rates": decision.rates if decision is not None else None,
                                      "windows": decision.windows if decision is not None else None,
+                                     "engine_load": decision.engine_load if decision is not None else None,
                                      "gpu_decoder": self.gpu_decode.decoder_names()}  # fmt: skip
             self.gpu_decode.detach()
             self.gpu_decode = None

@@ -544,7 +544,8 @@ class StreamPrefetcher:
                         put((kind, value, state))
                         break
                     batch, ready = self._end(value, side)
-                    facts = tuple(getattr(self._decode, n, None) for n in ("last_share", "last_made_at", "last_made_by"))
+                    facts = tuple(getattr(self._decode, n, None) for n in ("last_share", "last_made_at", "last_made_by",
+                                                                           "last_engine_load"))  # fmt: skip
                     if not put(("batch", (batch, ready, facts), state)):
                         break
                 put(("end", None, None))

@@ -33,7 +33,7 @@ def test_ddp_ranks_run_one_search_and_time_a_share_only_where_every_rank_shows_i
         def rate(share):
             return 10.0 if share == 0.0 else 16.0 if share == 1.0 else 13.0
 
-        stage._last_batch = lambda: (history[-lags[rank]], None, None)
+        stage._last_batch = lambda: (history[-lags[rank]], None, None, None)
         adapter.time = SimpleNamespace(monotonic=lambda: clock[0])
         trainer = SimpleNamespace(world_size=NPROCS, global_rank=rank, strategy=None)
         for _ in range(3000):
@@ -113,3 +113,53 @@ def test_ddp_ranks_decide_one_placement_in_a_real_fit(tmp_path):
     assert results[0]["processes"] == results[1]["processes"] == 2
     for epoch in zip(results[0]["seen"], results[1]["seen"], strict=True):
         assert sorted(epoch[0] + epoch[1]) == [0] * 24 + [1] * 24
+
+
+@pytest.mark.parametrize(("cuda_rate", "device", "kept"), [(18.0, "cuda", 0.0), (16.2, "cuda", 1.0),
+                                                            (18.0, "cpu", None)])  # fmt: skip
+def test_auto_times_the_cuda_decoder_after_placing_a_gpu_share_that_dali_decodes(monkeypatch, cuda_rate, device,
+                                                                                 kept):  # fmt: skip
+    """decode="auto" places the share first (the JPEG engines decoding it), then times nvJPEG's CUDA decoder in
+    their place and keeps it only where it trains faster by the margin; every decoder is left at the load kept.
+    Where DALI does not decode on a GPU, nothing more is timed."""
+    from types import SimpleNamespace
+
+    import lightning_gpu_boost.callbacks._gpu_decode as adapter
+    from lightning_gpu_boost.core.gpu_decode import SplitSearch
+
+    stage = adapter.GPUDecodeStage("auto")
+    stage.search = SplitSearch(window=10, settle=2)
+    decoders = [SimpleNamespace(engine_load=None, _dali=True, device=SimpleNamespace(type=device)) for _ in "tv"]
+    stage._taken = {"train loader": (None, "train", None), "val loader": (None, "validate", None)}
+    stage._decoders = dict(zip(stage._taken, decoders, strict=True))
+    said = []
+
+    def set_share(share, why, final=False):
+        stage.share, stage.why = share, why
+        said.append((share, why, final))
+
+    stage._set = set_share
+    monkeypatch.setattr(adapter, "data_path", lambda trainer: SimpleNamespace(
+        choices=SimpleNamespace(choose=lambda *a, **k: None)))
+    monkeypatch.setattr(adapter, "rank_zero_info", lambda message: None)
+    clock = [0.0]
+    monkeypatch.setattr(adapter, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    history = [(0.0, None)] * 4  # (share, engine load) the batches were made and decoded under, 4 batches late
+    trainer = SimpleNamespace(world_size=1, global_rank=0)
+    for _ in range(3000):
+        share, load = history[-4]
+        clock[0] += 1.0 / (10.0 if share == 0.0 else cuda_rate if load == 0.0 else 16.0)
+        stage._last_batch = lambda share=share, load=load: (share, None, None, load if share > 0 else None)
+        stage.on_train_batch_end(trainer)
+        history.append((stage.share, 1.0 if decoders[0].engine_load is None else decoders[0].engine_load))
+        if said and said[-1][2]:
+            break
+    decision = stage.decision
+    assert decision is not None and decision.share == 1.0 and said[-1] == (1.0, decision.why, True)
+    assert decision.engine_load == kept and all(d.engine_load == kept for d in decoders)
+    assert (stage.choice is None) == (kept is None)
+    if kept == 0.0:
+        assert "nvJPEG's CUDA decoder decodes in place of the JPEG engines" in decision.why
+        assert any(why == "measuring: nvJPEG's CUDA decoder in place of the JPEG engines" for _, why, _ in said)
+    elif kept == 1.0:
+        assert "the JPEG engines are kept" in decision.why

@@ -6,11 +6,11 @@ flips and normalizes (``StreamPrefetch(decode=...)``, ``GPUBoost``'s default ``d
 - :mod:`.decode`: the GPU's side (:class:`BatchDecoder`);
 - :mod:`.dali_windows`: the crop windows decoded by DALI's pipelines, off the training thread's GIL;
 - :mod:`.engines`: the GPU's JPEG engines through nvImageCodec;
-- :mod:`.placement`: where to decode, by measurement (:class:`SplitSearch`).
+- :mod:`.placement`: where to decode, by measurement (:class:`SplitSearch`), and on what (:class:`DecoderChoice`).
 """
 
 from lightning_gpu_boost.core.gpu_decode.decode import BatchDecoder, is_records
-from lightning_gpu_boost.core.gpu_decode.placement import Decision, SplitSearch, agreed
+from lightning_gpu_boost.core.gpu_decode.placement import Decision, DecoderChoice, SplitSearch, agreed
 from lightning_gpu_boost.core.gpu_decode.plan import (
            DecodePlan,
            EncodedTransform,
@@ -22,6 +22,6 @@ from lightning_gpu_boost.core.gpu_decode.plan import (
 )
 from lightning_gpu_boost.core.gpu_decode.records import Record, RecordBatch, collate_records
 
-__all__ = ["BatchDecoder", "Decision", "DecodePlan", "EncodedTransform", "Record", "RecordBatch", "Share",
+__all__ = ["BatchDecoder", "Decision", "DecodePlan", "DecoderChoice", "EncodedTransform", "Record", "RecordBatch", "Share",
            "SplitSearch", "agreed", "collate_records", "give_back", "is_records", "recognize", "split_worker_cpus",
            "take_over"]  # fmt: skip

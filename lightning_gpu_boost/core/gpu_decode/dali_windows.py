@@ -279,6 +279,11 @@ class DaliWindows:
         images.record_stream(current)  # not reused before the current stream's work on it is done
         return images
 
+    @property
+    def idle(self) -> bool:
+        """Whether every batch handed over was collected."""
+        return not self._fed and not self._waiting
+
     def close(self) -> None:
         """Drop the pipelines (their threads and memory) and whatever was in flight."""
         for held in self._copied:

@@ -74,6 +74,12 @@ class BatchDecoder:
             of its samples the workers sent as JPEGs.
         last_made_at, last_made_by: when its worker collated the last batch (``time.monotonic()``) and which
             worker (``-1``: the training process), where its records say.
+        last_engine_load: the share for the JPEG engines of the DALI pipelines that decoded the last batch
+            (``None``: DALI did not decode it).
+        engine_load: the share of each batch for the JPEG engines in the DALI pipelines the next batch is handed
+            to (DALI's ``hw_decoder_load``; the rest: nvJPEG's CUDA decoder; ``None``: DALI pipelines' default, all).
+            Set from any thread: the next :meth:`begin` builds pipelines for it; batches already handed over are
+            collected from theirs.
     """
 
     #: a mixed batch (workers' pixels and JPEGs) gathered in the layout it is normalized into (channels-last, DALI's
@@ -104,13 +110,17 @@ class BatchDecoder:
         self._dali: Any = None if dali else False  # None: not opened yet; False: not installed, or not wanted
         self.dali_failures = 0  # batches DALI failed on (decoded another way)
         self.dali_unavailable = "" if dali else "dali=False"
+        self.engine_load: float | None = None
+        self.last_engine_load: float | None = None
+        self._retired: list[DaliWindows] = []  # pipelines of another engine load, until their batches are collected
 
     @property
     def asynchronous(self) -> bool:
         """Whether :meth:`begin` hands batches to DALI (opened here at the first call)."""
         if self._dali is None:
             try:
-                self._dali = DaliWindows(self.device)
+                load = {} if self.engine_load is None else {"hw_decoder_load": self.engine_load}
+                self._dali = DaliWindows(self.device, **load)
             except ImportError as e:  # DALI is not installed: the message names its extra
                 self._dali, self.dali_unavailable = False, str(e)
         return bool(self._dali)
@@ -126,43 +136,63 @@ class BatchDecoder:
         records = batch[self.key] if isinstance(batch, (list, tuple)) and len(batch) > self.key else None
         if not is_records(records) or not records.jpeg_index or records.geometry is None or not self.asynchronous:
             return batch, None
+        if self.engine_load is not None and self._dali.hw_decoder_load != self.engine_load:
+            # new pipelines; the old ones finish their batches
+            self._retired.append(self._dali)
+            self._dali = DaliWindows(self.device, hw_decoder_load=self.engine_load)
         try:
             ticket = self._submit(records)
         except DaliFailed:
             return batch, None
-        return batch, ticket
+        return batch, (self._dali, ticket)
 
     def _submit(self, records: RecordBatch) -> int:
         """Hand the records' JPEGs and geometry to DALI (it decodes, resizes and flips them); the ticket."""
         return self._dali.submit(records.jpeg.numpy(), np.asarray(records.lengths), np.asarray(records.geometry),
                                  capacity=records.size)  # fmt: skip
 
+    def _collect(self, windows: DaliWindows, ticket: int) -> torch.Tensor:
+        """The images of ``ticket`` from the pipelines it was handed to; retired pipelines are closed once their
+        last batch is collected."""
+        try:
+            return windows.collect(ticket)
+        finally:
+            if windows is not self._dali and windows.idle:
+                windows.close()
+                self._retired = [w for w in self._retired if w is not windows]
+
     def end(self, token: Any) -> Any:
         """The batch of a :meth:`begin` token with its images decoded (as :meth:`__call__` returns it)."""
         batch, ticket = token
+        self.last_engine_load = None
         if ticket is None:
             return self(batch)
         records = batch[self.key]
+        windows = ticket[0]
         try:
-            images = self._dali.collect(ticket)  # (n, H, W, 3) uint8: decoded, resized and flipped
+            images = self._collect(*ticket)  # (n, H, W, 3) uint8: decoded, resized and flipped
         except DaliFailed:
             self.dali_failures += 1
             return self(batch)
         self.decoded_on_gpu += len(records.jpeg_index)
+        self.last_engine_load = windows.hw_decoder_load
         if self.device.type == "cuda":
-            self.decoder_name = "DALI (the JPEG engines and nvJPEG, in DALI's own threads)"
+            self.decoder_name = _dali_name(windows.hw_decoder_load)
         return self._with_images(batch, self._assemble(records, lambda shape: images.permute(0, 3, 1, 2)))
 
     def discard(self, token: Any) -> None:
         """Drop a :meth:`begin` token's batch (a loop stopped before handing it out)."""
-        if token[1] is not None and self._dali:
+        if token[1] is not None:
             try:
-                self._dali.collect(token[1])
+                self._collect(*token[1])
             except DaliFailed:
                 pass
 
     def close(self) -> None:
         """Drop DALI's pipelines (their threads and memory)."""
+        for windows in self._retired:
+            windows.close()
+        self._retired = []
         if self._dali:
             self._dali.close()
             self._dali = None
@@ -299,6 +329,13 @@ class BatchDecoder:
                     out.append(_decode_on_cpu(t).to(self.device))
                     self.decoded_on_cpu_here += 1
             return out
+
+
+def _dali_name(engine_load: float) -> str:
+    """What decodes in DALI's pipelines at ``engine_load``."""
+    what = ("the JPEG engines" if engine_load >= 1.0 else "nvJPEG's CUDA decoder" if engine_load <= 0.0
+            else "the JPEG engines and nvJPEG's CUDA decoder")  # fmt: skip
+    return f"DALI ({what}, in DALI's own threads)"
 
 
 def _eight_bit(images: torch.Tensor) -> torch.Tensor:

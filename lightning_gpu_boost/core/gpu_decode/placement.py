@@ -41,7 +41,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Decision", "SplitSearch", "agreed", "workers_rate"]
+__all__ = ["Decision", "DecoderChoice", "SplitSearch", "agreed", "workers_rate"]
 
 
 @dataclass
@@ -54,6 +54,8 @@ class Decision:
     rates: dict[float, float] = field(default_factory=dict)
     why: str = ""
     windows: list[dict[str, float]] = field(default_factory=list)
+    #: the share of each batch for the JPEG engines that :class:`DecoderChoice` kept (``None``: not chosen)
+    engine_load: float | None = None
 
 
 def workers_rate(made: list[tuple]) -> float | None:
@@ -130,6 +132,7 @@ class SplitSearch:
         self._breaks = 0  # epoch ends and validation runs so far
         self._cpu_again = False
         self._split_again = False
+        self._key = "share"  # what a window times, as :attr:`windows` names it
 
     @property
     def share(self) -> float:
@@ -157,35 +160,15 @@ class SplitSearch:
                                      list(self.windows))  # fmt: skip
             return 0.0
         target = self.todo[0]
-        last, paused = self._last, self._paused
-        self._last, self._paused = now, False
-        if batch_share is None or abs(batch_share - target) > self.tolerance:
-            self._shown, self._n, self._time, self._made = 0, 0, 0.0, []
+        rate = self._timed(now, batch_share, made_at, made_by)
+        if rate is None:
             return None
-        self._shown += 1
-        if paused:  # an epoch's end or validation: the interval is not counted, nor the queue it let fill
-            self._skip = self.settle + 1
-        if self._shown <= self.settle + 1 or last is None or self._skip > 0:  # settling
-            self._skip = max(0, self._skip - 1)
-            return None
-        self._n += 1
-        self._time += now - last
-        if made_at is not None:
-            self._made.append((made_at, made_by, self._breaks))
-        if self._n < self.window:
-            return None
-        stepped = self._n / max(self._time, 1e-9)
-        made = workers_rate(self._made) if len(self._made) == self._n else None
-        rate = stepped if made is None else min(stepped, made)  # the workers' rate, where slower
-        self.windows.append({"share": target, "batches": self._n, "step_batches_s": stepped,
-                             "workers_batches_s": made or 0.0})  # fmt: skip
         self._best[target] = max(rate, self._best.get(target, 0.0))
         if target in self.rates and target > 0.0:  # a GPU share's slower window
             self.rates[target] = min(rate, self.rates[target])
         else:  # the CPU decode's better window
             self.rates[target] = max(rate, self.rates.get(target, 0.0))
         self.todo.pop(0)
-        self._shown, self._n, self._time, self._made = 0, 0, 0.0, []
         if not self.todo and len(self.rates) == 2 and self.rates[1.0] > self.rates[0.0]:
             split = round(1.0 - self.rates[0.0] * self.worker_cpus / (self.rates[1.0] * (1 + self.headroom)), 2)
             if 0.05 <= split <= 0.95:
@@ -209,6 +192,36 @@ class SplitSearch:
         self.decision = self._decide()
         return self.decision.share
 
+    def _timed(self, now: float, shown: float | None, made_at: float | None, made_by: int | None) -> float | None:
+        """Count one batch towards the window of the candidate being timed (``self.todo[0]``; ``shown``: the
+        candidate the batch was made under, ``None`` where several): the window's rate once it is full (recorded in
+        :attr:`windows`; the window starts again), else ``None``."""
+        target = self.todo[0]
+        last, paused = self._last, self._paused
+        self._last, self._paused = now, False
+        if shown is None or abs(shown - target) > self.tolerance:
+            self._shown, self._n, self._time, self._made = 0, 0, 0.0, []
+            return None
+        self._shown += 1
+        if paused:  # an epoch's end or validation: the interval is not counted, nor the queue it let fill
+            self._skip = self.settle + 1
+        if self._shown <= self.settle + 1 or last is None or self._skip > 0:  # settling
+            self._skip = max(0, self._skip - 1)
+            return None
+        self._n += 1
+        self._time += now - last
+        if made_at is not None:
+            self._made.append((made_at, made_by, self._breaks))
+        if self._n < self.window:
+            return None
+        stepped = self._n / max(self._time, 1e-9)
+        made = workers_rate(self._made) if len(self._made) == self._n else None
+        rate = stepped if made is None else min(stepped, made)  # the workers' rate, where slower
+        self.windows.append({self._key: target, "batches": self._n, "step_batches_s": stepped,
+                             "workers_batches_s": made or 0.0})  # fmt: skip
+        self._shown, self._n, self._time, self._made = 0, 0, 0.0, []
+        return rate
+
     def _decide(self) -> Decision:
         cpu = self.rates[0.0]
         splits = [s for s in self.rates if 0.0 < s < 1.0]
@@ -227,3 +240,83 @@ class SplitSearch:
         why = (f"the CPU decode is kept: no GPU share was more than {self.margin:.0%} faster (training batches/s by "
                f"GPU share: {shown})")  # fmt: skip
         return Decision(0.0, dict(self.rates), why, list(self.windows))
+
+
+class DecoderChoice(SplitSearch):
+    """After :class:`SplitSearch` placed a GPU share that DALI decodes on the JPEG engines: the training timed with
+    nvJPEG's CUDA decoder in their place (engine load 0: each JPEG's Huffman codes decoded on DALI's CPU threads, the
+    rest in CUDA kernels), in two windows whose slower one counts; it is kept only where that beats the engines'
+    better window at the share by the margin, else the engines stay (the doubt settles on the decoder the share was
+    placed with). The engines decode beside the multiprocessors, but their images take a conversion kernel each
+    (H200, ResNet-50: 1.1 ms of the GPU's time a step); the CUDA decoder takes the step less GPU time and the host
+    more CPU time (``DALIDataModule``'s decode, the engines idle: 0.8 ms a step, 8 CPU cores at 4,700 img/s), and
+    decodes fewer JPEGs a second (H200: 10.5k against 20-22k), too few for a fast step.
+
+    Args:
+        placed: the split search's decision (a GPU share above 0).
+        engines_rate: training batches/s at that share with the engines (its better window).
+        window, settle, margin, tolerance, max_breaks: as :class:`SplitSearch`'s.
+
+    Call :meth:`step` once per training batch with the time and the engine load its JPEGs were decoded with
+    (``None`` where unknown); it returns the load to set once decided, and :attr:`decision` (the placed share, with
+    :attr:`Decision.engine_load`) then.
+    """
+
+    def __init__(self, placed: Decision, engines_rate: float, window: int = 24, settle: int = 3,
+                 margin: float = 0.03, tolerance: float = 0.02, max_breaks: int = 40) -> None:  # fmt: skip
+        super().__init__(window=window, settle=settle, margin=margin, tolerance=tolerance, max_breaks=max_breaks)
+        if placed.share <= 0.0:
+            raise ValueError(f"placed.share must be above 0 (the GPU decodes a share), got {placed.share}.")
+        if not engines_rate > 0.0:
+            raise ValueError(f"engines_rate must be above 0, got {engines_rate}.")
+        self.placed, self.engines_rate = placed, engines_rate
+        self.todo = [0.0, 0.0]  # the CUDA decoder (engine load 0), twice
+        self._key = "engine_load"
+
+    @classmethod
+    def after(cls, search: SplitSearch) -> DecoderChoice:
+        """The choice that follows ``search``'s decision (a GPU share above 0), timed as it timed its windows."""
+        assert search.decision is not None
+        share = search.decision.share
+        # its better window; a rank that only followed rank 0's decision reads the decision's rate
+        return cls(search.decision, search._best.get(share, search.decision.rates.get(share, 0.0)), search.window,
+                   search.settle, search.margin, search.tolerance, search.max_breaks)  # fmt: skip
+
+    @property
+    def share(self) -> float:
+        """The GPU share placed (timed with each decoder)."""
+        return self.placed.share
+
+    @property
+    def engine_load(self) -> float:
+        """The engine load being timed now (or the one kept)."""
+        return self.decision.engine_load if self.decision is not None else self.todo[0]  # type: ignore[return-value]
+
+    def step(self, now: float, batch_load: float | None, made_at: float | None = None,
+             made_by: int | None = None) -> float | None:  # fmt: skip
+        """One training batch ended at ``now``; ``batch_load``: the engine load its JPEGs were decoded with; the
+        engine load to set once decided, else ``None``."""
+        if self.decision is not None:
+            return None
+        if self._breaks > self.max_breaks:
+            return self._keep(1.0, f"the JPEG engines are kept: {self._breaks} epoch ends or validation runs came "
+                                   "before nvJPEG's CUDA decoder was timed")  # fmt: skip
+        rate = self._timed(now, batch_load, made_at, made_by)
+        if rate is None:
+            return None
+        self.rates[0.0] = min(rate, self.rates.get(0.0, rate))
+        self.todo.pop(0)
+        if self.todo:
+            return None
+        cuda, ratio = self.rates[0.0], self.rates[0.0] / self.engines_rate
+        if cuda >= self.engines_rate * (1 + self.margin):
+            return self._keep(0.0, f"nvJPEG's CUDA decoder decodes in place of the JPEG engines: {ratio:.2f}x "
+                                   f"their training batches/s ({cuda:.2f} against {self.engines_rate:.2f})")  # fmt: skip
+        return self._keep(1.0, f"the JPEG engines are kept: nvJPEG's CUDA decoder trained at {ratio:.2f}x their "
+                               f"batches/s ({cuda:.2f} against {self.engines_rate:.2f}), not {self.margin:.0%} "
+                               "faster")  # fmt: skip
+
+    def _keep(self, load: float, why: str) -> float:
+        self.decision = Decision(self.placed.share, dict(self.placed.rates), f"{self.placed.why}; {why}",
+                                 self.placed.windows + self.windows, engine_load=load)  # fmt: skip
+        return load

@@ -152,6 +152,32 @@ def test_begin_and_end_give_the_values_of_the_synchronous_path():
     decoder.close()
 
 
+def test_a_changed_engine_load_takes_new_pipelines_and_the_batches_in_flight_finish_on_theirs():
+    """DecoderChoice sets ``engine_load`` from the training thread while batches are in flight: the next batch
+    handed over goes to new pipelines (DALI sets the engines' share at the build), the batches already handed over
+    come back from theirs, whose pipelines are then closed; each batch says the load it was decoded with."""
+    batch = default_collate([(_record(s, ops), s) for s, ops in enumerate(OPS)])
+    expected = BatchDecoder(MEAN, STD, device="cpu", dali=False)(batch)[0]
+    decoder = BatchDecoder(MEAN, STD, device="cpu")
+    assert decoder.engine_load is None
+    tokens = [decoder.begin(batch), decoder.begin(batch)]
+    first = decoder._dali
+    assert first.hw_decoder_load == 1.0
+    decoder.engine_load = 0.0
+    tokens.append(decoder.begin(batch))
+    assert decoder._dali is not first and decoder._dali.hw_decoder_load == 0.0 and decoder._retired == [first]
+    loads = []
+    for token in tokens:
+        images, _ = decoder.end(token)
+        loads.append(decoder.last_engine_load)
+        assert _within_tolerance(images, expected)
+    assert loads == [1.0, 1.0, 0.0]
+    assert decoder._retired == [] and first._pipes == [None] * first.pipes  # closed once its batches came back
+    assert decoder.end(decoder.begin(batch))[0].shape == expected.shape and decoder.last_engine_load == 0.0
+    decoder.close()
+    assert decoder._dali is None
+
+
 def test_a_batch_dali_fails_on_is_decoded_another_way(monkeypatch):
     batch = default_collate([(_record(s, ops), s) for s, ops in enumerate(OPS)])
     decoder = BatchDecoder(MEAN, STD, device="cpu")

@@ -12,7 +12,15 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, default_collate
 
-from lightning_gpu_boost.core.gpu_decode import BatchDecoder, Record, RecordBatch, SplitSearch, is_records
+from lightning_gpu_boost.core.gpu_decode import (
+    BatchDecoder,
+    Decision,
+    DecoderChoice,
+    Record,
+    RecordBatch,
+    SplitSearch,
+    is_records,
+)
 from lightning_gpu_boost.core.gpu_decode.placement import agreed, workers_rate
 from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 
@@ -440,3 +448,62 @@ def test_ranks_agree_on_a_share_only_where_every_rank_shows_it():
     assert agreed([[5.0, 1.0, 4.0, 3.0], [6.0, 1.0, 5.0, 2.0]], 0.02) == (5.0, 1.0, 4.0, 3)
     assert agreed([[5.0, 1.0, 4.0, 3.0], [6.0, 0.0, 5.0, 2.0]], 0.02) == (5.0, None, 4.0, 3)
     assert agreed([[5.0, 0.3, nan, nan], [6.0, nan, nan, nan]], 0.02) == (5.0, None, None, None)
+
+
+def _run_choice(engines: float, cuda: float, lag: int = 4, breaks_every: int = 0) -> DecoderChoice:
+    """Feed a DecoderChoice after a search that placed share 1 at ``engines`` batches/s (its better window):
+    batches show the engine load set ``lag`` batches earlier and train at ``cuda`` batches/s with load 0."""
+    placed = Decision(1.0, {0.0: 10.0, 1.0: engines - 0.3}, "the GPU decodes 100% of the samples")
+    choice = DecoderChoice(placed, engines, window=10, settle=2)
+    now, history = 0.0, [1.0] * lag
+    assert choice.engine_load == 0.0 and choice.share == 1.0
+    for k in range(2000):
+        shown = history[-lag]
+        now += 1.0 / (cuda if shown == 0.0 else engines)
+        if breaks_every and k % breaks_every == 0:
+            choice.restart_window()
+        new = choice.step(now, shown)
+        history.append(new if new is not None else 0.0)
+        if choice.decision is not None:
+            return choice
+    raise AssertionError("no decision")
+
+
+def test_the_cuda_decoder_is_kept_only_where_it_beats_the_engines_by_the_margin():
+    """H200, ResNet-50: the engines' images took a conversion kernel each (1.1 ms of a 54 ms step) where
+    DALIDataModule's CUDA decoder took 0.8 ms for its whole decode; ResNet-18's faster step needs more JPEGs a
+    second than the CUDA decoder makes. The choice is measured, and a doubt keeps the engines."""
+    faster = _run_choice(engines=16.0, cuda=17.0)
+    assert faster.decision.engine_load == 0.0 and faster.decision.share == 1.0
+    assert "nvJPEG's CUDA decoder decodes in place of the JPEG engines: 1.06x" in faster.decision.why
+    assert faster.decision.why.startswith("the GPU decodes 100% of the samples; ")
+    timed = [w for w in faster.decision.windows if "engine_load" in w]
+    assert len(timed) == 2 and all(w["engine_load"] == 0.0 for w in timed)
+    assert faster.decision.rates == {0.0: 10.0, 1.0: 15.7}  # the share's rates, as the search measured them
+    close = _run_choice(engines=16.0, cuda=16.3)
+    assert close.decision.engine_load == 1.0 and "the JPEG engines are kept" in close.decision.why
+    slower = _run_choice(engines=16.0, cuda=12.0)
+    assert slower.decision.engine_load == 1.0 and "0.75x" in slower.decision.why
+
+
+def test_the_choice_times_only_batches_the_cuda_decoder_decoded_and_keeps_the_engines_without_windows():
+    choice = DecoderChoice(Decision(0.7, {0.7: 15.0}, "split"), 15.0, window=4, settle=1)
+    for k in range(30):  # the engines' pipelines' batches still arriving: not timed
+        assert choice.step(k * 0.1, 1.0) is None
+    assert not choice.windows and choice.decision is None
+    short = DecoderChoice(Decision(1.0, {1.0: 15.0}, "placed"), 15.0, window=4, settle=1, max_breaks=2)
+    for k in range(3):
+        short.restart_window()
+        short.step(k * 0.1, 0.0)
+    assert short.decision.engine_load == 1.0 and "3 epoch ends or validation runs" in short.decision.why
+    with pytest.raises(ValueError, match="placed.share must be above 0"):
+        DecoderChoice(Decision(0.0, {}, "cpu"), 15.0)
+    with pytest.raises(ValueError, match="engines_rate must be above 0"):
+        DecoderChoice(Decision(1.0, {}, "gpu"), 0.0)
+
+
+def test_the_choice_follows_a_decided_search():
+    search = _run_search(lambda s: 10.0 if s == 0.0 else 16.0)
+    choice = DecoderChoice.after(search)
+    assert choice.placed is search.decision and choice.engines_rate == search._best[1.0]
+    assert (choice.window, choice.settle, choice.margin) == (search.window, search.settle, search.margin)
