@@ -163,3 +163,65 @@ def test_auto_times_the_cuda_decoder_after_placing_a_gpu_share_that_dali_decodes
         assert any(why == "measuring: nvJPEG's CUDA decoder in place of the JPEG engines" for _, why, _ in said)
     elif kept == 1.0:
         assert "the JPEG engines are kept" in decision.why
+
+
+def test_ddp_ranks_time_the_cuda_decoder_on_the_same_figures_and_keep_one_decoder(tmp_path):
+    """Under DDP the decoder's choice goes through the same gloo gathering as the split search, each batch showing
+    the engine load it was decoded with: rank 1's batches show the CUDA decoder 3 batches after rank 0's, and both
+    ranks keep it (18 batches/s against the engines' 16), every decoder of each rank at load 0."""
+    results = run_ddp(
+        """
+        import os
+        from types import SimpleNamespace
+
+        import torch.distributed as dist
+
+        import lightning_gpu_boost.callbacks._gpu_decode as adapter
+        from lightning_gpu_boost.core.gpu_decode import SplitSearch
+
+        rank = int(os.environ["LOCAL_RANK"])
+        dist.init_process_group("gloo", rank=rank, world_size=NPROCS)
+        stage = adapter.GPUDecodeStage("auto")
+        stage.search = SplitSearch(window=10, settle=3)
+        decoder = SimpleNamespace(engine_load=None, _dali=True, device=SimpleNamespace(type="cuda"))
+        stage._taken = {"train loader": (None, "train", None)}
+        stage._decoders = {"train loader": decoder}
+        said = []
+
+        def set_share(share, why, final=False):
+            stage.share = share
+            said.append((share, why, final))
+
+        stage._set = set_share
+        adapter.data_path = lambda trainer: SimpleNamespace(choices=SimpleNamespace(choose=lambda *a, **k: None))
+        adapter.rank_zero_info = lambda message: None
+        clock = [0.0]
+        adapter.time = SimpleNamespace(monotonic=lambda: clock[0])
+        lags = [2, 5]
+        history = [(0.0, None)] * 8
+
+        def rate(share, load):
+            return 10.0 if share == 0.0 else 18.0 if load == 0.0 else 16.0
+
+        trainer = SimpleNamespace(world_size=NPROCS, global_rank=rank, strategy=None)
+        for _ in range(4000):
+            clock[0] += max(1.0 / rate(*history[-lag]) for lag in lags)  # the slower rank sets the pace
+            share, load = history[-lags[rank]]
+            stage._last_batch = lambda share=share, load=load: (share, None, None, load if share > 0 else None)
+            stage.on_train_batch_end(trainer)
+            history.append((stage.share, 1.0 if decoder.engine_load is None else decoder.engine_load))
+            if said and said[-1][2]:
+                break
+        stage._drop_group()
+        decision = stage.decision
+        (OUT / f"rank{rank}.json").write_text(json.dumps({"share": decision.share, "why": decision.why,
+            "engine_load": decision.engine_load, "decoder_load": decoder.engine_load,
+            "timed": [w for w in decision.windows if "engine_load" in w]}))
+        """,
+        tmp_path,
+    )
+    assert results[0] == results[1], results
+    assert results[0]["share"] == 1.0 and results[0]["engine_load"] == 0.0 == results[0]["decoder_load"]
+    assert "nvJPEG's CUDA decoder decodes in place of the JPEG engines" in results[0]["why"]
+    assert "(18.00 against 16.00)" in results[0]["why"]
+    assert len(results[0]["timed"]) == 2
