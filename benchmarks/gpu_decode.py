@@ -526,10 +526,10 @@ def main() -> int:
                         + ",".join(VARIANTS))  # fmt: skip
     parser.add_argument("--timeline", action="store_true", help="each case's last 96 steps on the training stream: "
                         "the GPU's step time, the gaps between steps, whether the training thread was ahead")
-    parser.add_argument("--dali-pipes", type=int, help="the model parts' DALI pipelines that take turns (batches "
-                        "decoded at once; the package's default where not given)")  # fmt: skip
+    parser.add_argument("--dali-pipes", type=int, help="the model parts' DALI pipelines (default: the package's)")
     parser.add_argument("--dali-hw-load", type=float, help="the model parts' share of each batch for the JPEG "
                         "engines, in [0, 1] (DALI's hw_decoder_load; the package's default where not given)")
+    parser.add_argument("--no-decoder-choice", action="store_true", help="auto keeps the engines (no DecoderChoice)")
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
     parser.add_argument("--probes", nargs="+", help="with --merge: the probes' JSON files, kept in the result")
     parser.add_argument("--suffix", default="", help="with --merge: after the machine in the file's name (a second "
@@ -554,7 +554,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants",
                                             "profile_steps", "rounds", "dali_pipes", "timeline", "kernel_profile",
-                                            "search_window", "dali_hw_load")}  # fmt: skip
+                                            "search_window", "dali_hw_load", "no_decoder_choice")}  # fmt: skip
     dali = {k: v for k, v in (("pipes", args.dali_pipes), ("hw_decoder_load", args.dali_hw_load)) if v is not None}
     if dali:  # the model parts' pipelines (the handover part's variants set their own)
         from lightning_gpu_boost.core.gpu_decode import decode as decode_module
@@ -566,6 +566,9 @@ def main() -> int:
         from lightning_gpu_boost.core.gpu_decode.placement import SplitSearch
 
         _gpu_decode.SplitSearch = functools.partial(SplitSearch, window=args.search_window)
+    if args.no_decoder_choice:  # auto as before DecoderChoice: the JPEG engines kept
+        from lightning_gpu_boost.callbacks._gpu_decode import GPUDecodeStage
+        GPUDecodeStage.engines_choosable = lambda self, share: False  # type: ignore[method-assign]
     parts: dict[str, Any] = {}
     for part in args.parts.split(","):
         if part == "decoders":
