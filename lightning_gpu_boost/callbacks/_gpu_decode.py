@@ -148,7 +148,8 @@ class GPUDecodeStage:
         if timer is None or timer.decision is not None or not self._taken:
             return
         proposal, decided = self._search_step(trainer, timer)
-        if decided is not None and timer is self.search and self.engines_choosable(decided.share):
+        if decided is not None and timer is self.search and self._every_rank(trainer,
+                                                                     self.engines_choosable(decided.share)):
             self.choice = DecoderChoice.after(self.search)
             self._set_engines(0.0)
             self._set(decided.share, "measuring: nvJPEG's CUDA decoder in place of the JPEG engines")
@@ -161,6 +162,19 @@ class GPUDecodeStage:
             rank_zero_info(f"StreamPrefetch: decode placed by measurement: {decided.why}.")
         elif proposal is not None and timer is self.search:
             self._set(proposal, f"measuring: GPU share {proposal:.0%}")
+
+    def _every_rank(self, trainer: Any, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (with torch.distributed: all of them; else rank 0's), so that the
+        ranks step the same timer: a rank that timed the decoder's choice alone would wait for the others."""
+        import torch.distributed as dist
+
+        if trainer.world_size <= 1:
+            return flag
+        if dist.is_available() and dist.is_initialized() and self._group is not None:
+            agreed_flag = torch.tensor([1.0 if flag else 0.0])
+            dist.all_reduce(agreed_flag, op=dist.ReduceOp.MIN, group=self._group)
+            return bool(agreed_flag.item())
+        return bool(trainer.strategy.broadcast(flag, src=0))
 
     def _search_step(self, trainer: Any, timer: Any = None) -> tuple[float | None, Any]:
         """One batch of the search (or of the decoder's choice, ``timer``): what to set where it changes, and the

@@ -165,10 +165,12 @@ def test_auto_times_the_cuda_decoder_after_placing_a_gpu_share_that_dali_decodes
         assert "the JPEG engines are kept" in decision.why
 
 
-def test_ddp_ranks_time_the_cuda_decoder_on_the_same_figures_and_keep_one_decoder(tmp_path):
+@pytest.mark.parametrize("rank1_dali", [True, False])
+def test_ddp_ranks_time_the_cuda_decoder_on_the_same_figures_and_keep_one_decoder(tmp_path, rank1_dali):
     """Under DDP the decoder's choice goes through the same gloo gathering as the split search, each batch showing
     the engine load it was decoded with: rank 1's batches show the CUDA decoder 3 batches after rank 0's, and both
-    ranks keep it (18 batches/s against the engines' 16), every decoder of each rank at load 0."""
+    ranks keep it (18 batches/s against the engines' 16), every decoder of each rank at load 0. Where one rank's
+    batches are not decoded by DALI, no rank times the choice (a rank timing it alone would wait for the others)."""
     results = run_ddp(
         """
         import os
@@ -183,7 +185,7 @@ def test_ddp_ranks_time_the_cuda_decoder_on_the_same_figures_and_keep_one_decode
         dist.init_process_group("gloo", rank=rank, world_size=NPROCS)
         stage = adapter.GPUDecodeStage("auto")
         stage.search = SplitSearch(window=10, settle=3)
-        decoder = SimpleNamespace(engine_load=None, _dali=True, device=SimpleNamespace(type="cuda"))
+        decoder = SimpleNamespace(engine_load=None, _dali=rank == 0 or RANK1_DALI, device=SimpleNamespace(type="cuda"))
         stage._taken = {"train loader": (None, "train", None)}
         stage._decoders = {"train loader": decoder}
         said = []
@@ -217,10 +219,13 @@ def test_ddp_ranks_time_the_cuda_decoder_on_the_same_figures_and_keep_one_decode
         (OUT / f"rank{rank}.json").write_text(json.dumps({"share": decision.share, "why": decision.why,
             "engine_load": decision.engine_load, "decoder_load": decoder.engine_load,
             "timed": [w for w in decision.windows if "engine_load" in w]}))
-        """,
+        """.replace("RANK1_DALI", repr(rank1_dali)),
         tmp_path,
     )
     assert results[0] == results[1], results
+    if not rank1_dali:
+        assert results[0]["engine_load"] is None and results[0]["decoder_load"] is None and not results[0]["timed"]
+        return
     assert results[0]["share"] == 1.0 and results[0]["engine_load"] == 0.0 == results[0]["decoder_load"]
     assert "nvJPEG's CUDA decoder decodes in place of the JPEG engines" in results[0]["why"]
     assert "(18.00 against 16.00)" in results[0]["why"]

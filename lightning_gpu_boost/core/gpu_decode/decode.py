@@ -181,8 +181,9 @@ class BatchDecoder:
         return self._with_images(batch, self._assemble(records, lambda shape: images.permute(0, 3, 1, 2)))
 
     def discard(self, token: Any) -> None:
-        """Drop a :meth:`begin` token's batch (a loop stopped before handing it out)."""
-        if token[1] is not None:
+        """Drop a :meth:`begin` token's batch (a loop stopped before handing it out; after :meth:`close`, nothing is
+        left to drop)."""
+        if token[1] is not None and (token[1][0] is self._dali or token[1][0] in self._retired):
             try:
                 self._collect(*token[1])
             except DaliFailed:

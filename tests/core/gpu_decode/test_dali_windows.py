@@ -174,8 +174,13 @@ def test_a_changed_engine_load_takes_new_pipelines_and_the_batches_in_flight_fin
     assert loads == [1.0, 1.0, 0.0]
     assert decoder._retired == [] and first._pipes == [None] * first.pipes  # closed once its batches came back
     assert decoder.end(decoder.begin(batch))[0].shape == expected.shape and decoder.last_engine_load == 0.0
+    held = decoder.begin(batch)  # a loop stopped before handing it out, and the fit's end closed the pipelines
+    decoder.engine_load = 1.0
+    retired = decoder.begin(batch)
     decoder.close()
-    assert decoder._dali is None
+    assert decoder._dali is None and decoder._retired == []
+    decoder.discard(held)
+    decoder.discard(retired)  # nothing left to drop: no error
 
 
 def test_a_batch_dali_fails_on_is_decoded_another_way(monkeypatch):
