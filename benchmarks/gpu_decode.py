@@ -502,12 +502,12 @@ def main() -> int:
     parser = parser_for(__doc__)  # --data, --images, --batch-size, --out
     parser.set_defaults(images=64000)
     parser.add_argument("--steps", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=1, help="the model parts' cases, in turn, this many times; "
-                        "each case's figure is its median round (the lower of the middle two)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=1, help="the cases in turn, this many times (lower median)")
     parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--auto-warmup", type=int, default=1200, help="the most untimed steps of the auto cases: "
-                        "their window opens once the placement is decided (its search: four windows of 24 batches, "
-                        "each after the batches the loader holds ahead), at the latest after these")
+    parser.add_argument("--auto-warmup", type=int, default=1600, help="the most untimed steps of the auto cases: "
+                        "their window opens once the placement is decided (its search and the decoder's choice: up "
+                        "to eight windows of 24 batches, each after the batches held ahead; 1,092 steps on an "
+                        "H200), at the latest after these")
     parser.add_argument("--profile-steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="cProfile the "
                         "training thread of the gpu cases from step FIRST to LAST")
     parser.add_argument("--search-window", type=int, help="the batches `auto` times each GPU share over (the "
