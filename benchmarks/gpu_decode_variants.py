@@ -171,11 +171,13 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         tokens = dict(t.rsplit("_", 1) if "_" in t else (t, "") for t in extra.split("+") if t)
         made: list[DaliWindows] = []
 
-        def windows(device: Any, made=made, pipes=pipes, extra=extra, tokens=tokens, **_: Any) -> DaliWindows:
+        def windows(device: Any, hw_decoder_load: float | None = None, made=made, pipes=pipes, extra=extra,
+                    tokens=tokens) -> DaliWindows:  # fmt: skip
             kind = SevenInputWindows if extra == "seven" else FlipKernelWindows if "flipkernel" in tokens else (
                 DaliWindows)  # fmt: skip
-            made.append(kind(device, pipes=pipes, threads=int(tokens.get("threads", 8)),
-                             hw_decoder_load=int(tokens.get("hw", 100)) / 100))  # fmt: skip
+            # the decoder's load where BatchDecoder asks for one (else it would build pipelines again every batch)
+            load = int(tokens.get("hw", 100)) / 100 if hw_decoder_load is None else hw_decoder_load
+            made.append(kind(device, pipes=pipes, threads=int(tokens.get("threads", 8)), hw_decoder_load=load))
             made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
             return made[-1]
 
