@@ -580,8 +580,8 @@ def main() -> int:
             parts[part] = profile(root, args)
         elif part == "engines":
             parts[part] = engines(root, args)
-        elif part in ("handover_resnet18", "handover_resnet50", "handover_resnet50_4cpus"):  # 4 CPUs: as resnet50_4cpus
-            parts[part] = handover(root, part.split("_")[1], args, fit_case, 4 if part.endswith("4cpus") else None)
+        elif part in ("handover_resnet18", "handover_resnet50"):
+            parts[part] = handover(root, part.split("_")[1], args, fit_case)
         elif part in ("resnet50_4cpus", "resnet50_8cpus"):
             parts[part] = model_part(root, "resnet50", args, cpus={"resnet50_4cpus": 4, "resnet50_8cpus": 8}[part])
         elif part in ("resnet50", "resnet18"):

@@ -119,8 +119,7 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "split_15_layout": (3, "split_0.15+layout"), "split_30_layout": (3, "split_0.3+layout"),
             "split_70_layout": (3, "split_0.7+layout"), "copy_3_flip_kernel": (3, "flipkernel"),
             "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel"), "copy_3_by_name": (3, "byname"),
-            "copy_3_hw_0": (3, "hw_0"), "copy_3_hw_50": (3, "hw_50"), "copy_3_spin": (3, "spin"),
-            "copy_3_hw_0_spin": (3, "hw_0+spin")}  # fmt: skip
+            "copy_3_hw_0": (3, "hw_0"), "copy_3_hw_50": (3, "hw_50")}  # fmt: skip
 
 
 def keep_off_cpus(reserved: int, nice: int, worker_id: int, by_name: bool = False) -> None:
@@ -154,102 +153,84 @@ def forced_split(share: float) -> Any:
     return stage
 
 
-def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any, cpus: int | None = None) -> dict[str, Any]:
+def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> dict[str, Any]:
     """The ``gpu`` case of ``arch`` with DALI's images taken each way (:data:`VARIANTS`), side by side with the
     ceiling: how many pipelines take turns, DALI's outputs and the copy waited for by the training thread or not,
     the JPEGs pinned or not, DALI's threads, the loader's workers. Each case records the training thread's time per
-    batch in DALI's calls (``DaliWindows.timings``); ``fit_case``: ``gpu_decode.py``'s. ``cpus``: the process held
-    to ``cpus + 1`` CPUs (the training process and ``cpus`` for the workers, as ``resnet50_4cpus``), the ceiling on
-    all of them."""
-    from gpu_decode_probes import process_on
+    batch in DALI's calls (``DaliWindows.timings``); ``fit_case``: ``gpu_decode.py``'s."""
+    from unittest import mock
+
+    from lightning_gpu_boost.core.gpu_decode import decode as decode_module
 
     cases: dict[str, Any] = {"ceiling": fit_case(root, arch, None, args)}
     print(f"handover {arch}: ceiling {cases['ceiling']['samples_per_s']:,.0f} img/s", flush=True)
-    everyone = sorted(os.sched_getaffinity(0))
-    if cpus is not None:
-        process_on(everyone[: cpus + 1])
-    try:
-        for name in args.variants.split(","):
-            _variant(name, cases, root, arch, args, fit_case)
-    finally:
-        process_on(everyone)
-    return {"arch": arch, "worker_cpus": cpus or len(everyone), "cases": cases}
-
-
-def _variant(name: str, cases: dict[str, Any], root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> None:
-    """Variant ``name`` of the ``gpu`` case, timed into ``cases``."""
-    from unittest import mock
-
     from lightning_gpu_boost.callbacks import stream_prefetch as prefetch_module
-    from lightning_gpu_boost.core.gpu_decode import decode as decode_module
 
-    pipes, extra = VARIANTS[name]
-    tokens = dict(t.rsplit("_", 1) if "_" in t else (t, "") for t in extra.split("+") if t)
-    made: list[DaliWindows] = []
+    for name in args.variants.split(","):
+        pipes, extra = VARIANTS[name]
+        tokens = dict(t.rsplit("_", 1) if "_" in t else (t, "") for t in extra.split("+") if t)
+        made: list[DaliWindows] = []
 
-    def windows(device: Any, hw_decoder_load: float | None = None, made=made, pipes=pipes, extra=extra,
-                tokens=tokens) -> DaliWindows:  # fmt: skip
-        kind = SevenInputWindows if extra == "seven" else FlipKernelWindows if "flipkernel" in tokens else (
-            DaliWindows)  # fmt: skip
-        # the decoder's load where BatchDecoder asks for one (else it would build pipelines again every batch)
-        load = int(tokens.get("hw", 100)) / 100 if hw_decoder_load is None else hw_decoder_load
-        made.append(kind(device, pipes=pipes, threads=int(tokens.get("threads", 8)), hw_decoder_load=load))
-        made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
-        return made[-1]
+        def windows(device: Any, hw_decoder_load: float | None = None, made=made, pipes=pipes, extra=extra,
+                    tokens=tokens) -> DaliWindows:  # fmt: skip
+            kind = SevenInputWindows if extra == "seven" else FlipKernelWindows if "flipkernel" in tokens else (
+                DaliWindows)  # fmt: skip
+            # the decoder's load where BatchDecoder asks for one (else it would build pipelines again every batch)
+            load = int(tokens.get("hw", 100)) / 100 if hw_decoder_load is None else hw_decoder_load
+            made.append(kind(device, pipes=pipes, threads=int(tokens.get("threads", 8)), hw_decoder_load=load))
+            made[-1].bind_outputs = extra not in ("wait", "host_synced")  # DALI's outputs waited for by the thread
+            return made[-1]
 
-    patches = [mock.patch.object(decode_module, "DaliWindows", windows)]
-    if "split" in tokens:
-        patches.append(mock.patch.object(prefetch_module, "GPUDecodeStage", forced_split(float(tokens["split"]))))
-    if "spin" in tokens:  # CUDA's default waits (threads spin on their CPUs), not the package's blocking ones
-        patches.append(mock.patch.object(DaliWindows, "block_waits", False))
-    if extra == "wait":
-        patches.append(mock.patch.object(DaliWindows, "_to_torch", copy_and_wait))
-    if "layout" in tokens:  # a mixed batch gathered in the normalize's layout
-        from lightning_gpu_boost.core.gpu_decode.decode import BatchDecoder
+        patches = [mock.patch.object(decode_module, "DaliWindows", windows)]
+        if "split" in tokens:
+            patches.append(mock.patch.object(prefetch_module, "GPUDecodeStage", forced_split(float(tokens["split"]))))
+        if extra == "wait":
+            patches.append(mock.patch.object(DaliWindows, "_to_torch", copy_and_wait))
+        if "layout" in tokens:  # a mixed batch gathered in the normalize's layout
+            from lightning_gpu_boost.core.gpu_decode.decode import BatchDecoder
 
-        patches.append(mock.patch.object(BatchDecoder, "_gather_in_layout", True))
-    if extra == "thread":  # DALI driven from a thread of its own: the training thread takes finished batches
-        from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+            patches.append(mock.patch.object(BatchDecoder, "_gather_in_layout", True))
+        if extra == "thread":  # DALI driven from a thread of its own: the training thread takes finished batches
+            from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 
-        patches.append(mock.patch.object(StreamPrefetcher, "_handover_thread", True))
-    if extra == "inline":  # DALI driven from the training thread, between the steps
-        from lightning_gpu_boost.core.prefetch import StreamPrefetcher
+            patches.append(mock.patch.object(StreamPrefetcher, "_handover_thread", True))
+        if extra == "inline":  # DALI driven from the training thread, between the steps
+            from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 
-        patches.append(mock.patch.object(StreamPrefetcher, "_handover_thread", False))
-    if extra == "pinned":  # the pin-memory thread pins the JPEGs' bytes too
-        from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
+            patches.append(mock.patch.object(StreamPrefetcher, "_handover_thread", False))
+        if extra == "pinned":  # the pin-memory thread pins the JPEGs' bytes too
+            from lightning_gpu_boost.core.gpu_decode.records import RecordBatch
 
-        def pin_all(self: Any, device: Any = None) -> Any:
-            pin = (lambda x: x.pin_memory() if x is not None else None)  # noqa: E731
-            return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.lengths,
-                               self.ops, self.jpeg_index, self.share, self.geometry, self.made_at,
-                               self.made_by)  # fmt: skip
+            def pin_all(self: Any, device: Any = None) -> Any:
+                pin = (lambda x: x.pin_memory() if x is not None else None)  # noqa: E731
+                return RecordBatch(self.size, pin(self.pixels), self.pixel_index, pin(self.jpeg), self.lengths,
+                                   self.ops, self.jpeg_index, self.share, self.geometry, self.made_at,
+                                   self.made_by)  # fmt: skip
 
-        patches.append(mock.patch.object(RecordBatch, "pin_memory", pin_all))
-    for patch in patches:
-        patch.start()
-    try:
-        case_args = argparse.Namespace(**vars(args), loader_workers=int(tokens["workers"]) if "workers" in tokens
-                                       else None, train_priority=extra == "priority",
-                                       reserve_cpus=int(tokens.get("reserve", 0)),
-                                       nice_workers=int(tokens.get("nice", 0)), by_name="byname" in tokens,
-                                       watchdog=tokens.get("watchdog") != "off")  # fmt: skip
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(float(tokens.get("switch", switch)))
+            patches.append(mock.patch.object(RecordBatch, "pin_memory", pin_all))
+        for patch in patches:
+            patch.start()
         try:
-            result = fit_case(root, arch, "gpu", case_args)
+            case_args = argparse.Namespace(**vars(args), loader_workers=int(tokens["workers"]) if "workers" in tokens
+                                           else None, train_priority=extra == "priority",
+                                           reserve_cpus=int(tokens.get("reserve", 0)),
+                                           nice_workers=int(tokens.get("nice", 0)), by_name="byname" in tokens,
+                                           watchdog=tokens.get("watchdog") != "off")  # fmt: skip
+            switch = sys.getswitchinterval()
+            sys.setswitchinterval(float(tokens.get("switch", switch)))
+            try:
+                result = fit_case(root, arch, "gpu", case_args)
+            finally:
+                sys.setswitchinterval(switch)
         finally:
-            sys.setswitchinterval(switch)
-    finally:
-        for patch in reversed(patches):
-            patch.stop()
-    keys = ("submit_s", "feed_s", "schedule_s", "wait_s", "handover_s")
-    t = {k: sum(d.timings[k] for d in made) for k in ("batches", *keys)}
-    n = max(1, t["batches"])
-    result["thread_ms_per_batch"] = {k[:-2]: 1000 * t[k] / n for k in keys}
-    result["gpu_waits"] = sorted({str(d.waits) for d in made})  # how the context's threads waited
-    result["of_ceiling"] = result["samples_per_s"] / cases["ceiling"]["samples_per_s"]
-    cases[name if name not in cases else f"{name}_again"] = result  # a variant named twice: timed twice
-    print(f"handover {arch}: {name} {result['samples_per_s']:,.0f} img/s ({result['of_ceiling']:.3f}), "
-          f"wait {result['data_wait_frac']:.3f}, thread ms/batch {result['thread_ms_per_batch']}, "
-          f"waits {result['gpu_waits']}", flush=True)
+            for patch in reversed(patches):
+                patch.stop()
+        keys = ("submit_s", "feed_s", "schedule_s", "wait_s", "handover_s")
+        t = {k: sum(d.timings[k] for d in made) for k in ("batches", *keys)}
+        n = max(1, t["batches"])
+        result["thread_ms_per_batch"] = {k[:-2]: 1000 * t[k] / n for k in keys}
+        result["of_ceiling"] = result["samples_per_s"] / cases["ceiling"]["samples_per_s"]
+        cases[name if name not in cases else f"{name}_again"] = result  # a variant named twice: timed twice
+        print(f"handover {arch}: {name} {result['samples_per_s']:,.0f} img/s ({result['of_ceiling']:.3f}), "
+              f"wait {result['data_wait_frac']:.3f}, thread ms/batch {result['thread_ms_per_batch']}", flush=True)
+    return {"arch": arch, "worker_cpus": len(os.sched_getaffinity(0)), "cases": cases}

@@ -41,11 +41,6 @@ import torch
 
 from lightning_gpu_boost._imports import require
 from lightning_gpu_boost.core.fork import keep_dali_out_of_forks, shut_dali
-from lightning_gpu_boost.core.gpu_decode.gpu_waits import (
-    context_waits,
-    hold_blocking_waits,
-    release_blocking_waits,
-)
 
 __all__ = ["DaliFailed", "DaliWindows"]
 
@@ -85,10 +80,6 @@ class DaliWindows:
         ValueError: ``threads`` or ``pipes`` not an int ``>= 1``, or ``hw_decoder_load`` outside ``[0, 1]``.
     """
 
-    #: while pipelines decode on a GPU, its context's threads wait for it blocked, not spinning (:mod:`.gpu_waits`;
-    #: ``benchmarks/gpu_decode.py``'s ``copy_3_spin`` variant keeps CUDA's default)
-    block_waits = True
-
     def __init__(self, device: torch.device | str, threads: int = 8, hw_decoder_load: float = 1.0,
                  pipes: int = 3) -> None:  # fmt: skip
         for name, value in (("threads", threads), ("pipes", pipes)):
@@ -110,8 +101,6 @@ class DaliWindows:
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._copied: list[Any] = [None] * pipes  # per pipeline: (its last output, the event after its copy)
         self.bind_outputs = True  # False: DALI's outputs are waited for by this thread (a benchmark's variant)
-        self._waits_held = False  # whether this holds the GPU's context at blocking waits (:mod:`.gpu_waits`)
-        self.waits: str | None = None  # how the context's threads waited once the first pipeline was built
         self.timings = {"batches": 0, "submit_s": 0.0, "wait_s": 0.0, "handover_s": 0.0, "feed_s": 0.0,
                         "schedule_s": 0.0, "build_s": 0.0}
 
@@ -119,10 +108,6 @@ class DaliWindows:
         from nvidia.dali import fn, types
 
         gpu = self.device.type == "cuda"
-        if gpu and self.block_waits and not self._waits_held:
-            self._waits_held = hold_blocking_waits(self.device)
-        if gpu and self.waits is None:
-            self.waits = context_waits(self.device)
         graph = self.dali.pipeline_def(self._graph, batch_size=self._capacity, num_threads=self.threads,
                                        device_id=self.device.index if gpu else None, prefetch_queue_depth=1,
                                        exec_dynamic=True)  # fmt: skip
@@ -310,6 +295,3 @@ class DaliWindows:
         for pipe in self._pipes:
             shut_dali(pipe)
         self._pipes = [None] * self.pipes
-        if self._waits_held:
-            release_blocking_waits(self.device)
-            self._waits_held = False

@@ -314,27 +314,3 @@ def test_a_small_first_batch_leaves_the_jpeg_engines_their_share():
         spent[first] = decoder_threads_cpu() - before
         dali.close()
     assert spent[1] <= 2 * spent[64] + 0.1, spent
-
-
-def test_threads_wait_for_the_gpu_blocked_while_dali_decodes_there():
-    """While DALI's pipelines decode on the GPU its context's threads wait blocked (nvImageCodec's JPEG-engine
-    decoder waits for its previous batch before each one: beside ResNet-50 its threads spun 1.7-2.0 cores); the
-    context's own setting is back once the last pipelines close, and holders nest."""
-    _need_cuda()
-    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
-    from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
-    from lightning_gpu_boost.core.gpu_decode.gpu_waits import context_waits
-
-    torch.cuda.init()
-    before = context_waits("cuda")
-    assert before is not None  # the driver has cuCtxGetFlags/cuCtxSetFlags (CUDA 12.1 and newer)
-    first, second = DaliWindows("cuda", threads=2, pipes=1), DaliWindows("cuda", threads=2, pipes=1)
-    first._capacity = second._capacity = 4  # the batch size the pipelines are built for (set by the first submit)
-    first._build(0)
-    second._build(0)
-    assert first.waits == second.waits == context_waits("cuda") == "blocking"
-    first.close()
-    assert context_waits("cuda") == "blocking"  # the second still decodes
-    second.close()
-    assert context_waits("cuda") == before
-    torch.cuda.synchronize()  # the GPU still answers
