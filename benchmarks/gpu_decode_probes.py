@@ -24,7 +24,8 @@ def _decision(boost: Any) -> Any:
 class OpenAfterPlacement(Callback):
     """The ``auto`` cases: once the placement is decided, the throughput meter's warm-up (the most the case waits,
     ``--auto-warmup``) comes down to that step plus the loader's queue (the batches made before the decision), so
-    the window times the decided placement on every host, however long the search took."""
+    the window times the decided placement on every host, however long the search took (inside one epoch: the
+    meter opens it after the queue's warm-up counted from its epoch's start)."""
 
     def __init__(self, boost: Any) -> None:
         self.boost, self.decided_at = boost, None

@@ -92,6 +92,33 @@ def test_counts_the_steps_after_warmup(trainer_kwargs, warmup):
     assert summary["samples_per_s"] > 0 and "halves_diff" in summary and "steady" in summary
 
 
+class Steady(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("batches,warmup,opened", [(20, 3, 5), (20, 12, 12), (20, 16, 25), (10, 16, 16)])
+def test_the_window_lies_inside_one_epoch_where_one_holds_it(trainer_kwargs, batches, warmup, opened):
+    """Rule 5 of docs/method.md: where an epoch holds the warm-up (the queue, here 1 batch, plus 4) and ``steps``,
+    the window opens after the warm-up counted from its epoch's start, with ``steps`` left in the epoch (20 batches:
+    a warm-up ending at step 16 leaves 4, so the window opens 5 steps into the next epoch, at 25); a shorter epoch
+    (10 batches) cannot hold one, and the window opens after the warm-up as before."""
+    meter = ThroughputMeter(warmup=warmup, steps=6, sample_gpu_util=False)
+    data = DataLoader(torch.randn(batches * 4, 8), batch_size=4)
+    trainer = pl.Trainer(max_steps=60, callbacks=[meter], **trainer_kwargs)
+    trainer.fit(Steady(), data)
+    assert meter.opened_at == opened
+    if batches == 20:  # the window, and the fit, end inside the epoch it opened in
+        assert trainer.global_step <= (opened // batches + 1) * batches
+
+
 @pytest.mark.parametrize("kwargs,match", [({"warmup": -1}, "warmup must be an int >= 0, got -1"),
                                           ({"warmup": 2.5}, "warmup must be an int >= 0, got 2.5"),
                                           ({"steps": 0}, "steps must be an int >= 1 or None, got 0"),
