@@ -274,3 +274,38 @@ def test_a_trial_fit_of_short_epochs_pays_their_waves():
     assert loader.num_workers == 1 and not loader.persistent_workers  # the project's loader is left as it was
     long_epochs = DataLoader(Sleeping(40, 0.01), batch_size=None, num_workers=1)  # 40 waves: a window
     assert trial_fit(VectorModel(), long_epochs, 1, steps=8, accelerator="cpu")["measured"] == "steps"
+
+
+def test_a_fit_waits_for_the_next_epoch_when_the_window_would_cross_an_epochs_end():
+    """``measure_fit`` leaves an epoch more for a window that waits for the next epoch (the meter keeps a window
+    inside one epoch where one holds it): 55 batches an epoch, a queue of 9, a warm-up of 52, 4 steps timed; step 52
+    leaves 3 in the epoch, so the window opens after the warm-up counted from the next epoch's start (55 + 13) and
+    is timed whole, within the fit's 52 + 2 x 9 + 4 + 3 x 4 steps plus the epoch."""
+    import time
+
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from lightning_gpu_boost.doctor.measure import measure_fit
+
+    class SlowStep(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.005)
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class Limit(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.max_steps = trainer.max_steps
+
+    limit = Limit()
+    loader = DataLoader(torch.randn(55 * 4, 8), batch_size=4, num_workers=2, prefetch_factor=4)
+    summary = measure_fit(SlowStep(), loader, steps=4, warmup=52, callbacks=(limit,), accelerator="cpu")
+    assert summary["queue_batches"] == 9 and limit.max_steps == 52 + 2 * 9 + 4 + 3 * 4 + 55
+    assert summary["warmup_steps"] >= 55 + 13 and summary["steps"] >= 4, summary

@@ -200,8 +200,14 @@ def measure_fit(model: Any, data: Any, steps: int, warmup: int, callbacks: tuple
     kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
               "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
               "limit_val_batches": 0, **trainer_kwargs}  # fmt: skip
-    trainer = pl.Trainer(max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + MAX_EXTENSION * steps,
-                         callbacks=[meter, *callbacks], **kwargs)  # fmt: skip
+    limit = min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + MAX_EXTENSION * steps
+    try:
+        per_epoch = len(data) if isinstance(data, DataLoader) else None
+    except TypeError:  # an iterable dataset without a length
+        per_epoch = None
+    if per_epoch and per_epoch < limit:  # the window may wait for the next epoch's start (the meter keeps it in one)
+        limit += per_epoch
+    trainer = pl.Trainer(max_steps=limit, callbacks=[meter, *callbacks], **kwargs)
     with warnings.catch_warnings():  # the fits time training alone: the model's validation_step is not used
         warnings.filterwarnings("ignore", message=NO_VALIDATION_WARNING)
         if isinstance(data, pl.LightningDataModule):
