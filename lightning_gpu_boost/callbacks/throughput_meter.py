@@ -127,14 +127,16 @@ class ThroughputMeter(Callback):
         workers fill the queue again after an epoch's end, and start again where AutoNumWorkers changed their count:
         beside ResNet-18 on the H200, ``decode="auto"``'s window opened 2 steps into an epoch, after a 1.3 s stall,
         and read 0.97x ``decode="gpu"``'s mid-epoch window on the same placement) and with ``steps`` left in it.
-        Shorter epochs, or no ``steps``: any step."""
+        Shorter epochs, no ``steps``, or a fit that ends before the next epoch could hold the window: any step."""
         per_epoch = trainer.num_training_batches
         if not self.timed_steps or not isinstance(per_epoch, int):
             return True
-        warm = min_warmup(self.queue)
-        if per_epoch < warm + self.timed_steps:
+        warm, rest = min_warmup(self.queue), per_epoch - (batch_idx + 1)
+        if per_epoch < warm + self.timed_steps or (batch_idx + 1 >= warm and rest >= self.timed_steps):
             return True
-        return batch_idx + 1 >= warm and per_epoch - (batch_idx + 1) >= self.timed_steps
+        last_epoch = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
+        too_few = 0 <= trainer.max_steps < trainer.global_step + rest + warm + self.timed_steps
+        return last_epoch or too_few
 
     def _may_stop(self, trainer: pl.Trainer, batch_idx: int, timed: int) -> bool:
         """``steps`` are timed: stop where the window is steady; else time on (the queue may still have been

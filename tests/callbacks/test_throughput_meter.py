@@ -104,18 +104,21 @@ class Steady(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-@pytest.mark.parametrize("batches,warmup,opened", [(20, 3, 5), (20, 12, 12), (20, 16, 25), (10, 16, 16)])
-def test_the_window_lies_inside_one_epoch_where_one_holds_it(trainer_kwargs, batches, warmup, opened):
+@pytest.mark.parametrize("batches,warmup,max_steps,opened", [(20, 3, 60, 5), (20, 12, 60, 12), (20, 16, 60, 25),
+                                                             (10, 16, 60, 16), (20, 16, 28, 16), (20, 16, -1, 25)])
+def test_the_window_lies_inside_one_epoch_where_one_holds_it(trainer_kwargs, batches, warmup, max_steps, opened):
     """Rule 5 of docs/method.md: where an epoch holds the warm-up (the queue, here 1 batch, plus 4) and ``steps``,
     the window opens after the warm-up counted from its epoch's start, with ``steps`` left in the epoch (20 batches:
     a warm-up ending at step 16 leaves 4, so the window opens 5 steps into the next epoch, at 25); a shorter epoch
-    (10 batches) cannot hold one, and the window opens after the warm-up as before."""
+    (10 batches), or a fit that ends before the next epoch could hold the window (28 steps), opens it after the
+    warm-up as before."""
     meter = ThroughputMeter(warmup=warmup, steps=6, sample_gpu_util=False)
     data = DataLoader(torch.randn(batches * 4, 8), batch_size=4)
-    trainer = pl.Trainer(max_steps=60, callbacks=[meter], **trainer_kwargs)
+    trainer = pl.Trainer(max_steps=max_steps, max_epochs=3 if max_steps < 0 else None, callbacks=[meter],
+                         **trainer_kwargs)  # fmt: skip
     trainer.fit(Steady(), data)
     assert meter.opened_at == opened
-    if batches == 20:  # the window, and the fit, end inside the epoch it opened in
+    if batches == 20 and opened > warmup:  # the window, and the fit, end inside the epoch it opened in
         assert trainer.global_step <= (opened // batches + 1) * batches
 
 
