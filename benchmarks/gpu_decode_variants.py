@@ -21,7 +21,9 @@ the normalize's layout (``BatchDecoder._gather_in_layout``). ``hw_N``: N % of ea
 instead of all (DALI's ``hw_decoder_load``; the rest nvJPEG's CUDA decoder, its Huffman stage on DALI's CPU
 threads): beside ResNet-50 on the H200 the engines' output took a conversion kernel per image (``rgba2rgb``, 1.1 ms
 of the GPU's time a step), where ``DALIDataModule``'s decode, the engines idle, took 0.8 ms in all and its step
-0.2 ms over the ceiling's. A variant named twice is timed twice.
+0.2 ms over the ceiling's. ``legacy_exec``: DALI's older pipelined executor (the dynamic one's threads took 0.6-2.3
+cores beside the engines, 0.1 beside the CUDA decoder; blocking CUDA's waits did not lower it). A variant named
+twice is timed twice.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "split_15_layout": (3, "split_0.15+layout"), "split_30_layout": (3, "split_0.3+layout"),
             "split_70_layout": (3, "split_0.7+layout"), "copy_3_flip_kernel": (3, "flipkernel"),
             "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel"), "copy_3_by_name": (3, "byname"),
-            "copy_3_hw_0": (3, "hw_0"), "copy_3_hw_50": (3, "hw_50")}  # fmt: skip
+            "copy_3_hw_0": (3, "hw_0"), "copy_3_hw_50": (3, "hw_50"), "copy_3_legacy_exec": (3, "legacyexec")}  # fmt: skip
 
 
 def keep_off_cpus(reserved: int, nice: int, worker_id: int, by_name: bool = False) -> None:
@@ -184,6 +186,8 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
         patches = [mock.patch.object(decode_module, "DaliWindows", windows)]
         if "split" in tokens:
             patches.append(mock.patch.object(prefetch_module, "GPUDecodeStage", forced_split(float(tokens["split"]))))
+        if extra == "legacyexec":  # DALI's older pipelined executor instead of the dynamic one
+            patches.append(mock.patch.object(DaliWindows, "_exec_dynamic", False))
         if extra == "wait":
             patches.append(mock.patch.object(DaliWindows, "_to_torch", copy_and_wait))
         if "layout" in tokens:  # a mixed batch gathered in the normalize's layout

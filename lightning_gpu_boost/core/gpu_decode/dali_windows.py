@@ -80,6 +80,10 @@ class DaliWindows:
         ValueError: ``threads`` or ``pipes`` not an int ``>= 1``, or ``hw_decoder_load`` outside ``[0, 1]``.
     """
 
+    #: DALI's dynamic executor (its default); ``False``: the older pipelined one (``benchmarks/gpu_decode.py``'s
+    #: ``copy_3_legacy_exec`` variant: with the JPEG engines the dynamic executor's threads took 0.6-2.3 cores)
+    _exec_dynamic = True
+
     def __init__(self, device: torch.device | str, threads: int = 8, hw_decoder_load: float = 1.0,
                  pipes: int = 3) -> None:  # fmt: skip
         for name, value in (("threads", threads), ("pipes", pipes)):
@@ -110,7 +114,7 @@ class DaliWindows:
         gpu = self.device.type == "cuda"
         graph = self.dali.pipeline_def(self._graph, batch_size=self._capacity, num_threads=self.threads,
                                        device_id=self.device.index if gpu else None, prefetch_queue_depth=1,
-                                       exec_dynamic=True)  # fmt: skip
+                                       exec_dynamic=self._exec_dynamic)  # fmt: skip
         keep_dali_out_of_forks()  # a DataLoader's worker forked meanwhile forgets it
         t0 = time.perf_counter()
         pipe = graph(fn, types, gpu)

@@ -54,9 +54,12 @@ def _levels(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() - b.float()).abs()
 
 
-def test_images_are_the_windows_resized_and_flipped_as_pil_makes_them():
+@pytest.mark.parametrize("exec_dynamic", [True, False])
+def test_images_are_the_windows_resized_and_flipped_as_pil_makes_them(monkeypatch, exec_dynamic):
     """Each sample's window decoded, the part the output covers resized (linear, antialiased) and flipped where
-    drawn: PIL's crop, resize and flip of the same decoded image, within the stated tolerance."""
+    drawn: PIL's crop, resize and flip of the same decoded image, within the stated tolerance; with DALI's dynamic
+    executor and its older one (the benchmark's ``copy_3_legacy_exec`` variant)."""
+    monkeypatch.setattr(DaliWindows, "_exec_dynamic", exec_dynamic)
     dali = DaliWindows("cpu", threads=1)
     data = [_jpeg(96, 80, s) for s in range(len(OPS))]
     ticket = dali.submit(*_rows(data), np.array([_geometry(ops) for ops in OPS]))
