@@ -148,6 +148,9 @@ def child(args: argparse.Namespace) -> None:
         trainer.fit(model, data)
     summary = meter.summary()
     summary["world_size"] = trainer.world_size
+    per_epoch, start = trainer.num_training_batches, summary.get("warmup_steps", 0)
+    if isinstance(per_epoch, int) and per_epoch > 0 and summary.get("steps"):  # docs/method.md, rule 5
+        summary["window_in_one_epoch"] = start // per_epoch == (start + summary["steps"] - 1) // per_epoch
     summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30 if gpu else None
     probes = getattr(data, "auto_probes", None)
     if probes:
@@ -314,6 +317,7 @@ def main() -> None:
                 "img_s": sum(r["samples_per_s"] for r in ranks),
                 "step_ms": max(r["step_ms"] for r in ranks),
                 "steady": all(r.get("steady", True) for r in ranks),
+                "window_in_one_epoch": all(r.get("window_in_one_epoch", True) for r in ranks),
                 "ranks": ranks,
             }  # fmt: skip
             print(
@@ -349,6 +353,7 @@ def main() -> None:
     )
     for name, r in results.items():
         flag = "" if r["1"]["steady"] and r[n]["steady"] else " (not steady)"
+        flag += "" if r["1"]["window_in_one_epoch"] and r[n]["window_in_one_epoch"] else " (across an epoch's end)"
         ceil = f"{100 * r['of_ceiling'][n]:.0f} %" if "of_ceiling" in r else "-"
         print(
             f"| {name} | {r['1']['img_s']:,.0f} | {r[n]['img_s']:,.0f}{flag} | {r['scaling']:.2f}x | {ceil} |"
