@@ -8,8 +8,8 @@ every configuration in one run, ResNet-50 bf16 on the generated demo JPEGs.
     python benchmarks/scale.py --only ceiling --bucket-cap-mb 100 --nccl-channels 8   # what DDP costs, tuned
 
 Each configuration runs in its own process, and Lightning launches the ranks (``strategy="ddp_boost"`` on several
-devices); every rank times its own steady window (``ThroughputMeter``: the loader's queue skipped, halves compared)
-and writes it; the node's rate is the sum over ranks. The DataModules pick their workers with
+devices); every rank times its own steady window (``ThroughputMeter``: the loader's queue skipped, halves compared,
+inside one epoch where an epoch holds it; the fit ends once every rank's window is timed) and writes it; the node's rate is the sum over ranks. The DataModules pick their workers with
 ``num_workers="auto"``, which divides the node's usable CPUs among its local ranks; DALI divides its threads the
 same way. The ceiling is each rank's batch resident on its GPU (no loader), with the same strategy.
 
@@ -72,7 +72,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     import lightning_gpu_boost  # noqa: F401  (registers ddp_boost)
-    from lightning_gpu_boost.callbacks.throughput_meter import ThroughputMeter
+    from lightning_gpu_boost.callbacks.throughput_meter import MAX_EXTENSION, ThroughputMeter
     from lightning_gpu_boost.core.steady import EXTRA_WARMUP, ResidentBatches, min_warmup
     from lightning_gpu_boost.doctor import queue_bound
     from lightning_gpu_boost.models import ImageClassifier
@@ -130,15 +130,17 @@ def child(args: argparse.Namespace) -> None:
         from lightning_gpu_boost.doctor.measure import tuned_queue_bound
 
         queue = tuned_queue_bound(args.devices) + 3
-    meter = ThroughputMeter(warmup=warmup, sample_gpu_util=False)
+    # each rank's window inside one epoch where an epoch holds it (docs/method.md, rule 5): the meter times `steps`,
+    # and the fit ends once every rank's meter would end it (a rank alone stopping would leave the others waiting)
+    meter = ThroughputMeter(warmup=warmup, steps=cfg["steps"], sample_gpu_util=False)
+    per_rank = -(-cfg["images"] // (bs * args.devices))
     torch.backends.cudnn.benchmark = gpu
     trainer = pl.Trainer(
         accelerator="gpu" if gpu else "cpu", devices=args.devices,
         strategy=_strategy(args) if args.devices > 1 else "auto", precision="bf16-mixed" if gpu else "32-true",
-        # every rank runs the same number of steps (the meter does not stop the fit: ranks would disagree)
-        max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + cfg["steps"],
-        callbacks=[meter, *callbacks], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        max_steps=min_warmup(queue, warmup) + 2 * queue + EXTRA_WARMUP + MAX_EXTENSION * cfg["steps"] + per_rank,
+        callbacks=[meter, *callbacks, _every_rank_stops()], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
     )  # fmt: skip
     torch.manual_seed(0)
     model = ImageClassifier(cfg["arch"], cfg["classes"], channels_last=gpu)
@@ -165,6 +167,18 @@ def child(args: argparse.Namespace) -> None:
     if _SEARCH_TRACE:  # beside the rank's summary, not in the result (a row per step)
         Path(args.rank_dir, "trace").mkdir(exist_ok=True)
         Path(args.rank_dir, "trace", out.name).write_text(json.dumps(_SEARCH_TRACE))
+
+
+def _every_rank_stops() -> object:
+    """A callback after the meter: the fit stops once every rank's meter would stop it (one all-reduce a step; built
+    here, as Lightning is imported in the ranks)."""
+    import lightning.pytorch as pl
+
+    class EveryRankStops(pl.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            trainer.should_stop = trainer.strategy.reduce_boolean_decision(trainer.should_stop, all=True)
+
+    return EveryRankStops()
 
 
 _SEARCH_STEPS: dict[str, list[float]] = {"search_step_ms": [], "search_interval_ms": []}
