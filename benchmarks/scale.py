@@ -131,7 +131,7 @@ def child(args: argparse.Namespace) -> None:
 
         queue = tuned_queue_bound(args.devices) + 3
     # each rank's window inside one epoch where an epoch holds it (docs/method.md, rule 5): the meter times `steps`,
-    # and the fit ends once every rank's meter would end it (a rank alone stopping would leave the others waiting)
+    # and the fit ends once every rank's meter would end it
     meter = ThroughputMeter(warmup=warmup, steps=cfg["steps"], sample_gpu_util=False)
     per_rank = -(-cfg["images"] // (bs * args.devices))
     torch.backends.cudnn.benchmark = gpu
@@ -169,14 +169,37 @@ def child(args: argparse.Namespace) -> None:
         Path(args.rank_dir, "trace", out.name).write_text(json.dumps(_SEARCH_TRACE))
 
 
-def _every_rank_stops() -> object:
-    """A callback after the meter: the fit stops once every rank's meter would stop it (one all-reduce a step; built
-    here, as Lightning is imported in the ranks)."""
+def _every_rank_stops(every: int = 8) -> object:
+    """A callback after the meter: the fit stops once every rank's meter would stop it. A rank's wish is held (a rank
+    stopping alone would leave the others waiting) and the ranks agree every ``every`` steps and at an epoch's last
+    batch through a gloo group (host tensors: no wait for the GPU, where the strategy's ``reduce_boolean_decision``
+    reads a CUDA tensor back at every step). Built here, as Lightning is imported in the ranks."""
     import lightning.pytorch as pl
+    import torch
+    import torch.distributed as dist
 
     class EveryRankStops(pl.Callback):
-        def on_train_batch_end(self, trainer, *args) -> None:
-            trainer.should_stop = trainer.strategy.reduce_boolean_decision(trainer.should_stop, all=True)
+        def __init__(self) -> None:
+            self.wish, self.group = False, None
+
+        def on_train_start(self, trainer, *args) -> None:  # every rank: new_group is collective
+            if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+                self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.wish, trainer.should_stop = self.wish or trainer.should_stop, False
+            if self.group is None:  # one process
+                trainer.should_stop = self.wish
+            elif trainer.global_step % every == 0 or batch_idx + 1 >= trainer.num_training_batches:  # and at an
+                # epoch's last batch, where a meter stops rather than time across the epoch's end
+                agreed = torch.tensor([1.0 if self.wish else 0.0])
+                dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.group)
+                trainer.should_stop = bool(agreed.item())
+
+        def on_train_end(self, trainer, *args) -> None:
+            if self.group is not None and self.group is not dist.group.WORLD:
+                dist.destroy_process_group(self.group)
+            self.group = None
 
     return EveryRankStops()
 
