@@ -137,7 +137,7 @@ class GPUDecodeStage:
         decoder = self._train_decoder()
         return share > 0.0 and decoder is not None and bool(decoder._dali) and decoder.device.type == "cuda"
 
-    def _set_engines(self, load: float) -> None:
+    def _set_engines(self, load: float | None) -> None:
         for decoder in list(self._decoders.values()):
             decoder.engine_load = load
 
@@ -148,14 +148,18 @@ class GPUDecodeStage:
         if timer is None or timer.decision is not None or not self._taken:
             return
         proposal, decided = self._search_step(trainer, timer)
-        if decided is not None and timer is self.search and self._every_rank(trainer,
-                                                                     self.engines_choosable(decided.share)):
-            self.choice = DecoderChoice.after(self.search)
+        # the CUDA decoder is timed where DALI decodes on a GPU: in place of the JPEG engines at the placed share,
+        # or decoding every sample where the search kept the CPU decode
+        if decided is not None and timer is self.search and self._every_rank(
+                trainer, self.engines_choosable(decided.share or 1.0)):  # fmt: skip
+            placed = decided.share > 0.0
+            self.choice = DecoderChoice.after(self.search) if placed else DecoderChoice.against_cpu(self.search)
             self._set_engines(0.0)
-            self._set(decided.share, "measuring: nvJPEG's CUDA decoder in place of the JPEG engines")
+            self._set(self.choice.share, "measuring: nvJPEG's CUDA decoder in place of the JPEG engines" if placed
+                      else "measuring: nvJPEG's CUDA decoder decoding every sample")  # fmt: skip
         elif decided is not None:
-            if decided.engine_load is not None:
-                self._set_engines(decided.engine_load)
+            # the decoder kept, or the pipelines' default where the CPU decode stays
+            self._set_engines(decided.engine_load)
             self._set(decided.share, decided.why, final=True)
             data_path(trainer).choices.choose("decode", _share_text(decided.share), by="StreamPrefetch",
                                               why=decided.why)  # fmt: skip

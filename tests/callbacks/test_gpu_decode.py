@@ -230,3 +230,58 @@ def test_ddp_ranks_time_the_cuda_decoder_on_the_same_figures_and_keep_one_decode
     assert "nvJPEG's CUDA decoder decodes in place of the JPEG engines" in results[0]["why"]
     assert "(18.00 against 16.00)" in results[0]["why"]
     assert len(results[0]["timed"]) == 2
+
+
+@pytest.mark.parametrize(("cuda_rate", "device", "share"), [(18.5, "cuda", 1.0), (17.3, "cuda", 0.0),
+                                                             (18.5, "cpu", 0.0)])  # fmt: skip
+def test_auto_times_the_cuda_decoder_against_a_kept_cpu_decode(monkeypatch, cuda_rate, device, share):
+    """Where the search keeps the CPU decode (17 batches/s against the JPEG engines' 16.6) and DALI decodes on a GPU,
+    nvJPEG's CUDA decoder decoding every sample is timed too (H200, ResNet-50: 0.984 of the ceiling, the engines
+    0.91-0.92) and placed only where it beats the CPU decode by the margin; else the CPU decode stays, the decoders
+    at DALI's default load. Without DALI on a GPU the CPU decode is kept at once."""
+    from types import SimpleNamespace
+
+    import lightning_gpu_boost.callbacks._gpu_decode as adapter
+    from lightning_gpu_boost.core.gpu_decode import SplitSearch
+
+    stage = adapter.GPUDecodeStage("auto")
+    stage.search = SplitSearch(window=10, settle=2)
+    decoders = [SimpleNamespace(engine_load=None, _dali=True, device=SimpleNamespace(type=device)) for _ in "tv"]
+    stage._taken = {"train loader": (None, "train", None), "val loader": (None, "validate", None)}
+    stage._decoders = dict(zip(stage._taken, decoders, strict=True))
+    said = []
+
+    def set_share(share, why, final=False):
+        stage.share, stage.why = share, why
+        said.append((share, why, final))
+
+    stage._set = set_share
+    monkeypatch.setattr(adapter, "data_path", lambda trainer: SimpleNamespace(
+        choices=SimpleNamespace(choose=lambda *a, **k: None)))
+    monkeypatch.setattr(adapter, "rank_zero_info", lambda message: None)
+    clock = [0.0]
+    monkeypatch.setattr(adapter, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    history = [(0.0, None)] * 4
+    trainer = SimpleNamespace(world_size=1, global_rank=0)
+    for _ in range(3000):
+        made, load = history[-4]
+        clock[0] += 1.0 / (17.0 if made == 0.0 else cuda_rate if load == 0.0 else 16.6)
+        stage._last_batch = lambda made=made, load=load: (made, None, None, load if made > 0 else None)
+        stage.on_train_batch_end(trainer)
+        history.append((stage.share, 1.0 if decoders[0].engine_load is None else decoders[0].engine_load))
+        if said and said[-1][2]:
+            break
+    decision = stage.decision
+    assert decision is not None and decision.share == share and said[-1] == (share, decision.why, True)
+    assert decision.why.startswith("the CPU decode is kept" if share == 0.0 else "the GPU decodes 100% of the samples")
+    if device == "cpu":
+        assert stage.choice is None and all(d.engine_load is None for d in decoders)
+        return
+    assert any(why == "measuring: nvJPEG's CUDA decoder decoding every sample" for _, why, _ in said)
+    assert len([w for w in decision.windows if "engine_load" in w]) == 2
+    if share == 1.0:
+        assert decision.engine_load == 0.0 and all(d.engine_load == 0.0 for d in decoders)
+        assert "nvJPEG's CUDA decoder decodes them: 1.09x the CPU decode's" in decision.why
+    else:
+        assert decision.engine_load is None and all(d.engine_load is None for d in decoders)
+        assert "nvJPEG's CUDA decoder decoding every sample trained at 1.02x the CPU decode's" in decision.why

@@ -252,10 +252,19 @@ class DecoderChoice(SplitSearch):
     more CPU time (``DALIDataModule``'s decode, the engines idle: 0.8 ms a step, 8 CPU cores at 4,700 img/s), and
     decodes fewer JPEGs a second (H200: 10.5k against 20-22k), too few for a fast step.
 
+    Where the search kept the CPU decode and DALI would decode on a GPU, the CUDA decoder decoding every sample is
+    timed the same way against the CPU decode's better window (:meth:`against_cpu`): the engines losing to the
+    CPU decode did not make the CUDA decoder lose (H200, ResNet-50: the engines trained at 0.91-0.92 of the
+    ceiling on every host, the CUDA decoder at 0.984, the CPU decode at 0.73-0.95 by host); kept only by the margin,
+    else the CPU decode stays.
+
     Args:
-        placed: the split search's decision (a GPU share above 0).
-        engines_rate: training batches/s at that share with the engines (its better window).
+        placed: the split search's decision (a GPU share above 0), or the share the CUDA decoder is timed at.
+        engines_rate: training batches/s at that share with the engines (its better window); with ``against``:
+            the CPU decode's.
         window, settle, margin, tolerance, max_breaks: as :class:`SplitSearch`'s.
+        against: the search's decision to keep the CPU decode, where the CUDA decoder challenges it (it stands
+            unless the CUDA decoder beats ``engines_rate`` by the margin).
 
     Call :meth:`step` once per training batch with the time and the engine load its JPEGs were decoded with
     (``None`` where unknown); it returns the load to set once decided, and :attr:`decision` (the placed share, with
@@ -263,13 +272,16 @@ class DecoderChoice(SplitSearch):
     """
 
     def __init__(self, placed: Decision, engines_rate: float, window: int = 24, settle: int = 3,
-                 margin: float = 0.03, tolerance: float = 0.02, max_breaks: int = 40) -> None:  # fmt: skip
+                 margin: float = 0.03, tolerance: float = 0.02, max_breaks: int = 40,
+                 against: Decision | None = None) -> None:  # fmt: skip
         super().__init__(window=window, settle=settle, margin=margin, tolerance=tolerance, max_breaks=max_breaks)
         if placed.share <= 0.0:
             raise ValueError(f"placed.share must be above 0 (the GPU decodes a share), got {placed.share}.")
         if not engines_rate > 0.0:
             raise ValueError(f"engines_rate must be above 0, got {engines_rate}.")
-        self.placed, self.engines_rate = placed, engines_rate
+        if against is not None and against.share != 0.0:
+            raise ValueError(f"against must be a decision to keep the CPU decode (share 0), got {against.share}.")
+        self.placed, self.engines_rate, self.against = placed, engines_rate, against
         self.todo = [0.0, 0.0]  # the CUDA decoder (engine load 0), twice
         self._key = "engine_load"
 
@@ -281,6 +293,16 @@ class DecoderChoice(SplitSearch):
         # its better window; a rank that only followed rank 0's decision reads the decision's rate
         return cls(search.decision, search._best.get(share, search.decision.rates.get(share, 0.0)), search.window,
                    search.settle, search.margin, search.tolerance, search.max_breaks)  # fmt: skip
+
+    @classmethod
+    def against_cpu(cls, search: SplitSearch) -> DecoderChoice:
+        """The CUDA decoder decoding every sample, timed against the CPU decode that ``search`` kept (its better
+        window), as the search timed its windows."""
+        kept = search.decision
+        assert kept is not None and kept.share == 0.0
+        placed = Decision(1.0, dict(kept.rates), "the GPU decodes 100% of the samples", list(kept.windows))
+        return cls(placed, kept.rates[0.0], search.window, search.settle, search.margin, search.tolerance,
+                   search.max_breaks, against=kept)  # fmt: skip
 
     @property
     def share(self) -> float:
@@ -299,6 +321,9 @@ class DecoderChoice(SplitSearch):
         if self.decision is not None:
             return None
         if self._breaks > self.max_breaks:
+            if self.against is not None:
+                return self._stand(f"{self._breaks} epoch ends or validation runs came before nvJPEG's CUDA "
+                                   "decoder was timed")  # fmt: skip
             return self._keep(1.0, f"the JPEG engines are kept: {self._breaks} epoch ends or validation runs came "
                                    "before nvJPEG's CUDA decoder was timed")  # fmt: skip
         rate = self._timed(now, batch_load, made_at, made_by)
@@ -309,12 +334,26 @@ class DecoderChoice(SplitSearch):
         if self.todo:
             return None
         cuda, ratio = self.rates[0.0], self.rates[0.0] / self.engines_rate
+        if self.against is not None:
+            if cuda >= self.engines_rate * (1 + self.margin):
+                return self._keep(0.0, f"nvJPEG's CUDA decoder decodes them: {ratio:.2f}x the CPU decode's "
+                                       f"training batches/s ({cuda:.2f} against {self.engines_rate:.2f}), where "
+                                       f"the JPEG engines were not {self.margin:.0%} faster")  # fmt: skip
+            return self._stand(f"nvJPEG's CUDA decoder decoding every sample trained at {ratio:.2f}x the CPU decode's "
+                               f"batches/s ({cuda:.2f} against {self.engines_rate:.2f}), not {self.margin:.0%} faster")
         if cuda >= self.engines_rate * (1 + self.margin):
             return self._keep(0.0, f"nvJPEG's CUDA decoder decodes in place of the JPEG engines: {ratio:.2f}x "
                                    f"their training batches/s ({cuda:.2f} against {self.engines_rate:.2f})")  # fmt: skip
         return self._keep(1.0, f"the JPEG engines are kept: nvJPEG's CUDA decoder trained at {ratio:.2f}x their "
                                f"batches/s ({cuda:.2f} against {self.engines_rate:.2f}), not {self.margin:.0%} "
                                "faster")  # fmt: skip
+
+    def _stand(self, why: str) -> float:
+        """The CPU decode the search kept stays (the challenge lost, or was not timed): the GPU share 0."""
+        assert self.against is not None
+        self.decision = Decision(0.0, dict(self.against.rates), f"{self.against.why}; {why}",
+                                 self.against.windows + self.windows)  # fmt: skip
+        return 0.0
 
     def _keep(self, load: float, why: str) -> float:
         self.decision = Decision(self.placed.share, dict(self.placed.rates), f"{self.placed.why}; {why}",

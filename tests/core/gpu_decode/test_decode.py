@@ -507,3 +507,40 @@ def test_the_choice_follows_a_decided_search():
     choice = DecoderChoice.after(search)
     assert choice.placed is search.decision and choice.engines_rate == search._best[1.0]
     assert (choice.window, choice.settle, choice.margin) == (search.window, search.settle, search.margin)
+
+
+def test_the_cuda_decoder_challenges_a_kept_cpu_decode_and_wins_only_by_the_margin():
+    """The search kept the CPU decode (17 batches/s, the engines 16.6); the CUDA decoder decoding every sample is
+    timed against the CPU decode's better window: placed at 1.06x, the CPU decode standing at 1.02x or where epoch
+    ends come before it is timed."""
+    search = _run_search(lambda s: 17.0 if s == 0.0 else 16.6)
+    assert search.decision.share == 0.0
+    for cuda, share in ((18.0, 1.0), (17.3, 0.0)):
+        choice = DecoderChoice.against_cpu(search)
+        assert choice.share == 1.0 and choice.engines_rate == search.decision.rates[0.0] == pytest.approx(17.0)
+        now, history = 0.0, [None] * 4  # the CPU decode's batches (no DALI) until the GPU's arrive
+        while choice.decision is None:
+            shown = history[-4]
+            now += 1.0 / (cuda if shown == 0.0 else 17.0)
+            choice.step(now, shown)
+            history.append(0.0)
+        assert choice.decision.share == share
+        assert choice.decision.rates == search.decision.rates
+        assert len([w for w in choice.decision.windows if "engine_load" in w]) == 2
+        if share:
+            assert choice.decision.engine_load == 0.0
+            assert choice.decision.why == ("the GPU decodes 100% of the samples; nvJPEG's CUDA decoder decodes them: "
+                                           "1.06x the CPU decode's training batches/s (18.00 against 17.00), where "
+                                           "the JPEG engines were not 3% faster")  # fmt: skip
+        else:
+            assert choice.decision.engine_load is None
+            assert choice.decision.why.startswith(search.decision.why + "; nvJPEG's CUDA decoder decoding every "
+                                                  "sample trained at 1.02x")  # fmt: skip
+    untimed = DecoderChoice.against_cpu(search)
+    untimed.max_breaks = 2
+    for k in range(3):
+        untimed.restart_window()
+        untimed.step(k * 0.1, 0.0)
+    assert untimed.decision.share == 0.0 and "3 epoch ends or validation runs" in untimed.decision.why
+    with pytest.raises(ValueError, match="against must be a decision to keep the CPU decode"):
+        DecoderChoice(Decision(1.0, {}, "gpu"), 15.0, against=Decision(1.0, {}, "gpu"))
