@@ -9,7 +9,9 @@ runs a DALI pipeline on 256 JPEGs of the bench's kind (crop window decoded, resi
 whole image, the JPEG engines or nvJPEG's CUDA decoder): the kernels and copies the decode launches per batch
 (torch's profiler), the decode's batches/s alone and beside the step, and the step's GPU time (CUDA events) alone
 and beside it. ``--no-sync``: the training thread does not wait for each step's loss, so that a delay of the thread
-(the GIL, the CPUs) cannot show as GPU time: what remains is the GPU's own interference.
+(the GIL, the CPUs) cannot show as GPU time: what remains is the GPU's own interference. ``--warm-beside NAME``:
+the model's first steps, where cuDNN's benchmark picks the step's algorithms, run beside that decode (in
+``decode="auto"`` they run beside the CPU decode, the GPU quiet; with ``decode="gpu"`` beside DALI's).
 
 No bars: a probe. ``--convert`` writes a raw probe file (``--out`` of a run on the lent machine, where only the
 JSON comes back) as the result file, with the environment the raw file recorded.
@@ -152,7 +154,7 @@ class _Model:
                 "wall_ms_per_step": 1000 * (time.perf_counter() - t0) / n}  # fmt: skip
 
 
-def _beside(model: _Model, pipe: Any, jpegs: list[Any], pace_s: float) -> dict[str, float]:
+def _beside(model: _Model, pipe: Any, jpegs: list[Any], pace_s: float, n: int = 60) -> dict[str, float]:
     stop, done = threading.Event(), [0]
 
     def run() -> None:
@@ -166,7 +168,7 @@ def _beside(model: _Model, pipe: Any, jpegs: list[Any], pace_s: float) -> dict[s
     thread.start()
     time.sleep(0.3)
     t0, d0 = time.perf_counter(), done[0]
-    figures = model.steps()
+    figures = model.steps(n)
     figures["decode_batches_s"] = (done[0] - d0) / (time.perf_counter() - t0)
     stop.set()
     thread.join()
@@ -181,6 +183,9 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     gpu = torch.cuda.is_available()
     jpegs = _jpegs(256 if gpu else 8)
     model = _Model(gpu, sync=not args.no_sync)
+    if args.warm_beside:  # cuDNN's benchmark picks the step's algorithms at its first steps: here beside a decode
+        _, out_type, roi, load = next(c for c in CONFIGS if c[0] == args.warm_beside)
+        _beside(model, _pipeline(jpegs, out_type, roi, load, gpu), jpegs, args.pace_ms / 1000, n=5)
     result: dict[str, Any] = {"environment": environment(), "config": vars(args), "alone": model.steps()}
     print(f"{len(jpegs)} JPEGs; alone {result['alone']}", flush=True)
     for name, out_type, roi, load in CONFIGS:
@@ -213,6 +218,8 @@ def main() -> int:
                         "result file) goes")  # fmt: skip
     parser.add_argument("--pace-ms", type=float, default=25.0, help="the decode thread's least time a batch")
     parser.add_argument("--no-sync", action="store_true", help="no wait for each step's loss")
+    parser.add_argument("--warm-beside", choices=[c[0] for c in CONFIGS], help="the model's first steps (where "
+                        "cuDNN's benchmark picks its algorithms) beside this decode, not alone")  # fmt: skip
     parser.add_argument("--convert", help="a raw probe.json to write as the result file")
     args = parser.parse_args()
     if args.convert:
