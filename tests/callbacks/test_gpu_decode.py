@@ -115,13 +115,10 @@ def test_ddp_ranks_decide_one_placement_in_a_real_fit(tmp_path):
         assert sorted(epoch[0] + epoch[1]) == [0] * 24 + [1] * 24
 
 
-@pytest.mark.parametrize(("cuda_rate", "device", "kept"), [(18.0, "cuda", 0.0), (16.2, "cuda", 1.0),
-                                                            (18.0, "cpu", None)])  # fmt: skip
-def test_auto_times_the_cuda_decoder_after_placing_a_gpu_share_that_dali_decodes(monkeypatch, cuda_rate, device,
-                                                                                 kept):  # fmt: skip
-    """decode="auto" places the share first (the JPEG engines decoding it), then times nvJPEG's CUDA decoder in
-    their place and keeps it only where it trains faster by the margin; every decoder is left at the load kept.
-    Where DALI does not decode on a GPU, nothing more is timed."""
+def _run_stage(monkeypatch, device, cpu, engines, cuda):
+    """A GPUDecodeStage("auto") with a train and a validation decoder (DALI on ``device``) stepped until it places
+    the decode for good, each batch made and decoded under the share and engine load set 4 batches earlier, trained
+    at ``cpu``, ``engines`` or ``cuda`` batches/s; the stage, its decoders and what it set (share, why, final)."""
     from types import SimpleNamespace
 
     import lightning_gpu_boost.callbacks._gpu_decode as adapter
@@ -148,12 +145,23 @@ def test_auto_times_the_cuda_decoder_after_placing_a_gpu_share_that_dali_decodes
     trainer = SimpleNamespace(world_size=1, global_rank=0)
     for _ in range(3000):
         share, load = history[-4]
-        clock[0] += 1.0 / (10.0 if share == 0.0 else cuda_rate if load == 0.0 else 16.0)
+        clock[0] += 1.0 / (cpu if share == 0.0 else cuda if load == 0.0 else engines)
         stage._last_batch = lambda share=share, load=load: (share, None, None, load if share > 0 else None)
         stage.on_train_batch_end(trainer)
         history.append((stage.share, 1.0 if decoders[0].engine_load is None else decoders[0].engine_load))
         if said and said[-1][2]:
             break
+    return stage, decoders, said
+
+
+@pytest.mark.parametrize(("cuda_rate", "device", "kept"), [(18.0, "cuda", 0.0), (16.2, "cuda", 1.0),
+                                                            (18.0, "cpu", None)])  # fmt: skip
+def test_auto_times_the_cuda_decoder_after_placing_a_gpu_share_that_dali_decodes(monkeypatch, cuda_rate, device,
+                                                                                 kept):  # fmt: skip
+    """decode="auto" places the share first (the JPEG engines decoding it), then times nvJPEG's CUDA decoder in
+    their place and keeps it only where it trains faster by the margin; every decoder is left at the load kept.
+    Where DALI does not decode on a GPU, nothing more is timed."""
+    stage, decoders, said = _run_stage(monkeypatch, device, cpu=10.0, engines=16.0, cuda=cuda_rate)
     decision = stage.decision
     assert decision is not None and decision.share == 1.0 and said[-1] == (1.0, decision.why, True)
     assert decision.engine_load == kept and all(d.engine_load == kept for d in decoders)
@@ -239,38 +247,7 @@ def test_auto_times_the_cuda_decoder_against_a_kept_cpu_decode(monkeypatch, cuda
     nvJPEG's CUDA decoder decoding every sample is timed too (H200, ResNet-50: 0.984 of the ceiling, the engines
     0.91-0.92) and placed only where it beats the CPU decode by the margin; else the CPU decode stays, the decoders
     at DALI's default load. Without DALI on a GPU the CPU decode is kept at once."""
-    from types import SimpleNamespace
-
-    import lightning_gpu_boost.callbacks._gpu_decode as adapter
-    from lightning_gpu_boost.core.gpu_decode import SplitSearch
-
-    stage = adapter.GPUDecodeStage("auto")
-    stage.search = SplitSearch(window=10, settle=2)
-    decoders = [SimpleNamespace(engine_load=None, _dali=True, device=SimpleNamespace(type=device)) for _ in "tv"]
-    stage._taken = {"train loader": (None, "train", None), "val loader": (None, "validate", None)}
-    stage._decoders = dict(zip(stage._taken, decoders, strict=True))
-    said = []
-
-    def set_share(share, why, final=False):
-        stage.share, stage.why = share, why
-        said.append((share, why, final))
-
-    stage._set = set_share
-    monkeypatch.setattr(adapter, "data_path", lambda trainer: SimpleNamespace(
-        choices=SimpleNamespace(choose=lambda *a, **k: None)))
-    monkeypatch.setattr(adapter, "rank_zero_info", lambda message: None)
-    clock = [0.0]
-    monkeypatch.setattr(adapter, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    history = [(0.0, None)] * 4
-    trainer = SimpleNamespace(world_size=1, global_rank=0)
-    for _ in range(3000):
-        made, load = history[-4]
-        clock[0] += 1.0 / (17.0 if made == 0.0 else cuda_rate if load == 0.0 else 16.6)
-        stage._last_batch = lambda made=made, load=load: (made, None, None, load if made > 0 else None)
-        stage.on_train_batch_end(trainer)
-        history.append((stage.share, 1.0 if decoders[0].engine_load is None else decoders[0].engine_load))
-        if said and said[-1][2]:
-            break
+    stage, decoders, said = _run_stage(monkeypatch, device, cpu=17.0, engines=16.6, cuda=cuda_rate)
     decision = stage.decision
     assert decision is not None and decision.share == share and said[-1] == (share, decision.why, True)
     assert decision.why.startswith("the CPU decode is kept" if share == 0.0 else "the GPU decodes 100% of the samples")

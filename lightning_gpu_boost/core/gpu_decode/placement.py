@@ -334,14 +334,15 @@ class DecoderChoice(SplitSearch):
         if self.todo:
             return None
         cuda, ratio = self.rates[0.0], self.rates[0.0] / self.engines_rate
+        faster = cuda >= self.engines_rate * (1 + self.margin)
         if self.against is not None:
-            if cuda >= self.engines_rate * (1 + self.margin):
+            if faster:
                 return self._keep(0.0, f"nvJPEG's CUDA decoder decodes them: {ratio:.2f}x the CPU decode's "
                                        f"training batches/s ({cuda:.2f} against {self.engines_rate:.2f}), where "
                                        f"the JPEG engines were not {self.margin:.0%} faster")  # fmt: skip
             return self._stand(f"nvJPEG's CUDA decoder decoding every sample trained at {ratio:.2f}x the CPU decode's "
                                f"batches/s ({cuda:.2f} against {self.engines_rate:.2f}), not {self.margin:.0%} faster")
-        if cuda >= self.engines_rate * (1 + self.margin):
+        if faster:
             return self._keep(0.0, f"nvJPEG's CUDA decoder decodes in place of the JPEG engines: {ratio:.2f}x "
                                    f"their training batches/s ({cuda:.2f} against {self.engines_rate:.2f})")  # fmt: skip
         return self._keep(1.0, f"the JPEG engines are kept: nvJPEG's CUDA decoder trained at {ratio:.2f}x their "
