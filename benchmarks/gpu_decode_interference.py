@@ -12,6 +12,9 @@ and beside it. ``--no-sync``: the training thread does not wait for each step's 
 (the GIL, the CPUs) cannot show as GPU time: what remains is the GPU's own interference. ``--warm-beside NAME``:
 the model's first steps, where cuDNN's benchmark picks the step's algorithms, run beside that decode (in
 ``decode="auto"`` they run beside the CPU decode, the GPU quiet; with ``decode="gpu"`` beside DALI's).
+``--train-priority N``: the step on a stream of priority N, DALI's streams at the default. Beside each decode the
+profiler also sums the step's own kernels a step: grown, they shared the multiprocessors; not grown while the span
+grew, the GPU waited between them.
 
 No bars: a probe. ``--convert`` writes a raw probe file (``--out`` of a run on the lent machine, where only the
 JSON comes back) as the result file, with the environment the raw file recorded.
@@ -33,7 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout,
 #: (name, output type, crop window, share for the JPEG engines)
 CONFIGS = (("rgb_roi_engines", "rgb", True, 1.0), ("ycbcr_roi_engines", "ycbcr", True, 1.0),
            ("any_roi_engines", "any", True, 1.0), ("rgb_full_engines", "rgb", False, 1.0),
-           ("ycbcr_full_engines", "ycbcr", False, 1.0), ("rgb_roi_cuda", "rgb", True, 0.0))  # fmt: skip
+           ("ycbcr_full_engines", "ycbcr", False, 1.0), ("rgb_roi_cuda", "rgb", True, 0.0),
+           # controls: the same feeds of the same bytes, no nvJPEG: copied to the GPU only; decoded by DALI's CPU
+           # threads and the images copied to the GPU
+           ("copy_only", "rgb", False, -1.0), ("cpu_decode", "rgb", True, -1.0))  # fmt: skip
 
 
 def _jpegs(n: int) -> list[Any]:
@@ -56,6 +62,12 @@ def _pipeline(jpegs: list[Any], out_type: str, roi: bool, load: float, gpu: bool
     @pipeline_def(batch_size=len(jpegs), num_threads=8, device_id=0 if gpu else None, prefetch_queue_depth=1)
     def graph() -> Any:
         j = fn.external_source(name="j", dtype=types.UINT8, ndim=1)
+        if load < 0:  # a control
+            if not roi:
+                return j.gpu() if gpu else j
+            x = fn.decoders.image_slice(j, [0.1, 0.15], [0.6, 0.7], axis_names="HW", output_type=types.RGB)
+            x = fn.resize(x, size=[224, 224], antialias=True, interp_type=types.INTERP_LINEAR)
+            return x.gpu() if gpu else x
         extra = {"hw_decoder_load": load} if gpu else {}
         kind = "mixed" if gpu else "cpu"
         if roi:
@@ -70,12 +82,19 @@ def _pipeline(jpegs: list[Any], out_type: str, roi: bool, load: float, gpu: bool
     return pipe
 
 
-def _once(pipe: Any, jpegs: list[Any]) -> str:
+def _once(pipe: Any, jpegs: list[Any], spent: dict[str, float] | None = None) -> str:
+    t0 = time.perf_counter()
     pipe.feed_input("j", jpegs)
+    t1 = time.perf_counter()
     pipe.schedule_run()
+    t2 = time.perf_counter()
     (out,) = pipe.share_outputs()
-    shape = str(out.as_tensor().shape())
+    t3 = time.perf_counter()
+    shape = str(out.as_tensor().shape()) if out.is_dense_tensor() else f"{len(out)} samples"
     pipe.release_outputs()
+    if spent is not None:
+        for k, v in (("feed", t1 - t0), ("schedule", t2 - t1), ("share", t3 - t2), ("release", time.perf_counter() - t3)):
+            spent[k] = spent.get(k, 0.0) + v
     return shape
 
 
@@ -102,10 +121,12 @@ def _kernels(pipe: Any, jpegs: list[Any], iters: int = 5) -> dict[str, Any]:
 class _Model:
     """ResNet-18 training on one resident batch; :meth:`steps` times its steps' GPU time."""
 
-    def __init__(self, gpu: bool, sync: bool) -> None:
+    def __init__(self, gpu: bool, sync: bool, priority: int | None = None) -> None:
         import torch
 
         self.gpu, self.sync = gpu, sync
+        # --train-priority: the step on a stream of that priority (lower is higher), DALI's streams at the default
+        self.stream = torch.cuda.Stream(priority=priority) if gpu and priority is not None else None
         if gpu:
             import torchvision
 
@@ -130,6 +151,14 @@ class _Model:
         return loss
 
     def steps(self, n: int = 60) -> dict[str, float]:
+        import contextlib
+
+        import torch
+
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            return self._steps(n)
+
+    def _steps(self, n: int) -> dict[str, float]:
         import torch
 
         for _ in range(5):
@@ -153,23 +182,73 @@ class _Model:
         return {"step_ms_median": statistics.median(ms), "step_ms_mean": statistics.fmean(ms),
                 "wall_ms_per_step": 1000 * (time.perf_counter() - t0) / n}  # fmt: skip
 
+    def launch_ms(self, n: int = 15) -> dict[str, float]:
+        """The training thread's time to launch one step while the GPU is held busy (``torch.cuda._sleep``), so
+        that no launch waits for room in the queue: where it nears the step's GPU time, the thread, not the GPU,
+        sets the pace."""
+        import contextlib
 
-def _beside(model: _Model, pipe: Any, jpegs: list[Any], pace_s: float, n: int = 60) -> dict[str, float]:
-    stop, done = threading.Event(), [0]
+        import torch
+
+        ms = []
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            for _ in range(n):
+                torch.cuda.synchronize()
+                torch.cuda._sleep(100_000_000)  # ~50 ms at ~2 GHz
+                t0 = time.perf_counter()
+                self._step()
+                ms.append(1000 * (time.perf_counter() - t0))
+            torch.cuda.synchronize()
+        return {"launch_ms_median": statistics.median(ms), "launch_ms_max": max(ms)}
+
+    def kernel_ms(self, n: int = 10) -> dict[str, float]:
+        """The step's own kernels' GPU time a step (DALI's and nvJPEG's kernels and the copies left out), by the
+        profiler: where it grows beside a decode, the step's kernels ran slower (they shared the multiprocessors);
+        where only the step's span grows, the GPU waited between them."""
+        import contextlib
+
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            self._step()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(n):
+                    self._step()
+                torch.cuda.synchronize()
+        total = launches = 0.0
+        for e in prof.key_averages():
+            name = e.key.lower()
+            device_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if device_us and e.count and not any(k in name for k in ("nvjpeg", "dali", "memcpy", "memset")):
+                total, launches = total + device_us, launches + e.count
+        return {"step_kernel_ms": total / n / 1000, "step_launches": launches / n}
+
+
+def _beside(model: _Model, pipe: Any, jpegs: list[Any], pace_s: float, n: int = 60,
+            kernels: bool = False) -> dict[str, float]:
+    stop, done, spent = threading.Event(), [0], {}
 
     def run() -> None:
         while not stop.is_set():
             t0 = time.perf_counter()
-            _once(pipe, jpegs)
+            _once(pipe, jpegs, spent if figures_started.is_set() else None)
             done[0] += 1
             time.sleep(max(0.0, pace_s - (time.perf_counter() - t0)))
 
+    figures_started = threading.Event()
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     time.sleep(0.3)
+    figures_started.set()
     t0, d0 = time.perf_counter(), done[0]
-    figures = model.steps(n)
+    figures: dict[str, Any] = model.steps(n)
     figures["decode_batches_s"] = (done[0] - d0) / (time.perf_counter() - t0)
+    figures["decode_thread_ms_per_batch"] = {k: 1000 * v / max(1, done[0] - d0) for k, v in spent.items()}
+    if kernels and model.gpu:
+        figures.update(model.kernel_ms())
+        figures.update(model.launch_ms())
     stop.set()
     thread.join()
     return figures
@@ -182,13 +261,18 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
 
     gpu = torch.cuda.is_available()
     jpegs = _jpegs(256 if gpu else 8)
-    model = _Model(gpu, sync=not args.no_sync)
+    model = _Model(gpu, sync=not args.no_sync, priority=args.train_priority)
     if args.warm_beside:  # cuDNN's benchmark picks the step's algorithms at its first steps: here beside a decode
         _, out_type, roi, load = next(c for c in CONFIGS if c[0] == args.warm_beside)
         _beside(model, _pipeline(jpegs, out_type, roi, load, gpu), jpegs, args.pace_ms / 1000, n=5)
     result: dict[str, Any] = {"environment": environment(), "config": vars(args), "alone": model.steps()}
+    if gpu:
+        result["alone"].update(model.kernel_ms())
+        result["alone"].update(model.launch_ms())
     print(f"{len(jpegs)} JPEGs; alone {result['alone']}", flush=True)
     for name, out_type, roi, load in CONFIGS:
+        if args.only and name not in args.only:
+            continue
         try:
             t0 = time.perf_counter()
             pipe = _pipeline(jpegs, out_type, roi, load, gpu)
@@ -200,7 +284,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
                 _once(pipe, jpegs)
             figures.update(build_s=t1 - t0, decode_alone_batches_s=10 / (time.perf_counter() - t1),
                            kernels=_kernels(pipe, jpegs) if gpu else {},
-                           beside_resnet18=_beside(model, pipe, jpegs, args.pace_ms / 1000))  # fmt: skip
+                           beside_resnet18=_beside(model, pipe, jpegs, args.pace_ms / 1000, kernels=True))  # fmt: skip
             del pipe
         except Exception as e:  # a configuration DALI refuses: said, the others go on
             figures = {"error": f"{type(e).__name__}: {e}"[:400]}
@@ -220,6 +304,9 @@ def main() -> int:
     parser.add_argument("--no-sync", action="store_true", help="no wait for each step's loss")
     parser.add_argument("--warm-beside", choices=[c[0] for c in CONFIGS], help="the model's first steps (where "
                         "cuDNN's benchmark picks its algorithms) beside this decode, not alone")  # fmt: skip
+    parser.add_argument("--train-priority", type=int, help="the step on a stream of this priority (lower is "
+                        "higher; -5 is clamped to the highest), not on the default stream")  # fmt: skip
+    parser.add_argument("--only", nargs="+", choices=[c[0] for c in CONFIGS], help="these configurations only")
     parser.add_argument("--convert", help="a raw probe.json to write as the result file")
     args = parser.parse_args()
     if args.convert:
