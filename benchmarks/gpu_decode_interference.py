@@ -308,13 +308,15 @@ def main() -> int:
                         "higher; -5 is clamped to the highest), not on the default stream")  # fmt: skip
     parser.add_argument("--only", nargs="+", choices=[c[0] for c in CONFIGS], help="these configurations only")
     parser.add_argument("--convert", help="a raw probe.json to write as the result file")
+    parser.add_argument("--suffix", help="with --convert: after the machine in the file's name (another of one day)")
     args = parser.parse_args()
     if args.convert:
         from lightning_gpu_boost.core.results import write_result
 
         raw = json.loads(Path(args.convert).read_text())
         env = raw.pop("environment")
-        print(write_result("gpu_decode_interference", raw, {}, out_dir=args.out, env=env, tag="h200"))
+        tag = f"h200-{args.suffix}" if args.suffix else "h200"
+        print(write_result("gpu_decode_interference", raw, {}, out_dir=args.out, env=env, tag=tag))
         return 0
     Path(args.out).mkdir(parents=True, exist_ok=True)
     probe(args)

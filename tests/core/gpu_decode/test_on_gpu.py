@@ -187,6 +187,7 @@ def test_the_prefetcher_hands_batches_to_dali_at_the_fetch(tmp_path, monkeypatch
     from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 
     monkeypatch.setattr(StreamPrefetcher, "_handover_thread", handover_thread)
+    monkeypatch.setattr(StreamPrefetcher, "_switch_interval_s", 0.0005)  # None (Python's own) by default
 
     root = make_jpeg_folder(tmp_path / "tree", n=96, num_classes=4, progress=False)
     transform = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
