@@ -19,7 +19,8 @@ per-image path's; the CPU path per core, times the usable CPUs). ``handover_resn
 
 Steady state (``core/steady.py``, ``docs/method.md``): ThroughputMeter times ``--steps`` steps after the warm-up and
 the loader's queue; the ``auto`` cases open their window once the placement is decided (``--auto-warmup``: at the
-latest). CPU cores used: the process's and its workers' CPU time over the fit's wall time; per 1,000 img/s. Each fit also
+latest).
+CPU cores used: the process's and its workers' CPU time over the fit's wall time; per 1,000 img/s. Each fit also
 records its threads' CPU in the timed window and the GPU decode's counts (``gpu_decode_probes.py``).
 """
 
@@ -92,7 +93,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         result = measure_fit(model, data, args.steps, args.warmup, tuple(timeline), precision="bf16-mixed")
         for callback in timeline:
             result.update(callback.figures())
-        return result if decode is None else {**result, "num_workers": 4 if decode == "plain" else None, "decode": decode}
+        return result if decode is None else {**result, "num_workers": 4 if decode == "plain" else None,
+                                              "decode": decode}  # fmt: skip
     fixed = getattr(args, "loader_workers", None)  # a handover variant's fixed worker count (AutoNumWorkers off)
     reserved = getattr(args, "reserve_cpus", 0)  # a handover variant's: the workers kept off the first N CPUs
     nice = getattr(args, "nice_workers", 0)  # a handover variant's: the workers' niceness raised by N
@@ -114,7 +116,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         extra.append(KernelProfile(*args.kernel_profile))
     if getattr(args, "train_priority", False):  # a handover variant's: the steps run on its stream
         extra.append(TrainOnPriorityStream())
-    extra += [GpuTimeline()] if getattr(args, "timeline", False) else []
+    if getattr(args, "timeline", False):
+        extra.append(GpuTimeline())
     result = measure_fit(model, loader, args.steps, warmup, (boost, *extra), precision="bf16-mixed")
     for callback in extra:
         result.update(callback.figures())
@@ -502,7 +505,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="the cases in turn, this many times (lower median)")
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--auto-warmup", type=int, default=1600, help="the most untimed steps of the auto cases: "
-                        "their window opens once the placement is decided, at the latest after these")
+                        "their window opens once the placement is decided (its search and the decoder's choice: up "
+                        "to eight windows of 24 batches, each after the batches held ahead; 1,092 steps on an "
+                        "H200), at the latest after these")
     parser.add_argument("--profile-steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="cProfile the "
                         "training thread of the gpu cases from step FIRST to LAST")
     parser.add_argument("--search-window", type=int, help="the batches `auto` times each GPU share over (the "
@@ -527,9 +532,8 @@ def main() -> int:
     parser.add_argument("--no-decoder-choice", action="store_true", help="auto keeps the engines (no DecoderChoice)")
     parser.add_argument("--merge", nargs="+", help="part files to merge into the result file")
     parser.add_argument("--probes", nargs="+", help="with --merge: the probes' JSON files, kept in the result")
-    parser.add_argument("--suffix", default="", help="with --merge: after the machine in the file's name")
-    parser.add_argument("--switch-interval-ms", type=float, help="Python's, while the GPU decode's hand-over thread "
-                        "runs (the package's where not given; 0: Python's own left as it is)")  # fmt: skip
+    parser.add_argument("--suffix", default="", help="with --merge: after the machine in the file's name (a second "
+                        "result of one day)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be an int >= 1, got {args.rounds}")
@@ -550,8 +554,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(args, k) for k in ("images", "batch_size", "steps", "warmup", "auto_warmup", "variants",
                                             "profile_steps", "rounds", "dali_pipes", "timeline", "kernel_profile",
-                                            "search_window", "dali_hw_load", "no_decoder_choice",
-                                            "switch_interval_ms")}  # fmt: skip
+                                            "search_window", "dali_hw_load", "no_decoder_choice")}  # fmt: skip
     dali = {k: v for k, v in (("pipes", args.dali_pipes), ("hw_decoder_load", args.dali_hw_load)) if v is not None}
     if dali:  # the model parts' pipelines (the handover part's variants set their own)
         from lightning_gpu_boost.core.gpu_decode import decode as decode_module
@@ -566,9 +569,6 @@ def main() -> int:
     if args.no_decoder_choice:  # auto as before DecoderChoice: the JPEG engines kept
         from lightning_gpu_boost.callbacks._gpu_decode import GPUDecodeStage
         GPUDecodeStage.engines_choosable = lambda self, share: False  # type: ignore[method-assign]
-    if args.switch_interval_ms is not None:  # 0: as before the package shortened it
-        from lightning_gpu_boost.core.prefetch import StreamPrefetcher
-        StreamPrefetcher._switch_interval_s = args.switch_interval_ms / 1000 or None
     parts: dict[str, Any] = {}
     for part in args.parts.split(","):
         if part == "decoders":
