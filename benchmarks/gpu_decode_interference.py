@@ -151,11 +151,9 @@ class _Model:
         return loss
 
     def steps(self, n: int = 60) -> dict[str, float]:
-        import contextlib
-
         import torch
 
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+        with torch.cuda.stream(self.stream):  # None: the current stream, as it is
             return self._steps(n)
 
     def _steps(self, n: int) -> dict[str, float]:
@@ -186,12 +184,10 @@ class _Model:
         """The training thread's time to launch one step while the GPU is held busy (``torch.cuda._sleep``), so
         that no launch waits for room in the queue: where it nears the step's GPU time, the thread, not the GPU,
         sets the pace."""
-        import contextlib
-
         import torch
 
         ms = []
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+        with torch.cuda.stream(self.stream):  # None: the current stream, as it is
             for _ in range(n):
                 torch.cuda.synchronize()
                 torch.cuda._sleep(100_000_000)  # ~50 ms at ~2 GHz
@@ -205,12 +201,10 @@ class _Model:
         """The step's own kernels' GPU time a step (DALI's and nvJPEG's kernels and the copies left out), by the
         profiler: where it grows beside a decode, the step's kernels ran slower (they shared the multiprocessors);
         where only the step's span grows, the GPU waited between them."""
-        import contextlib
-
         import torch
         from torch.profiler import ProfilerActivity, profile
 
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+        with torch.cuda.stream(self.stream):  # None: the current stream, as it is
             self._step()
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:

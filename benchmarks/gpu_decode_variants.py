@@ -133,14 +133,14 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
 class BackwardWindow(Callback):
     """The ``backward_window`` variant: the window is open while the training thread is in ``loss.backward()``
     (autograd's engine thread launches the backward; the training thread waits without the GIL); the hand-over
-    thread waits for it, at most ``timeout_s``, before each batch's fetch (:func:`gated_fetch`). The figures: how
+    thread waits for it, at most :attr:`timeout_s`, before each batch's fetch (:func:`gated_fetch`). The figures: how
     often and how long it waited, and how often the window did not open in time."""
 
     opened = threading.Event()
     counts = {"waits": 0, "waited_s": 0.0, "timeouts": 0}
+    timeout_s = 0.025
 
-    def __init__(self, timeout_s: float = 0.025) -> None:
-        BackwardWindow.timeout_s = timeout_s
+    def __init__(self) -> None:
         BackwardWindow.counts.update(waits=0, waited_s=0.0, timeouts=0)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -163,7 +163,7 @@ def gated_fetch(fetch: Any) -> Any:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if threading.current_thread().name == "lgb-handover":
             t0 = time.perf_counter()
-            if not BackwardWindow.opened.wait(getattr(BackwardWindow, "timeout_s", 0.025)):
+            if not BackwardWindow.opened.wait(BackwardWindow.timeout_s):
                 BackwardWindow.counts["timeouts"] += 1
             BackwardWindow.counts["waits"] += 1
             BackwardWindow.counts["waited_s"] += time.perf_counter() - t0

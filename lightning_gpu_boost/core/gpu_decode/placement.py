@@ -293,8 +293,8 @@ class DecoderChoice(SplitSearch):
         """The choice that follows ``search``'s decision (a GPU share above 0), timed as it timed its windows."""
         assert search.decision is not None
         share = search.decision.share
-        # the share's slower window (the decision's rate: a rank that only followed rank 0's reads it too)
-        return cls(search.decision, search.decision.rates.get(share, search._best.get(share, 0.0)), search.window,
+        # the share's slower window: a GPU share is placed only from the rates, so its rate is there
+        return cls(search.decision, search.decision.rates[share], search.window,
                    search.settle, search.margin, search.tolerance, search.max_breaks)  # fmt: skip
 
     @classmethod
