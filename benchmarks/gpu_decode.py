@@ -50,7 +50,7 @@ from gpu_decode_probes import (
     lower_median,
     process_on,
 )
-from gpu_decode_variants import VARIANTS, BackwardWindow, handover, keep_off_cpus
+from gpu_decode_variants import VARIANTS, handover, keep_off_cpus
 
 from lightning_gpu_boost.core.results import bar, gpu_tag, write_result
 
@@ -116,7 +116,6 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         extra.append(KernelProfile(*args.kernel_profile))
     if getattr(args, "train_priority", False):  # a handover variant's: the steps run on its stream
         extra.append(TrainOnPriorityStream())
-    extra += [BackwardWindow()] if getattr(args, "backward_window", False) else []  # a handover variant's
     extra += [GpuTimeline()] if getattr(args, "timeline", False) else []
     result = measure_fit(model, loader, args.steps, warmup, (boost, *extra), precision="bf16-mixed")
     for callback in extra:

@@ -23,9 +23,10 @@ threads): beside ResNet-50 on the H200 the engines' output took a conversion ker
 of the GPU's time a step), where ``DALIDataModule``'s decode, the engines idle, took 0.8 ms in all and its step
 0.2 ms over the ceiling's. ``legacy_exec``: DALI's older pipelined executor (the dynamic one's threads took 0.6-2.3
 cores beside the engines, 0.1 beside the CUDA decoder; blocking CUDA's waits did not lower it).
-``backward_window``: the hand-over thread starts each batch's work (the fetch, the hand-over to DALI, the collect)
-only while the training thread is in ``backward`` (:class:`BackwardWindow`), where it holds no GIL: ResNet-18's
-step waits for its launches, not its kernels (``gpu_decode_interference.py``). A variant named twice is timed twice.
+``no_backward_window``: the hand-over thread starts each batch's work (the fetch, the hand-over to DALI, the
+collect) whenever the training thread takes a batch, instead of while it is in ``backward``, where it holds no GIL
+(the package's ``BackwardWindow``): ResNet-18's step waits for its launches, not its kernels
+(``gpu_decode_interference.py``). A variant named twice is timed twice.
 """
 
 from __future__ import annotations
@@ -33,14 +34,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
@@ -127,49 +125,7 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "split_70_layout": (3, "split_0.7+layout"), "copy_3_flip_kernel": (3, "flipkernel"),
             "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel"), "copy_3_by_name": (3, "byname"),
             "copy_3_hw_0": (3, "hw_0"), "copy_3_hw_50": (3, "hw_50"), "copy_3_legacy_exec": (3, "legacyexec"),
-            "copy_3_backward_window": (3, "backward")}  # fmt: skip
-
-
-class BackwardWindow(Callback):
-    """The ``backward_window`` variant: the window is open while the training thread is in ``loss.backward()``
-    (autograd's engine thread launches the backward; the training thread waits without the GIL); the hand-over
-    thread waits for it, at most :attr:`timeout_s`, before each batch's fetch (:func:`gated_fetch`). The figures: how
-    often and how long it waited, and how often the window did not open in time."""
-
-    opened = threading.Event()
-    counts = {"waits": 0, "waited_s": 0.0, "timeouts": 0}
-    timeout_s = 0.025
-
-    def __init__(self) -> None:
-        BackwardWindow.counts.update(waits=0, waited_s=0.0, timeouts=0)
-
-    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        BackwardWindow.opened.set()
-
-    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        BackwardWindow.opened.clear()
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        BackwardWindow.opened.set()  # nothing more to wait for
-
-    def figures(self) -> dict[str, Any]:
-        c = BackwardWindow.counts
-        return {"backward_window": {**c, "waited_ms_mean": 1000 * c["waited_s"] / max(1, c["waits"])}}
-
-
-def gated_fetch(fetch: Any) -> Any:
-    """``StreamPrefetcher._fetch`` that, in the hand-over thread, first waits for :class:`BackwardWindow`."""
-
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name == "lgb-handover":
-            t0 = time.perf_counter()
-            if not BackwardWindow.opened.wait(BackwardWindow.timeout_s):
-                BackwardWindow.counts["timeouts"] += 1
-            BackwardWindow.counts["waits"] += 1
-            BackwardWindow.counts["waited_s"] += time.perf_counter() - t0
-        return fetch(self, *args, **kwargs)
-
-    return run
+            "copy_3_no_backward_window": (3, "anywindow")}  # fmt: skip
 
 
 def keep_off_cpus(reserved: int, nice: int, worker_id: int, by_name: bool = False) -> None:
@@ -246,10 +202,8 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 
             patches.append(mock.patch.object(StreamPrefetcher, "_handover_thread", True))
-        if extra == "backward":  # the hand-over thread's work while the training thread is in backward
-            from lightning_gpu_boost.core.prefetch import StreamPrefetcher
-
-            patches.append(mock.patch.object(StreamPrefetcher, "_fetch", gated_fetch(StreamPrefetcher._fetch)))
+        if extra == "anywindow":  # the hand-over thread's work whenever a batch is taken, not in backward only
+            patches.append(mock.patch.object(prefetch_module.StreamPrefetch, "_backward_window", False))
         if extra == "inline":  # DALI driven from the training thread, between the steps
             from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 
@@ -271,8 +225,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
                                            else None, train_priority=extra == "priority",
                                            reserve_cpus=int(tokens.get("reserve", 0)),
                                            nice_workers=int(tokens.get("nice", 0)), by_name="byname" in tokens,
-                                           watchdog=tokens.get("watchdog") != "off",
-                                           backward_window=extra == "backward")  # fmt: skip
+                                           watchdog=tokens.get("watchdog") != "off")  # fmt: skip
             switch = sys.getswitchinterval()
             sys.setswitchinterval(float(tokens.get("switch", switch)))
             try:

@@ -34,6 +34,7 @@ _HOOKS = (
     "setup", "teardown", "on_fit_start", "on_train_start", "on_train_end", "on_train_epoch_start",
     "on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_validation_end", "on_save_checkpoint",
     "on_exception", "on_train_epoch_end", "on_validation_epoch_start", "on_validation_epoch_end",
+    "on_before_backward", "on_after_backward",
 )  # fmt: skip
 
 

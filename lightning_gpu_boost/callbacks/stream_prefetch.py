@@ -19,6 +19,7 @@ from lightning_gpu_boost import _checks as checks
 from lightning_gpu_boost._lightning import batches_done_in_epoch
 from lightning_gpu_boost.callbacks._data_path import add_stage, data_path, facts_of, remove_stage
 from lightning_gpu_boost.callbacks._gpu_decode import DecodeMode, GPUDecodeStage
+from lightning_gpu_boost.core.handover import BackwardWindow
 from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
 from lightning_gpu_boost.core.prefetch import MAX_DEPTH, GPUNormalize, StreamPrefetcher, as_normalize
@@ -101,6 +102,11 @@ class StreamPrefetch(Callback):
         ...                   logger=False, enable_checkpointing=False, enable_progress_bar=False)
     """
 
+    #: the training loader's GPU decode (DALI's hand-over thread) starts each batch's work while the training thread
+    #: is in backward (:class:`~lightning_gpu_boost.core.handover.BackwardWindow`); False: whenever a batch is
+    #: taken (``benchmarks/gpu_decode.py``'s ``copy_3_no_backward_window`` variant)
+    _backward_window = True
+
     def __init__(
         self,
         normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
@@ -150,6 +156,8 @@ class StreamPrefetch(Callback):
         self.moved_normalize: list[str] = []
         self._trainer: Any = None
         self.active = False
+        #: the window the training loader's hand-over thread works in, this fit (None: none)
+        self.backward_window: BackwardWindow | None = None
 
     def _user_transfer_hooks(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[str]:
         found = [f"LightningModule.{h}" for h in _USER_TRANSFER_HOOKS if is_overridden(h, pl_module)]
@@ -224,9 +232,12 @@ class StreamPrefetch(Callback):
             seed = self.transform_seed
             if seed is None:
                 seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)
+            window = None
+            if decoder is not None and stage in ("train", "fit", None) and self._backward_window:
+                window = self.backward_window = self.backward_window or BackwardWindow()
             prefetcher = StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=normalize,
                                           transform=transform, seed=seed, rank=trainer.global_rank,
-                                          decode=decoder)  # fmt: skip
+                                          decode=decoder, window=window)  # fmt: skip
             if source is not None:  # what runs on the GPU after the copy, in order
                 record = data_path(trainer).facts(source)
                 record.on_gpu = [name for name, on in (("decode", decoder), ("transform", transform),
@@ -263,6 +274,21 @@ class StreamPrefetch(Callback):
             self.gpu_decode.on_train_batch_end(trainer)
 
     @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        if self.backward_window is not None:
+            self.backward_window.open()
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.backward_window is not None:
+            self.backward_window.close()
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.backward_window is not None:
+            self.backward_window.finish()
+
+    @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.gpu_decode is not None:
             self.gpu_decode.restart_window()
@@ -286,13 +312,17 @@ class StreamPrefetch(Callback):
         for loader in list(self._moved):
             restore_normalize(loader.dataset)
         self._moved.clear()
+        window, self.backward_window = self.backward_window, None
+        if window is not None:
+            window.finish()
         if self.gpu_decode is not None:
             decision = self.gpu_decode.decision
             self.decode_placement = {"share": self.gpu_decode.share, "why": self.gpu_decode.why,
                                      "rates": decision.rates if decision is not None else None,
                                      "windows": decision.windows if decision is not None else None,
                                      "engine_load": decision.engine_load if decision is not None else None,
-                                     "gpu_decoder": self.gpu_decode.decoder_names()}  # fmt: skip
+                                     "gpu_decoder": self.gpu_decode.decoder_names(),
+                                     "backward_window": window.figures() if window is not None else None}  # fmt: skip
             self.gpu_decode.detach()
             self.gpu_decode = None
         if owner is not None:

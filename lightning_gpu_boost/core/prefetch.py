@@ -19,8 +19,6 @@ objects with a ``.to()`` method); non-tensor leaves pass through unchanged. On a
 
 from __future__ import annotations
 
-import queue as queues
-import threading
 import warnings
 from abc import ABC
 from collections import deque
@@ -33,6 +31,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_gpu_boost.core.fork import collect_before_fork
+from lightning_gpu_boost.core.handover import BackwardWindow, iter_handover
 
 __all__ = ['DTypeName', 'GPUNormalize', 'StreamPrefetcher', 'as_normalize', 'batch_seed']
 
@@ -197,6 +196,8 @@ class StreamPrefetcher:
             stream; ``None``: nothing to decode. A decoder whose ``asynchronous`` is true is handed each batch
             when it is fetched (``begin``) and gives it decoded when it is handed out (``end``), two batches
             ahead at least; ``discard`` drops what a loop stopped early left.
+        window: a :class:`~lightning_gpu_boost.core.handover.BackwardWindow`: the hand-over thread of a decoder
+            that begins at the fetch starts each batch's work in it; ``None``: whenever a batch is taken.
 
     Attribute access and assignment fall through to ``loader`` (``sampler``, ``batch_sampler``, ``dataset``,
     ``worker_init_fn`` ...), ``len()`` is the loader's, and ``state_dict()``/``load_state_dict()`` exist when the
@@ -215,7 +216,7 @@ class StreamPrefetcher:
     """
 
     _OWN = ("_loader", "_device", "_depth", "_normalize", "_pin", "_stream", "_state", "_iterating", "_transform",
-            "_seed", "_rank", "_epoch", "_start", "_decode")
+            "_seed", "_rank", "_epoch", "_start", "_decode", "_window")
     #: a decoder that begins at the fetch is driven from a thread of its own (the fetch, the hand-over to the
     #: decoder, the collect and the normalize), so the training thread only takes finished batches (False: in the
     #: training thread; ``benchmarks/gpu_decode.py``'s ``copy_3_inline`` and ``copy_3_handover_thread`` variants)
@@ -240,6 +241,7 @@ class StreamPrefetcher:
         seed: int = 0,
         rank: int = 0,
         decode: Any = None,
+        window: BackwardWindow | None = None,
     ) -> None:
         if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= MAX_DEPTH:
             raise ValueError(f"depth must be an int in [1, {MAX_DEPTH}], got {depth!r} (each batch ahead holds its "
@@ -268,6 +270,7 @@ class StreamPrefetcher:
         object.__setattr__(self, "_epoch", 0)
         object.__setattr__(self, "_start", 0)
         object.__setattr__(self, "_decode", decode)
+        object.__setattr__(self, "_window", window)
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """The epoch the next iteration belongs to (it seeds ``transform``'s draws); also passed on to the loader
@@ -414,7 +417,7 @@ class StreamPrefetcher:
         begins = self._decode is not None and self._transform is None and getattr(self._decode, "asynchronous", False)
         ahead = max(self._depth, getattr(self._decode, "ahead", 2)) if begins else self._depth
         if begins and self._handover_thread:
-            yield from self._iter_handover_thread(it, side, ahead)
+            yield from iter_handover(self, it, side, ahead, self._window)
             return
         thread = ThreadPoolExecutor(1, thread_name_prefix="lgb-decode") if (
             self._decode is not None and self._transform is None and not begins) else None  # fmt: skip
@@ -502,82 +505,6 @@ class StreamPrefetcher:
             ready = torch.cuda.Event()
             ready.record(side)
         return batch, ready
-
-    def _iter_handover_thread(self, it: Iterator[Any], side: torch.cuda.Stream, ahead: int) -> Iterator[Any]:
-        """The batches of a decoder that begins at the fetch, fetched, handed to it, collected and normalized in a
-        thread of their own, ``ahead`` batches begun and one finished ahead; the training thread makes its stream
-        wait for each batch's event, records the batch on it and sets the loader's state as it hands the batch out.
-        Each batch carries the decoder's facts about it (share, when and by which worker it was made), set on the
-        decoder as it is handed out (``handed_out``): the thread has decoded the next one by then."""
-        device, consumer = self._device, torch.cuda.current_stream(self._device)
-        done: queues.Queue = queues.Queue(maxsize=1)
-        stop = threading.Event()
-
-        def put(item: tuple[str, Any, Any]) -> bool:
-            while not stop.is_set():
-                try:
-                    done.put(item, timeout=0.1)
-                    return True
-                except queues.Full:
-                    continue
-            return False
-
-        def produce() -> None:
-            begun: deque = deque()
-            try:
-                torch.cuda.set_device(device)
-                alive = True
-                while True:
-                    while alive and len(begun) < ahead and not stop.is_set():
-                        fetched: deque = deque()
-                        alive = self._fetch(it, fetched)
-                        if fetched and fetched[0][0] == "error":
-                            begun.append(fetched.pop())
-                        elif fetched:
-                            _, batch, state = fetched.pop()
-                            side.wait_stream(consumer)
-                            begun.append(("batch", self._begin(batch, side), state))
-                    if not begun or stop.is_set():
-                        break
-                    kind, value, state = begun.popleft()
-                    if kind == "error":
-                        put((kind, value, state))
-                        break
-                    batch, ready = self._end(value, side)
-                    facts = tuple(getattr(self._decode, n, None) for n in ("last_share", "last_made_at", "last_made_by",
-                                                                           "last_engine_load"))  # fmt: skip
-                    if not put(("batch", (batch, ready, facts), state)):
-                        break
-                put(("end", None, None))
-            except BaseException as err:  # raised in the training thread, after the batches before it
-                put(("error", err, None))
-            finally:
-                for kind, value, _ in begun:  # begun and not handed out (a loop stopped early): the decoder drops them
-                    if kind == "batch":
-                        self._decode.discard(value.token)
-
-        thread = threading.Thread(target=produce, name="lgb-handover", daemon=True)
-        object.__setattr__(self, "_iterating", True)
-        thread.start()
-        try:
-            while True:
-                kind, value, state = done.get()
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise value
-                batch, ready, facts = value
-                current = torch.cuda.current_stream(device)
-                current.wait_event(ready)
-                self._record(batch, current)
-                self._decode.handed_out = facts
-                object.__setattr__(self, "_state", state)
-                yield batch
-        finally:
-            stop.set()
-            thread.join()
-            object.__setattr__(self, "_iterating", False)
-            object.__setattr__(self, "_state", None)
 
 
 class _StatefulStreamPrefetcher(StreamPrefetcher):

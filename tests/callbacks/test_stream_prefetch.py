@@ -416,3 +416,29 @@ def test_a_batch_transform_runs_on_the_batches_of_a_dali_loader(trainer_kwargs, 
     for shape, frames, labels in model.shapes:
         assert shape[0] == 4 and shape[1] % 16 == 0 and shape[2] == 80  # features, frames padded to 16
         assert frames == [(1600 + 160 * k) // 160 + 1 for k in labels]  # each clip's own frame count
+
+
+def test_the_backward_window_is_open_during_backward_only_and_for_good_after_training(trainer_kwargs):
+    """StreamPrefetch opens the window of the training loader's hand-over thread as each backward begins, closes it
+    as it ends (forward and the optimizer step launch meanwhile), and opens it for good when training ends."""
+    from lightning_gpu_boost.core.handover import BackwardWindow
+
+    prefetch = StreamPrefetch()
+    window = prefetch.backward_window = BackwardWindow()  # as a fit with DALI's GPU decode sets it
+    states: list[tuple[str, bool]] = []
+
+    class Watch(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            states.append(("forward", window._opened.is_set()))
+
+        def on_before_backward(self, trainer, pl_module, loss):
+            states.append(("backward", window._opened.is_set()))
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            states.append(("step", window._opened.is_set()))
+
+    train, _ = _loaders()
+    pl.Trainer(callbacks=[prefetch, Watch()], max_steps=3, **trainer_kwargs).fit(RecordingModel(), train)
+    assert states[0] == ("forward", True)  # open until the first backward ends
+    assert all(opened == (where == "backward") for where, opened in states[1:]), states
+    assert window.off == "training ended" and prefetch.backward_window is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -118,7 +119,7 @@ def test_the_same_accuracy_with_cpu_and_gpu_decode(tmp_path):
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=3e-3)
 
-    accuracy = {}
+    accuracy, windows = {}, {}
     for decode in ("cpu", "gpu"):
         pl.seed_everything(0)
         train = DataLoader(datasets.ImageFolder(str(root), transform=T.Compose([
@@ -126,12 +127,15 @@ def test_the_same_accuracy_with_cpu_and_gpu_decode(tmp_path):
         ])), batch_size=32, shuffle=True, num_workers=2)  # fmt: skip
         val = DataLoader(datasets.ImageFolder(str(root), transform=T.Compose([
             T.Resize(72), T.CenterCrop(64), T.ToTensor(), T.Normalize(MEAN, STD)])), batch_size=64, num_workers=2)
-        model = Net()
+        model, prefetch = Net(), StreamPrefetch(decode=decode)
         pl.Trainer(max_epochs=6, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                    enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=6,
-                   callbacks=[StreamPrefetch(decode=decode)]).fit(model, train, val)  # fmt: skip
+                   callbacks=[prefetch]).fit(model, train, val)  # fmt: skip
         accuracy[decode] = model.correct / model.total
-    print("accuracy by decode:", accuracy)
+        windows[decode] = (prefetch.decode_placement or {}).get("backward_window")
+    print("accuracy by decode:", accuracy, "the hand-over thread's window:", windows)
+    if "DALI" in " ".join(prefetch.decode_placement["gpu_decoder"] or ()):  # DALI's batches began in backward
+        assert windows["gpu"]["waits"] > 0 and windows["gpu"]["off"] == "training ended", windows
     assert min(accuracy.values()) >= 0.8 and abs(accuracy["cpu"] - accuracy["gpu"]) <= 0.06, accuracy
 
 
@@ -208,6 +212,17 @@ def test_the_prefetcher_hands_batches_to_dali_at_the_fetch(tmp_path, monkeypatch
     assert not decoder._dali._fed and not decoder._dali._waiting
     again = [y.cpu() for _, y in StreamPrefetcher(loader, decode=decoder)]
     assert [y.tolist() for y in again] == [ey.tolist() for _, ey in expected]
+    if handover_thread:  # a window that never opens holds each batch up a while, then stays open: the same batches
+        from lightning_gpu_boost.core.handover import BackwardWindow
+
+        window = BackwardWindow(timeout_s=0.01, misses=2)
+        window.close()
+        gated = []
+        for _, y in StreamPrefetcher(loader, decode=decoder, window=window):  # a slow step: a finished batch waits
+            gated.append(y.cpu())
+            time.sleep(0.05)
+        assert [y.tolist() for y in gated] == [ey.tolist() for _, ey in expected]
+        assert window.figures()["timeouts"] == 2 and window.off is not None
 
 
 @pytest.mark.parametrize("pipes", [2, 3])
