@@ -50,7 +50,7 @@ from gpu_decode_probes import (
     lower_median,
     process_on,
 )
-from gpu_decode_variants import VARIANTS, handover, keep_off_cpus
+from gpu_decode_variants import VARIANTS, NoPinLoader, handover, keep_off_cpus
 
 from lightning_gpu_boost.core.results import bar, gpu_tag, write_result
 
@@ -100,7 +100,8 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
     nice = getattr(args, "nice_workers", 0)  # a handover variant's: the workers' niceness raised by N
     by_name = getattr(args, "by_name", False)  # a handover variant's: the batches' shared memory crosses by name
     init = functools.partial(keep_off_cpus, reserved, nice, by_name=by_name) if reserved or nice or by_name else None
-    loader = DataLoader(plain_image_folder(root, 224), batch_size=bs, shuffle=True,  # the user's loader, as written
+    kind = NoPinLoader if getattr(args, "no_pin", False) else DataLoader  # a handover variant's: no pin-memory thread
+    loader = kind(plain_image_folder(root, 224), batch_size=bs, shuffle=True,  # the user's loader, as written
                         **({"num_workers": fixed} if fixed is not None else {}),
                         **({"worker_init_fn": init} if init else {}))  # fmt: skip
     boost = GPUBoost(decode=decode, workers_budget_s=args.workers_budget, auto_workers=fixed is None,

@@ -23,7 +23,7 @@ threads): beside ResNet-50 on the H200 the engines' output took a conversion ker
 of the GPU's time a step), where ``DALIDataModule``'s decode, the engines idle, took 0.8 ms in all and its step
 0.2 ms over the ceiling's. ``legacy_exec``: DALI's older pipelined executor (the dynamic one's threads took 0.6-2.3
 cores beside the engines, 0.1 beside the CUDA decoder; blocking CUDA's waits did not lower it).
-``no_backward_window``: the hand-over thread starts each batch's work (the fetch, the hand-over to DALI, the
+``pin_in_handover``: no pin-memory thread (:class:`NoPinLoader`). ``no_backward_window``: the hand-over thread starts each batch's work (the fetch, the hand-over to DALI, the
 collect) whenever the training thread takes a batch, instead of while it is in ``backward``, where it holds no GIL
 (the package's ``BackwardWindow``): ResNet-18's step waits for its launches, not its kernels
 (``gpu_decode_interference.py``). A variant named twice is timed twice.
@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from lightning_gpu_boost.core.gpu_decode.dali_windows import DaliWindows
 
@@ -125,7 +126,22 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "split_70_layout": (3, "split_0.7+layout"), "copy_3_flip_kernel": (3, "flipkernel"),
             "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel"), "copy_3_by_name": (3, "byname"),
             "copy_3_hw_0": (3, "hw_0"), "copy_3_hw_50": (3, "hw_50"), "copy_3_legacy_exec": (3, "legacyexec"),
-            "copy_3_no_backward_window": (3, "anywindow")}  # fmt: skip
+            "copy_3_no_backward_window": (3, "anywindow"), "copy_3_pin_in_handover": (3, "nopin")}  # fmt: skip
+
+
+class NoPinLoader(DataLoader):
+    """The ``pin_in_handover`` variant's loader: no pin-memory thread, whatever ``StreamPrefetch`` sets. The
+    hand-over thread then receives each batch from the workers (the descriptors, the unpickling: 4.0 ms of CPU a
+    batch on a 2-CPU machine) and pins it, in the backward window, instead of a thread that takes the GIL whenever
+    a worker's batch arrives."""
+
+    @property
+    def pin_memory(self) -> bool:
+        return False
+
+    @pin_memory.setter
+    def pin_memory(self, value: bool) -> None:
+        pass
 
 
 def keep_off_cpus(reserved: int, nice: int, worker_id: int, by_name: bool = False) -> None:
@@ -225,6 +241,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
                                            else None, train_priority=extra == "priority",
                                            reserve_cpus=int(tokens.get("reserve", 0)),
                                            nice_workers=int(tokens.get("nice", 0)), by_name="byname" in tokens,
+                                           no_pin="nopin" in tokens,
                                            watchdog=tokens.get("watchdog") != "off")  # fmt: skip
             switch = sys.getswitchinterval()
             sys.setswitchinterval(float(tokens.get("switch", switch)))
