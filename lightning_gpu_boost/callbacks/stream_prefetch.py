@@ -79,8 +79,9 @@ class StreamPrefetch(Callback):
             written), ``"gpu"`` (the workers send the file's bytes and each sample's drawn parameters; the GPU's
             JPEG engines or nvJPEG decode, and the crop, resize, flip and normalize run on the GPU, one batch
             ahead), or ``"auto"`` (training is timed with the CPU decode, the GPU decode and a split of each batch; the fastest is kept,
-            the CPU decode unless another is more than 3 % faster). ``GPUBoost`` says ``"auto"``. See
-            ``docs/gpu_decode.md``.
+            the CPU decode unless another is more than 3 % faster). ``GPUBoost`` says ``"auto"``. With DALI the
+            training batches' hand-over thread starts each batch's work while the training thread is in backward
+            (:class:`~lightning_gpu_boost.core.handover.BackwardWindow`). See ``docs/gpu_decode.md``.
 
     Raises:
         ValueError: bad ``normalize``, ``normalize_dtype``, ``depth``, ``transform_seed`` or ``decode``, or a
@@ -126,8 +127,8 @@ class StreamPrefetch(Callback):
         self.decode = decode
         #: the GPU decode of the fit in progress (``decode`` "gpu" or "auto" on CUDA), else None
         self.gpu_decode: GPUDecodeStage | None = None
-        #: where the last fit decoded (``{"share", "why", "rates", "windows", "engine_load", "gpu_decoder"}``), kept
-        #: after it ends
+        #: where the last fit decoded (``{"share", "why", "rates", "windows", "engine_load", "gpu_decoder",
+        #: "backward_window"}``, the last the hand-over thread's waits), kept after it ends
         self.decode_placement: dict[str, Any] | None = None
         checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
         for name, value in (("transform", transform), ("val_transform", val_transform)):
