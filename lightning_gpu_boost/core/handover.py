@@ -27,12 +27,14 @@ class BackwardWindow:
     Framework-free: whoever runs the training loop calls :meth:`open` as each backward begins and :meth:`close` as
     it ends (``StreamPrefetch`` does it from ``on_before_backward``/``on_after_backward``), and :meth:`finish`
     when training ends. The thread waits for it only while a finished batch waits for the training thread (never
-    while the training thread waits), at most ``timeout_s``; after ``misses`` waits in a row that timed out (a loop
-    whose backward nobody reports, or a step that waits for the GPU before it) the window stays open.
+    while the training thread waits), at most ``timeout_s``: a window that opens late (a forward that waits for the
+    GPU's queue) costs that wait; after ``misses`` waits in a row that timed out with no backward reported since the
+    wait before (a loop whose backward nobody reports) the window stays open.
 
     Args:
         timeout_s: the longest one wait, in seconds, ``> 0``.
-        misses: timed-out waits in a row after which the window stays open, ``>= 1``.
+        misses: timed-out waits in a row, no backward reported between them, after which the window stays open,
+            ``>= 1``.
 
     Raises:
         ValueError: ``timeout_s`` or ``misses`` out of range.
@@ -54,13 +56,14 @@ class BackwardWindow:
         self.timeout_s, self.misses = float(timeout_s), misses
         self._opened = threading.Event()
         self._opened.set()
-        self._finished = False
-        self._missed = 0  # timed-out waits in a row
+        self._missed = 0  # timed-out waits in a row with no backward reported between them
+        self._opens, self._opens_seen = 0, 0  # backwards reported; as the last wait saw them
         self.waits, self.waited_s, self.timeouts = 0, 0.0, 0
         #: why the window stays open for good (None while it gates)
         self.off: str | None = None
 
     def open(self) -> None:
+        self._opens += 1
         self._opened.set()
 
     def close(self) -> None:
@@ -80,13 +83,15 @@ class BackwardWindow:
         opened = self._opened.wait(self.timeout_s)
         self.waits += 1
         self.waited_s += time.perf_counter() - t0
+        reported, self._opens_seen = self._opens != self._opens_seen, self._opens
         if opened:
             self._missed = 0
             return
         self.timeouts += 1
-        self._missed += 1
+        self._missed = 0 if reported else self._missed + 1
         if self._missed >= self.misses:
-            self.off = f"{self.misses} waits in a row timed out ({1000 * self.timeout_s:g} ms each)"
+            self.off = (f"{self.misses} waits in a row timed out ({1000 * self.timeout_s:g} ms each) with no backward "
+                        "reported")  # fmt: skip
             self._opened.set()
 
     def figures(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def test_an_open_window_lets_the_thread_through_and_a_closed_one_until_it_opens(
     assert figures["waited_ms_mean"] > 0
 
 
-def test_waits_in_vain_leave_the_window_open_and_finish_opens_it_for_good():
+def test_waits_in_vain_with_no_backward_reported_leave_the_window_open_and_finish_opens_it_for_good():
     window = BackwardWindow(timeout_s=0.001, misses=2)
     window.close()
     window.wait()
@@ -48,3 +48,14 @@ def test_waits_in_vain_leave_the_window_open_and_finish_opens_it_for_good():
     done.close()
     done.wait()
     assert done.off == "training ended" and done.figures()["timeouts"] == 0
+
+
+def test_a_window_that_opens_late_each_step_keeps_gating():
+    """A forward that waits for the GPU's queue longer than the timeout: each wait times out, but a backward is
+    reported between them, so the window stays in use (it costs only the wait)."""
+    window = BackwardWindow(timeout_s=0.001, misses=2)
+    for _ in range(5):
+        window.close()  # the step's backward ended
+        window.wait()  # in vain: the next forward still launches
+        window.open()  # its backward, too late for this wait
+    assert window.timeouts == 5 and window.off is None
