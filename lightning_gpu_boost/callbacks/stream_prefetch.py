@@ -285,11 +285,6 @@ class StreamPrefetch(Callback):
             self.backward_window.close()
 
     @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.backward_window is not None:
-            self.backward_window.finish()
-
-    @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.gpu_decode is not None:
             self.gpu_decode.restart_window()
