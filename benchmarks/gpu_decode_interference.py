@@ -12,7 +12,8 @@ and beside it. ``--no-sync``: the training thread does not wait for each step's 
 (the GIL, the CPUs) cannot show as GPU time: what remains is the GPU's own interference. ``--warm-beside NAME``:
 the model's first steps, where cuDNN's benchmark picks the step's algorithms, run beside that decode (in
 ``decode="auto"`` they run beside the CPU decode, the GPU quiet; with ``decode="gpu"`` beside DALI's).
-``--train-priority N``: the step on a stream of priority N, DALI's streams at the default. Beside each decode the
+``--train-priority N``: the step on a stream of priority N, DALI's streams at the default. ``--decode-process``:
+each decode again in a spawned process of its own (its own CUDA context, driver locks and GIL) beside the same step. Beside each decode the
 profiler also sums the step's own kernels a step: grown, they shared the multiprocessors; not grown while the span
 grew, the GPU waited between them.
 
@@ -220,6 +221,42 @@ class _Model:
         return {"step_kernel_ms": total / n / 1000, "step_launches": launches / n}
 
 
+def _child(config: str, pace_s: float, stop: Any, done: Any, ready: Any) -> None:
+    """``--decode-process``: the decode's loop in a process of its own (its own CUDA context and GIL)."""
+    _, out_type, roi, load = next(c for c in CONFIGS if c[0] == config)
+    jpegs = _jpegs(256)
+    pipe = _pipeline(jpegs, out_type, roi, load, True)
+    for _ in range(3):
+        _once(pipe, jpegs)
+    ready.set()
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        _once(pipe, jpegs)
+        with done.get_lock():
+            done.value += 1
+        time.sleep(max(0.0, pace_s - (time.perf_counter() - t0)))
+
+
+def _beside_process(model: _Model, config: str, pace_s: float, n: int = 60) -> dict[str, float]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    stop, ready, done = ctx.Event(), ctx.Event(), ctx.Value("l", 0)
+    child = ctx.Process(target=_child, args=(config, pace_s, stop, done, ready), daemon=True)
+    child.start()
+    ready.wait(120)
+    time.sleep(0.3)
+    t0, d0 = time.perf_counter(), done.value
+    figures: dict[str, Any] = model.steps(n)
+    figures["decode_batches_s"] = (done.value - d0) / (time.perf_counter() - t0)
+    figures.update(model.kernel_ms())
+    figures.update(model.launch_ms())
+    figures["decode_batches_s_after_launch_probe"] = (done.value - d0) / (time.perf_counter() - t0)
+    stop.set()
+    child.join(60)
+    return figures
+
+
 def _beside(model: _Model, pipe: Any, jpegs: list[Any], pace_s: float, n: int = 60,
             kernels: bool = False) -> dict[str, float]:
     stop, done, spent = threading.Event(), [0], {}
@@ -280,6 +317,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
                            kernels=_kernels(pipe, jpegs) if gpu else {},
                            beside_resnet18=_beside(model, pipe, jpegs, args.pace_ms / 1000, kernels=True))  # fmt: skip
             del pipe
+            if args.decode_process:  # the same decode in a process of its own, beside the same step
+                figures["beside_resnet18_other_process"] = _beside_process(model, name, args.pace_ms / 1000)
         except Exception as e:  # a configuration DALI refuses: said, the others go on
             figures = {"error": f"{type(e).__name__}: {e}"[:400]}
         result[name] = figures
@@ -300,6 +339,8 @@ def main() -> int:
                         "cuDNN's benchmark picks its algorithms) beside this decode, not alone")  # fmt: skip
     parser.add_argument("--train-priority", type=int, help="the step on a stream of this priority (lower is "
                         "higher; -5 is clamped to the highest), not on the default stream")  # fmt: skip
+    parser.add_argument("--decode-process", action="store_true", help="each decode also in a process of its "
+                        "own beside the step (its own CUDA context and GIL)")  # fmt: skip
     parser.add_argument("--only", nargs="+", choices=[c[0] for c in CONFIGS], help="these configurations only")
     parser.add_argument("--convert", help="a raw probe.json to write as the result file")
     parser.add_argument("--suffix", help="with --convert: after the machine in the file's name (another of one day)")
