@@ -45,7 +45,6 @@ from gpu_decode_probes import (
     MainThreadProfile,
     OpenAfterPlacement,
     ThreadsAndDecoders,
-    TrainOnPriorityStream,
     dali_parity,
     lower_median,
     process_on,
@@ -115,8 +114,6 @@ def fit_case(root: Path, arch: str, decode: str | None, args: argparse.Namespace
         extra.append(MainThreadProfile(*args.profile_steps))
     if getattr(args, "kernel_profile", None):  # what runs on the GPU beside the step
         extra.append(KernelProfile(*args.kernel_profile))
-    if getattr(args, "train_priority", False):  # a handover variant's: the steps run on its stream
-        extra.append(TrainOnPriorityStream())
     extra += [GpuTimeline()] if getattr(args, "timeline", False) else []
     result = measure_fit(model, loader, args.steps, warmup, (boost, *extra), precision="bf16-mixed")
     for callback in extra:

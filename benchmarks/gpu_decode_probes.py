@@ -320,35 +320,6 @@ class GpuTimeline(Callback):
             "jpeg_engines_busy_pct_median": statistics.median(jpg) if jpg else None}}  # fmt: skip
 
 
-class TrainOnPriorityStream(Callback):
-    """The hand-over variant ``copy_3_train_priority``: the fit trains on a stream of the device's highest priority,
-    made current in the training thread as training starts (after the work queued before it) and put back at its
-    end; the GPU schedules the decode's kernels (DALI's streams and the copies, priority 0) only on the SMs the
-    step's leave free. The figures say the priority the stream got."""
-
-    def __init__(self) -> None:
-        self.stream: Any = None
-        self.previous: Any = None
-
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        import torch
-
-        self.previous = torch.cuda.current_stream(pl_module.device)
-        self.stream = torch.cuda.Stream(pl_module.device, priority=-100)  # mapped to the highest the device has
-        self.stream.wait_stream(self.previous)
-        torch.cuda.set_stream(self.stream)
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        import torch
-
-        if self.stream is not None:
-            self.previous.wait_stream(self.stream)
-            torch.cuda.set_stream(self.previous)
-
-    def figures(self) -> dict[str, Any]:
-        return {"train_stream_priority": self.stream.priority if self.stream is not None else None}
-
-
 def process_on(cpus: list[int]) -> None:
     """Every thread of this process on ``cpus``: ``sched_setaffinity(0)`` sets the calling thread's alone, and a
     thread started while a part held the process to a few CPUs (torch's intra-op pool) kept them after it: the

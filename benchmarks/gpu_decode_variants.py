@@ -6,7 +6,7 @@ thread or not; the JPEGs' bytes pinned by the pin-memory thread or not; 4 or 2 C
 of 8 (with the JPEG engines decoding, DALI's threads only parse and cut: fewer leave the training thread more of
 the CPU); the loader's workers held to 4 (AutoNumWorkers off) instead of the count it picks: what CPU threads beside the
 training process's cost it; each batch's per-sample numbers handed to DALI as seven inputs instead of one
-(:class:`SevenInputWindows`); the training on a stream of the highest priority (``TrainOnPriorityStream``: the
+(:class:`SevenInputWindows`); the package's training stream (``TrainStream``) at the device's highest priority (``train_priority``: the
 decode's kernels take only the SMs the step leaves free; with the decode beside it, ResNet-50's step took 60.9 ms
 of GPU time instead of 54.4, with no gaps between steps); a split of each batch set by the benchmark (``split_S``:
 GPU share S, the workers decode the rest), and the loader's workers kept off the first N CPUs (``reserve_N``: the
@@ -26,7 +26,9 @@ cores beside the engines, 0.1 beside the CUDA decoder; blocking CUDA's waits did
 ``pin_in_handover``: no pin-memory thread (:class:`NoPinLoader`). ``no_backward_window``: the hand-over thread starts each batch's work (the fetch, the hand-over to DALI, the
 collect) whenever the training thread takes a batch, instead of while it is in ``backward``, where it holds no GIL
 (the package's ``BackwardWindow``): ResNet-18's step waits for its launches, not its kernels
-(``gpu_decode_interference.py``). A variant named twice is timed twice.
+(``gpu_decode_interference.py``). ``default_stream``: training on the thread's stream as it is (CUDA's legacy
+default stream, which every blocking stream's work orders with), not the package's ``TrainStream``; ``legacy_exec``
+ran 352 img/s (DALI's older executor stalled). A variant named twice is timed twice.
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ VARIANTS = {"copy_wait_2": (2, "wait"), "host_synced_2": (2, "host_synced"), "co
             "split_70_layout": (3, "split_0.7+layout"), "copy_3_flip_kernel": (3, "flipkernel"),
             "split_30_reserve_3_flip_kernel": (3, "split_0.3+reserve_3+flipkernel"), "copy_3_by_name": (3, "byname"),
             "copy_3_hw_0": (3, "hw_0"), "copy_3_hw_50": (3, "hw_50"), "copy_3_legacy_exec": (3, "legacyexec"),
-            "copy_3_no_backward_window": (3, "anywindow"), "copy_3_pin_in_handover": (3, "nopin")}  # fmt: skip
+            "copy_3_no_backward_window": (3, "anywindow"), "copy_3_pin_in_handover": (3, "nopin"),
+            "copy_3_default_stream": (3, "defaultstream")}  # fmt: skip
 
 
 class NoPinLoader(DataLoader):
@@ -220,6 +223,9 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             patches.append(mock.patch.object(StreamPrefetcher, "_handover_thread", True))
         if extra == "anywindow":  # the hand-over thread's work whenever a batch is taken, not in backward only
             patches.append(mock.patch.object(prefetch_module.StreamPrefetch, "_backward_window", False))
+        if extra in ("priority", "defaultstream"):  # the package's training stream at the highest priority, or none
+            patches.append(mock.patch.object(prefetch_module.StreamPrefetch, "_train_stream_priority",
+                                             -100 if extra == "priority" else None))  # fmt: skip
         if extra == "inline":  # DALI driven from the training thread, between the steps
             from lightning_gpu_boost.core.prefetch import StreamPrefetcher
 
@@ -238,7 +244,7 @@ def handover(root: Path, arch: str, args: argparse.Namespace, fit_case: Any) -> 
             patch.start()
         try:
             case_args = argparse.Namespace(**vars(args), loader_workers=int(tokens["workers"]) if "workers" in tokens
-                                           else None, train_priority=extra == "priority",
+                                           else None,
                                            reserve_cpus=int(tokens.get("reserve", 0)),
                                            nice_workers=int(tokens.get("nice", 0)), by_name="byname" in tokens,
                                            no_pin="nopin" in tokens,

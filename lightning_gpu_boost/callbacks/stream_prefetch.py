@@ -23,6 +23,7 @@ from lightning_gpu_boost.core.handover import BackwardWindow
 from lightning_gpu_boost.core.loaders import iter_loaders
 from lightning_gpu_boost.core.move_normalize import move_normalize, restore_normalize
 from lightning_gpu_boost.core.prefetch import MAX_DEPTH, GPUNormalize, StreamPrefetcher, as_normalize
+from lightning_gpu_boost.core.train_stream import TrainStream
 
 __all__ = ['StreamPrefetch']
 
@@ -81,7 +82,8 @@ class StreamPrefetch(Callback):
             ahead), or ``"auto"`` (training is timed with the CPU decode, the GPU decode and a split of each batch; the fastest is kept,
             the CPU decode unless another is more than 3 % faster). ``GPUBoost`` says ``"auto"``. With DALI the
             training batches' hand-over thread starts each batch's work while the training thread is in backward
-            (:class:`~lightning_gpu_boost.core.handover.BackwardWindow`). See ``docs/gpu_decode.md``.
+            (:class:`~lightning_gpu_boost.core.handover.BackwardWindow`), and training runs on a CUDA stream of
+            its own (:class:`~lightning_gpu_boost.core.train_stream.TrainStream`). See ``docs/gpu_decode.md``.
 
     Raises:
         ValueError: bad ``normalize``, ``normalize_dtype``, ``depth``, ``transform_seed`` or ``decode``, or a
@@ -107,6 +109,10 @@ class StreamPrefetch(Callback):
     #: is in backward (:class:`~lightning_gpu_boost.core.handover.BackwardWindow`); False: whenever a batch is
     #: taken (``benchmarks/gpu_decode.py``'s ``copy_3_no_backward_window`` variant)
     _backward_window = True
+    #: with the training loader's GPU decode, training runs on a CUDA stream of its own of this priority
+    #: (:class:`~lightning_gpu_boost.core.train_stream.TrainStream`); None: on the thread's stream as it is
+    #: (``benchmarks/gpu_decode.py``'s ``copy_3_default_stream`` variant)
+    _train_stream_priority: int | None = 0
 
     def __init__(
         self,
@@ -128,7 +134,7 @@ class StreamPrefetch(Callback):
         #: the GPU decode of the fit in progress (``decode`` "gpu" or "auto" on CUDA), else None
         self.gpu_decode: GPUDecodeStage | None = None
         #: where the last fit decoded (``{"share", "why", "rates", "windows", "engine_load", "gpu_decoder",
-        #: "backward_window"}``, the last the hand-over thread's waits), kept after it ends
+        #: "backward_window", "train_stream"}``: the hand-over thread's waits, the training stream), kept after it ends
         self.decode_placement: dict[str, Any] | None = None
         checks.check_int("transform_seed", transform_seed, low=0, allow_none=True)
         for name, value in (("transform", transform), ("val_transform", val_transform)):
@@ -159,6 +165,8 @@ class StreamPrefetch(Callback):
         self.active = False
         #: the window the training loader's hand-over thread works in, this fit (None: none)
         self.backward_window: BackwardWindow | None = None
+        #: the training thread's stream beside the training loader's GPU decode, this fit (None: none)
+        self.train_stream: TrainStream | None = None
 
     def _user_transfer_hooks(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[str]:
         found = [f"LightningModule.{h}" for h in _USER_TRANSFER_HOOKS if is_overridden(h, pl_module)]
@@ -236,6 +244,8 @@ class StreamPrefetch(Callback):
             window = None
             if decoder is not None and stage in ("train", "fit", None) and self._backward_window:
                 window = self.backward_window = self.backward_window or BackwardWindow()
+            if decoder is not None and stage in ("train", "fit", None) and self._train_stream_priority is not None:
+                self.train_stream = self.train_stream or TrainStream(device, self._train_stream_priority)
             prefetcher = StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=normalize,
                                           transform=transform, seed=seed, rank=trainer.global_rank,
                                           decode=decoder, window=window)  # fmt: skip
@@ -264,6 +274,8 @@ class StreamPrefetch(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the epoch the loop goes on with is known now (a checkpoint saved at an epoch's last batch resumes with the
         # next epoch, and Lightning calls no on_train_epoch_start for it)
+        if self.train_stream is not None:  # the training's kernels order only with what waits for them
+            self.train_stream.enter()
         for prefetcher in list(self._train_prefetchers):
             resumes = callable(getattr(prefetcher, "state_dict", None))
             prefetcher.set_epoch(trainer.current_epoch, batches_done_in_epoch(trainer) if resumes else 0)
@@ -308,6 +320,9 @@ class StreamPrefetch(Callback):
         for loader in list(self._moved):
             restore_normalize(loader.dataset)
         self._moved.clear()
+        stream, self.train_stream = self.train_stream, None
+        if stream is not None:
+            stream.exit()
         window, self.backward_window = self.backward_window, None
         if window is not None:
             window.finish()
@@ -318,7 +333,8 @@ class StreamPrefetch(Callback):
                                      "windows": decision.windows if decision is not None else None,
                                      "engine_load": decision.engine_load if decision is not None else None,
                                      "gpu_decoder": self.gpu_decode.decoder_names(),
-                                     "backward_window": window.figures() if window is not None else None}  # fmt: skip
+                                     "backward_window": window.figures() if window is not None else None,
+                                     "train_stream": stream.figures() if stream is not None else None}  # fmt: skip
             self.gpu_decode.detach()
             self.gpu_decode = None
         if owner is not None:

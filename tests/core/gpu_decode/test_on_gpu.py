@@ -108,8 +108,10 @@ def test_the_same_accuracy_with_cpu_and_gpu_decode(tmp_path):
                 torch.nn.Conv2d(3, 16, 3, stride=2), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3, stride=2),
                 torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d((4, 1)), torch.nn.Flatten(), torch.nn.Linear(128, 4))
             self.correct = self.total = 0
+            self.on_default_stream = set()
 
         def training_step(self, batch, i):
+            self.on_default_stream.add(torch.cuda.current_stream() == torch.cuda.default_stream())
             return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
 
         def validation_step(self, batch, i):
@@ -119,7 +121,7 @@ def test_the_same_accuracy_with_cpu_and_gpu_decode(tmp_path):
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=3e-3)
 
-    accuracy, windows = {}, {}
+    accuracy, windows, streams = {}, {}, {}
     for decode in ("cpu", "gpu"):
         pl.seed_everything(0)
         train = DataLoader(datasets.ImageFolder(str(root), transform=T.Compose([
@@ -133,9 +135,13 @@ def test_the_same_accuracy_with_cpu_and_gpu_decode(tmp_path):
                    callbacks=[prefetch]).fit(model, train, val)  # fmt: skip
         accuracy[decode] = model.correct / model.total
         windows[decode] = (prefetch.decode_placement or {}).get("backward_window")
+        streams[decode] = model.on_default_stream
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()  # given back after the fit
     print("accuracy by decode:", accuracy, "the hand-over thread's window:", windows)
     if "DALI" in " ".join(prefetch.decode_placement["gpu_decoder"] or ()):  # DALI's batches began in backward
         assert windows["gpu"]["waits"] > 0 and windows["gpu"]["off"] == "training ended", windows
+        assert streams["gpu"] == {False} and prefetch.decode_placement["train_stream"]["used"]
+    assert streams["cpu"] == {True}, streams  # the CPU decode leaves the training's stream as it is
     assert min(accuracy.values()) >= 0.8 and abs(accuracy["cpu"] - accuracy["gpu"]) <= 0.06, accuracy
 
 
