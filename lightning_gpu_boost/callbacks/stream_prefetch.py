@@ -242,10 +242,11 @@ class StreamPrefetch(Callback):
             if seed is None:
                 seed = int(os.environ.get("PL_GLOBAL_SEED", 0) or 0)
             window = None
-            if decoder is not None and stage in ("train", "fit", None) and self._backward_window:
-                window = self.backward_window = self.backward_window or BackwardWindow()
-            if decoder is not None and stage in ("train", "fit", None) and self._train_stream_priority is not None:
-                self.train_stream = self.train_stream or TrainStream(device, self._train_stream_priority)
+            if decoder is not None and stage in ("train", "fit", None):  # the training loader's GPU decode
+                if self._backward_window:
+                    window = self.backward_window = self.backward_window or BackwardWindow()
+                if self._train_stream_priority is not None:
+                    self.train_stream = self.train_stream or TrainStream(device, self._train_stream_priority)
             prefetcher = StreamPrefetcher(dataloader, device=device, depth=self.depth, normalize=normalize,
                                           transform=transform, seed=seed, rank=trainer.global_rank,
                                           decode=decoder, window=window)  # fmt: skip

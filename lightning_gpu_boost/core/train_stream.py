@@ -70,7 +70,7 @@ class TrainStream:
 
     def exit(self) -> None:
         stream, previous, self.stream, self._previous = self.stream, self._previous, None, None
-        if stream is None or previous is None:
+        if stream is None or previous is None:  # never entered (both are set together)
             return
         previous.wait_stream(stream)  # whatever runs after training sees its results
         torch.cuda.set_stream(previous)
