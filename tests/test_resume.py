@@ -112,8 +112,8 @@ def test_a_stateful_loader_resumed_with_another_worker_count_is_refused_naming_b
         loader = StatefulDataLoader(IndexDataset(14), batch_size=4, num_workers=workers, shuffle=True)
         every = [pl.callbacks.ModelCheckpoint(dirpath=save, every_n_train_steps=1, save_top_k=-1, filename="{step}")]
         model = IdModel()
-        pl.Trainer(max_epochs=2, callbacks=[parts[part](), *(every if save else [])], logger=False,
-                   enable_checkpointing=bool(save), enable_progress_bar=False, enable_model_summary=False,
+        pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, callbacks=[parts[part](), *(every if save else [])],
+                   logger=False, enable_checkpointing=bool(save), enable_progress_bar=False, enable_model_summary=False,
                    default_root_dir=str(tmp_path)).fit(model, train_dataloaders=loader, ckpt_path=ckpt)  # fmt: skip
         return model
 

@@ -130,9 +130,9 @@ def test_the_same_accuracy_with_cpu_and_gpu_decode(tmp_path):
         val = DataLoader(datasets.ImageFolder(str(root), transform=T.Compose([
             T.Resize(72), T.CenterCrop(64), T.ToTensor(), T.Normalize(MEAN, STD)])), batch_size=64, num_workers=2)
         model, prefetch = Net(), StreamPrefetch(decode=decode)
-        pl.Trainer(max_epochs=6, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=6,
-                   callbacks=[prefetch]).fit(model, train, val)  # fmt: skip
+        pl.Trainer(accelerator="gpu", devices=1, max_epochs=6, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                   check_val_every_n_epoch=6, callbacks=[prefetch]).fit(model, train, val)  # fmt: skip
         accuracy[decode] = model.correct / model.total
         windows[decode] = (prefetch.decode_placement or {}).get("backward_window")
         streams[decode] = model.on_default_stream
@@ -161,8 +161,9 @@ def test_auto_decides_and_says_why(tmp_path):
         T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])),
         batch_size=64, shuffle=True)  # fmt: skip
     boost = GPUBoost(workers_budget_s=3.0, watchdog=False)
-    trainer = pl.Trainer(max_epochs=8, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, precision="bf16-mixed", callbacks=[boost])  # fmt: skip
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=8, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, precision="bf16-mixed",
+                         callbacks=[boost])  # fmt: skip
     stage = boost.parts["prefetch"]
     seen = {}
 
