@@ -28,7 +28,8 @@ def demo_tree(args: argparse.Namespace) -> Path:
 
 def fit_resnet50(data, max_steps: int, callbacks: list) -> None:
     """Train ResNet-50 (100 classes, bf16-mixed, channels_last) on ``data`` (a DataModule or a loader) for
-    ``max_steps`` in a quiet Lightning Trainer: the training run every DALI benchmark measures."""
+    ``max_steps`` in a quiet Lightning Trainer on one device (on a host of several GPUs ``devices="auto"`` would run
+    DDP): the training run every DALI benchmark measures."""
     import lightning.pytorch as pl
     import torch
 
@@ -36,7 +37,7 @@ def fit_resnet50(data, max_steps: int, callbacks: list) -> None:
 
     torch.manual_seed(0)
     trainer = pl.Trainer(
-        max_steps=max_steps, precision="bf16-mixed", logger=False, enable_checkpointing=False,
+        devices=1, max_steps=max_steps, precision="bf16-mixed", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, callbacks=callbacks,
     )  # fmt: skip
     model = ImageClassifier("resnet50", num_classes=100, channels_last=True)

@@ -314,7 +314,7 @@ def loss_part(data: Path, args) -> tuple[dict, dict]:
         dm = LMDBDataModule(str(pack), str(val_pack), image_size=32, batch_size=64, num_workers=args.loss_workers,
                             order=order, block_bytes=block_bytes, window_blocks=WINDOW_BLOCKS, split_seed=seed,
                             scale=(0.5, 1.0))  # fmt: skip
-        trainer = pl.Trainer(max_epochs=args.loss_epochs, logger=False, enable_checkpointing=False,
+        trainer = pl.Trainer(devices=1, max_epochs=args.loss_epochs, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                              check_val_every_n_epoch=args.loss_epochs)  # fmt: skip
         trainer.fit(ImageClassifier("small_cnn", num_classes=args.loss_classes), datamodule=dm)

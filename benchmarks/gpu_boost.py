@@ -46,7 +46,7 @@ def run(root, args, boosted: bool, gpu_normalize: bool = True) -> dict:
         else {"callbacks": [meter]}
     )
     trainer = pl.Trainer(
-        max_steps=per_epoch(args), logger=False,
+        devices=1, max_steps=per_epoch(args), logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **extra,
     )  # fmt: skip
     trainer.fit(ImageClassifier("resnet50", num_classes=100), loader)

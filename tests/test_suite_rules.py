@@ -23,3 +23,15 @@ def test_every_trainer_names_its_accelerator_and_devices():
                 continue
             unnamed.append(f"{path.relative_to(TESTS.parent)}:{node.lineno}")
     assert not unnamed, f"Trainer without accelerator= and devices=: {unnamed}"
+
+
+def test_every_benchmark_trainer_names_its_devices():
+    """A benchmark's one-GPU figure stays one GPU's on a host with several (``devices="auto"`` would run DDP)."""
+    unnamed = []
+    for path in sorted((TESTS.parent / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "Trainer":
+                names = {k.arg for k in node.keywords}
+                if None not in names and "devices" not in names:
+                    unnamed.append(f"{path.relative_to(TESTS.parent)}:{node.lineno}")
+    assert not unnamed, f"Trainer without devices=: {unnamed}"
