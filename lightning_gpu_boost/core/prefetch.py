@@ -84,14 +84,10 @@ class GPUNormalize:
     def _consts(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scale, shift)`` with ``out = x * scale + shift`` = ``(x / 255 - mean) / std``, cached per device."""
         if device not in self._constants:
-            scale = 1.0 / (255.0 * torch.tensor(self.std, dtype=torch.float64))
-            shift = -torch.tensor(self.mean, dtype=torch.float64) / torch.tensor(
-                self.std, dtype=torch.float64
-            )
-            self._constants[device] = (
-                scale.to(torch.float32).view(1, -1, 1, 1).to(device),
-                shift.to(torch.float32).view(1, -1, 1, 1).to(device),
-            )
+            std = torch.tensor(self.std, dtype=torch.float64)
+            scale, shift = 1.0 / (255.0 * std), -torch.tensor(self.mean, dtype=torch.float64) / std
+            f32 = [c.to(torch.float32).view(1, -1, 1, 1).to(device) for c in (scale, shift)]
+            self._constants[device] = (f32[0], f32[1])
         return self._constants[device]
 
     def tensor(self, x: torch.Tensor) -> torch.Tensor:
